@@ -1,0 +1,20 @@
+"""The policy interface every placement policy implements (pure, no I/O)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from .types import ClusterView, DagSpec, Plan
+
+
+class Policy(Protocol):
+    """Turns a DAG and a cluster snapshot into a placement for every node.
+
+    Times in the returned plan are relative to the snapshot (0 = now).
+    Policies may keep state between calls (round-robin's counter, random's
+    seeded generator); they never do I/O.
+    """
+
+    name: str
+
+    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan: ...
