@@ -1,0 +1,74 @@
+"""Choosing is separate from scoring (as in dask's ``decide_worker``).
+
+:func:`candidates` narrows the workers to those whose GPU can hold the task's model;
+:func:`choose` takes the minimum of a tuple objective (estimated finish, backlog,
+worker index) over them, so ties break the same way on every run.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .cost import WorkerArrays, is_finite_nonneg
+from .types import ClusterView, DagSpec, PlanningError, TaskSpec
+
+
+def check_task(task: TaskSpec, cluster: ClusterView) -> float:
+    """Validate one task against the catalogue; return its model size in MB (0 = none)."""
+    if not is_finite_nonneg(task.exec_ms):
+        raise PlanningError(f"task {task.name!r} has invalid exec_ms {task.exec_ms!r}")
+    if not is_finite_nonneg(task.output_kb):
+        raise PlanningError(f"task {task.name!r} has invalid output_kb {task.output_kb!r}")
+    if task.model is None:
+        return 0.0
+    if task.model not in cluster.model_sizes_mb:
+        raise PlanningError(
+            f"task {task.name!r} needs model {task.model!r}, which is not in the model catalogue"
+        )
+    size = cluster.model_sizes_mb[task.model]
+    if not is_finite_nonneg(size):
+        raise PlanningError(f"model {task.model!r} has invalid size {size!r} MB")
+    return float(size)
+
+
+def check_inputs(dag: DagSpec, cluster: ClusterView) -> dict[str, float]:
+    """Validate the whole DAG and cluster up front; return model size per task."""
+    if not cluster.workers:
+        raise PlanningError(f"no live workers to plan DAG {dag.name!r} on")
+    return {name: check_task(task, cluster) for name, task in dag.nodes.items()}
+
+
+def candidates(arrays: WorkerArrays, task: TaskSpec, size_mb: float) -> np.ndarray:
+    """Bool mask of workers whose GPU is large enough for the model; raises if none."""
+    mask = arrays.gpu_total_mb >= size_mb
+    if not mask.any():
+        largest = float(arrays.gpu_total_mb.max()) if len(arrays) else 0.0
+        raise PlanningError(
+            f"no worker can hold model {task.model!r} ({size_mb:g} MB) for task "
+            f"{task.name!r}; the largest GPU has {largest:g} MB"
+        )
+    return mask
+
+
+def choose(finish: np.ndarray, backlog: np.ndarray, mask: np.ndarray) -> int:
+    """Index minimising (finish, backlog, index) over the masked workers."""
+    f = np.where(mask, finish, math.inf)
+    best = f.min()
+    if not best < math.inf:  # every candidate infinite: fall back to the masked ones
+        f = np.where(mask, 0.0, math.inf)
+        best = 0.0
+    tied = np.flatnonzero(f == best)
+    if len(tied) == 1:
+        return int(tied[0])
+    b = backlog[tied]
+    return int(tied[int(np.argmin(b))])  # argmin returns the first, i.e. lowest index
+
+
+def first_fit(order: list[int], mask: np.ndarray) -> int:
+    """The first worker in ``order`` that the mask admits (baselines' rings and cycles)."""
+    for i in order:
+        if mask[i]:
+            return i
+    raise PlanningError("no candidate worker")  # unreachable: candidates() raised first

@@ -1,0 +1,67 @@
+"""The Compass policy: critical path first, each task where it is expected to finish earliest.
+
+Finish counts all three ways latency is lost: waiting for a busy worker (its backlog,
+plus work planned onto it but not yet sent), loading a model that is not resident
+(doubled when something must be evicted first) and pulling inputs from another worker.
+"""
+
+from __future__ import annotations
+
+from .choose import choose
+from .rank import rank_order
+from .types import ClusterView, DagSpec, Placement, Plan
+from .walk import Estimate, Walk
+
+# Collocating a job's tasks keeps outputs in the worker's memory and the plan easy to
+# follow; accept up to this many ms of estimated finish for it.
+DEFAULT_COLLOCATE_SLACK_MS = 2.0
+
+
+class CompassPolicy:
+    """``collocate_slack_ms=None`` turns the collocation preference off."""
+
+    name = "compass"
+
+    def __init__(
+        self,
+        count_pending: bool = True,
+        collocate_slack_ms: float | None = DEFAULT_COLLOCATE_SLACK_MS,
+    ) -> None:
+        self.count_pending = count_pending
+        self.collocate_slack_ms = collocate_slack_ms
+
+    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        walk = Walk(dag, cluster, count_pending=self.count_pending)
+        out: dict[str, Placement] = {}
+        for name in rank_order(dag, walk.arr):
+            est = walk.estimate(name)
+            i = choose(est.finish, walk.avail, est.mask)
+            reason = _reason(walk, name, est, i)
+            j = self._collocate(walk, name, est, i)
+            if j is not None:
+                extra = float(est.finish[j] - est.finish[i])
+                reason = f"collocated with predecessor on {walk.arr.names[j]} (+{extra:.0f}ms)"
+                i = j
+            out[name] = walk.commit(name, i, est, reason)
+        return Plan(self.name, {n: out[n] for n in dag.nodes})
+
+    def _collocate(self, walk: Walk, name: str, est: Estimate, best: int) -> int | None:
+        """A predecessor's worker whose finish is within the slack of the best, if any."""
+        if self.collocate_slack_ms is None:
+            return None
+        homes = sorted({walk.worker[p] for p in walk.preds[name]} - {best})
+        homes = [h for h in homes if est.mask[h]]
+        if not homes:
+            return None
+        j = min(homes, key=lambda h: (float(est.finish[h]), float(walk.avail[h]), h))
+        return j if est.finish[j] <= est.finish[best] + self.collocate_slack_ms else None
+
+
+def _reason(walk: Walk, name: str, est: Estimate, i: int) -> str:
+    model = walk.dag.nodes[name].model
+    if model is not None and est.load[i] == 0.0:
+        return f"model resident, backlog {float(walk.avail[i]):.0f}ms"
+    text = f"least finish {float(est.finish[i]):.0f}ms"
+    if model is None:
+        return text + " (no model)"
+    return text + f" (load {float(est.load[i]):.0f}ms)"

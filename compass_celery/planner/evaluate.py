@@ -1,0 +1,45 @@
+"""Evaluate a given assignment under the full cost model (wait, load, transfer, run).
+
+Used to compare policies fairly: each policy's plan reports its own beliefs (HEFT
+ignores loads), while :func:`evaluate` says what the full model expects to happen if
+every task runs where the plan put it. Tasks sharing a worker run in order of their
+planned start (ties by topological position), and never before their inputs.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from .types import ClusterView, DagSpec, Placement, Plan, PlanningError
+from .walk import Walk
+
+
+def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: bool = True) -> Plan:
+    """A plan with the same workers and the full model's start/finish for each task."""
+    walk = Walk(dag, cluster, count_pending=count_pending)
+    topo = {n: k for k, n in enumerate(dag.topological_order())}
+    for name in dag.nodes:
+        if name not in plan.placements:
+            raise PlanningError(f"plan {plan.policy!r} has no placement for task {name!r}")
+        worker = plan.placements[name].worker
+        if worker not in walk.arr.index:
+            raise PlanningError(f"plan puts task {name!r} on unknown worker {worker!r}")
+    waiting = {n: len(walk.preds[n]) for n in dag.nodes}
+    succs: dict[str, list[str]] = {n: [] for n in dag.nodes}
+    for a, b in dag.edges:
+        succs[a].append(b)
+    heap = [(plan.placements[n].start_ms, topo[n], n) for n, k in waiting.items() if k == 0]
+    heapq.heapify(heap)
+    out: dict[str, Placement] = {}
+    while heap:
+        _, _, name = heapq.heappop(heap)
+        est = walk.estimate(name)
+        i = walk.arr.index[plan.placements[name].worker]
+        if not est.mask[i]:
+            raise PlanningError(f"worker {walk.arr.names[i]!r} cannot hold the model of {name!r}")
+        out[name] = walk.commit(name, i, est, "evaluated under the full cost model")
+        for s in succs[name]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                heapq.heappush(heap, (plan.placements[s].start_ms, topo[s], s))
+    return Plan(plan.policy, {n: out[n] for n in dag.nodes})

@@ -1,0 +1,26 @@
+"""Random: a uniformly random candidate, from a seeded generator (reproducible runs)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from .baseline import plan_in_order
+from .types import ClusterView, DagSpec, Plan
+from .walk import Estimate, Walk
+
+
+class RandomPolicy:
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:
+            cands = np.flatnonzero(est.mask)
+            i = int(cands[self._rng.randrange(len(cands))])
+            return i, f"random pick of {len(cands)} candidates"
+
+        return plan_in_order(self.name, dag, cluster, pick)
