@@ -1,0 +1,99 @@
+"""Model registry: name -> how to build the model and how big it is declared to be.
+
+Sizes are validated at registration so a model that can never fit is rejected
+when it is registered or planned, not when a task first runs on a worker.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from compass_celery.cache.errors import ModelTooLargeError, UnknownModelError
+
+Loader = Callable[[], Any]
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One registered model; ``size_mb`` is the declared size (the backend may measure it)."""
+
+    name: str
+    loader: Loader
+    size_mb: float
+    device: str | None = None
+
+
+def _check_size(name: str, size_mb: float) -> float:
+    try:
+        size = float(size_mb)
+    except (TypeError, ValueError):
+        raise ValueError(f"model {name!r}: size_mb must be a number, got {size_mb!r}") from None
+    if not math.isfinite(size) or size <= 0:
+        raise ValueError(f"model {name!r}: size_mb must be finite and > 0, got {size_mb!r}")
+    return size
+
+
+class ModelRegistry:
+    """Name -> :class:`ModelSpec`. Re-registering a name replaces it (latest wins)."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, ModelSpec] = {}
+
+    def register(
+        self, name: str, loader: Loader, size_mb: float, device: str | None = None
+    ) -> ModelSpec:
+        if not name or not isinstance(name, str):
+            raise ValueError(f"model name must be a non-empty string, got {name!r}")
+        if not callable(loader):
+            raise ValueError(f"model {name!r}: loader must be callable, got {loader!r}")
+        spec = ModelSpec(name, loader, _check_size(name, size_mb), device)
+        self._specs[name] = spec
+        return spec
+
+    def model(
+        self, name: str, size_mb: float, device: str | None = None
+    ) -> Callable[[Loader], Loader]:
+        """Decorator form: ``@registry.model("resnet", size_mb=100)`` over a loader."""
+
+        def decorate(loader: Loader) -> Loader:
+            self.register(name, loader, size_mb, device)
+            return loader
+
+        return decorate
+
+    def get(self, name: str) -> ModelSpec:
+        try:
+            return self._specs[name]
+        except KeyError:
+            known = ", ".join(sorted(self._specs)) or "none"
+            raise UnknownModelError(f"unknown model {name!r}; known models: {known}") from None
+
+    def unregister(self, name: str) -> None:
+        self._specs.pop(name, None)
+
+    def sizes_mb(self) -> dict[str, float]:
+        return {n: s.size_mb for n, s in self._specs.items()}
+
+    def names(self) -> list[str]:
+        return sorted(self._specs)
+
+    def check_fits(self, name: str, capacity_mb: float) -> None:
+        """Raise :class:`ModelTooLargeError` if ``name`` can never fit ``capacity_mb``."""
+        size = self.get(name).size_mb
+        if size > capacity_mb:
+            raise ModelTooLargeError(
+                f"model {name!r} ({size:.1f} MB) can never fit in {capacity_mb:.1f} MB of memory"
+            )
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+default_registry = ModelRegistry()
+"""The process-wide registry ``get_model`` and the worker cache use unless given another."""
