@@ -1,0 +1,230 @@
+"""``Compass(app)``: installs routing, worker steps and signal hooks on a Celery app.
+
+Glue only: decisions live in :mod:`compass_celery.placement` and the planner,
+state in :mod:`compass_celery.state`, worker behaviour in
+:mod:`compass_celery.worker`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any
+
+from celery import Celery, signals
+
+from . import settings as settings_mod
+from .placement import Decision, decide
+from .planner import get_policy
+from .planner.base import Policy
+from .planner.types import WorkerView
+from .profiles import profile_key, resolve_demand
+from .router import CompassRouter
+from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore
+
+logger = logging.getLogger("compass_celery")
+
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+MAX_DECISIONS = 10_000
+
+# Celery settings Compass needs for an honest backlog and safe redelivery; a value
+# the user set explicitly is kept (and logged if it weakens the guarantees).
+CELERY_DEFAULTS = {
+    "worker_prefetch_multiplier": 1,
+    "task_acks_late": True,
+    "task_reject_on_worker_lost": True,
+    "task_serializer": "json",
+    "result_serializer": "json",
+    "accept_content": ["json"],
+}
+
+
+class Compass:
+    """Compass scheduling for one Celery app. ``Compass(app)`` is all a user writes."""
+
+    def __init__(self, app: Celery, *, store: StateStore | None = None) -> None:
+        self.app = app
+        self._store = store
+        self.router = CompassRouter(self)
+        self.decisions: OrderedDict[str, Decision] = OrderedDict()
+        self.worker_runtime: Any = None
+        app.compass = self  # type: ignore[attr-defined]
+        if app.configured:
+            self._on_configure()
+        else:
+            app.on_after_configure.connect(self._on_configure, weak=False)
+        from .worker import install_worker_steps
+
+        install_worker_steps(app)
+        self._connect_signals()
+
+    # -- settings and collaborators ------------------------------------------------
+    def _on_configure(self, *args: Any, **kwargs: Any) -> None:
+        conf = self.app.conf
+        changed = getattr(conf, "changes", {}) or {}
+        for key, value in CELERY_DEFAULTS.items():
+            if key not in changed:
+                conf[key] = value
+        for key in ("task_serializer", "result_serializer"):
+            if conf.get(key) == "pickle":
+                raise settings_mod.SettingsError(
+                    f"{key}='pickle' is refused by compass-celery: messages cross trust "
+                    "boundaries through Redis; use 'json'")
+        if "pickle" in (conf.get("accept_content") or []):
+            raise settings_mod.SettingsError(
+                "accept_content includes 'pickle', which compass-celery refuses; use ['json']")
+        routes = conf.get("task_routes")
+        routes = list(routes) if isinstance(routes, (list, tuple)) else (
+            [routes] if routes else [])
+        if self.router not in routes:
+            conf.task_routes = [self.router, *routes]
+
+    @cached_property
+    def settings(self) -> dict[str, Any]:
+        return settings_mod.resolve(self.app.conf)
+
+    @property
+    def eager(self) -> bool:
+        return bool(self.app.conf.task_always_eager)
+
+    @property
+    def redis_url(self) -> str | None:
+        url = self.settings["redis_url"]
+        if url:
+            return url
+        broker = self.app.conf.broker_url or ""
+        return broker if broker.startswith(REDIS_SCHEMES) else None
+
+    @property
+    def store(self) -> StateStore:
+        if self._store is None:
+            url = None if self.eager else self.redis_url
+            self._store = (RedisStateStore(url, self.settings["key_prefix"]) if url
+                           else MemoryStateStore())
+        return self._store
+
+    @cached_property
+    def reader(self) -> SnapshotReader:
+        return SnapshotReader(self.store, self.settings["snapshot_ttl_s"],
+                              self.settings["heartbeat_timeout_s"])
+
+    @cached_property
+    def policy(self) -> Policy:
+        return get_policy(self.settings["policy"], seed=self.settings["seed"])
+
+    @property
+    def shared_queue(self) -> str:
+        return self.settings["shared_queue"]
+
+    def queue_for(self, worker_name: str) -> str:
+        return f"{self.settings['queue_prefix']}{worker_name}"
+
+    def model_sizes(self) -> dict[str, float]:
+        from .cache.registry import default_registry
+
+        return {**default_registry.sizes_mb(), **self.settings["models"]}
+
+    # -- eager mode and tests --------------------------------------------------------
+    def add_worker(self, name: str, *, gpu_mb: float = 16000.0, resident: Iterable[str] = (),
+                   backlog_ms: float = 0.0, speed: float = 1.0, free_mb: float | None = None,
+                   load_mb_per_s: float | None = None) -> WorkerView:
+        """Declare a worker in the in-process state (eager mode, tests, what-if planning)."""
+        sizes = self.model_sizes()
+        resident = frozenset(resident)
+        used = sum(sizes.get(m, 0.0) for m in resident)
+        view = WorkerView(
+            name=name, queue=self.queue_for(name), gpu_total_mb=gpu_mb,
+            gpu_free_mb=max(0.0, gpu_mb - used) if free_mb is None else free_mb,
+            resident=resident, speed=speed, heartbeat=time.time(),
+            load_mb_per_s=load_mb_per_s or self.settings["load_mb_per_s"],
+            host_load_mb_per_s=self.settings["host_load_mb_per_s"],
+            net_mb_per_s=self.settings["net_mb_per_s"], device="emulated")
+        self.store.publish(view)
+        self.store.set_backlog(name, backlog_ms)
+        self.reader.invalidate()
+        return view
+
+    def placement(self, task_id: str) -> Decision | None:
+        """Where a task this process sent (or ran eagerly) was placed, and why."""
+        return self.decisions.get(task_id)
+
+    def _remember(self, task_id: str, decision: Decision) -> None:
+        self.decisions[task_id] = decision
+        while len(self.decisions) > MAX_DECISIONS:
+            self.decisions.popitem(last=False)
+
+    def on_routed(self, decision: Decision) -> None:
+        from .signals import task_placed
+
+        task_placed.send(sender=self, decision=decision)
+
+    # -- signals ---------------------------------------------------------------------
+    def _connect_signals(self) -> None:
+        signals.before_task_publish.connect(self._before_publish, weak=False)
+        signals.task_prerun.connect(self._task_prerun, weak=False)
+        signals.task_postrun.connect(self._task_postrun, weak=False)
+        signals.task_revoked.connect(self._task_revoked, weak=False)
+
+    def _ours(self, task: Any) -> bool:
+        return task is not None and getattr(task, "app", None) is self.app
+
+    def _before_publish(self, sender: str | None = None, headers: dict | None = None,
+                        **kw: Any) -> None:
+        decision = self.router.take_pending(sender or "")
+        if decision is None or headers is None:
+            return
+        headers["compass"] = decision.as_header()
+        if headers.get("id"):
+            self._remember(headers["id"], decision)
+
+    def _task_prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
+                     **kw: Any) -> None:
+        task = task or sender
+        if not self._ours(task):
+            return
+        request = task.request
+        if request.is_eager:
+            self._place_eagerly(task, task_id or "", request)
+            return
+        if self.worker_runtime is not None:
+            self.worker_runtime.task_started(task, request)
+
+    def _place_eagerly(self, task: Any, task_id: str, request: Any) -> None:
+        snapshot = self.reader.get()
+        options = {"compass": (request.headers or {}).get("compass_call")}
+        demand = resolve_demand(task.name, task, options if options["compass"] else None,
+                                snapshot.profiles, self.settings["default_exec_ms"])
+        if demand is None:
+            return
+        decision = decide(demand, snapshot, self.policy, self.model_sizes(), self.shared_queue)
+        if decision.charge_ms:
+            self.store.charge(decision.worker, decision.charge_ms)
+            self.reader.note_charge(decision.worker, decision.charge_ms)
+        self._remember(task_id, decision)
+        request.compass = decision.as_header()
+        self.on_routed(decision)
+
+    def _task_postrun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
+                      state: str | None = None, **kw: Any) -> None:
+        task = task or sender
+        if not self._ours(task):
+            return
+        request = task.request
+        decision = Decision.from_header(getattr(request, "compass", None))
+        if request.is_eager:
+            if decision and decision.charge_ms:
+                self.store.charge(decision.worker, -decision.charge_ms)
+                self.reader.note_charge(decision.worker, -decision.charge_ms)
+            return
+        if self.worker_runtime is not None:
+            self.worker_runtime.task_finished(task, request, decision, state)
+
+    def _task_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if self.worker_runtime is not None and request is not None:
+            self.worker_runtime.task_revoked(request)
+
+    def learned_key(self, task: str, model: str | None) -> str:
+        return profile_key(task, model)

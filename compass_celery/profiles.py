@@ -1,0 +1,84 @@
+"""What a task needs: its model, run time and output size, resolved in one order.
+
+call option (``apply_async(..., compass={...})``) -> task declaration
+(``@app.task(compass_model=..., compass_exec_ms=...)``) -> learned profile
+(EWMA of measured runs, kept in the state store) -> ``compass_default_exec_ms``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .planner.types import TaskSpec
+
+
+class TaskDeclarationError(ValueError):
+    """A task's compass options are malformed (negative run time, bad model name)."""
+
+
+@dataclass(frozen=True)
+class Demand:
+    task: str
+    model: str | None
+    exec_ms: float
+    output_kb: float
+    exec_source: str  # "call", "declared", "learned" or "default"
+
+    def spec(self) -> TaskSpec:
+        return TaskSpec(name=self.task, model=self.model, exec_ms=self.exec_ms,
+                        output_kb=self.output_kb)
+
+
+def profile_key(task: str, model: str | None) -> str:
+    """Field of a learned run time in the profiles table."""
+    return f"{task}|{model or ''}"
+
+
+def _number(value: Any, what: str, task: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise TaskDeclarationError(f"task {task!r}: {what} must be a finite number, "
+                                   f"got {value!r}")
+    if value < 0:
+        raise TaskDeclarationError(f"task {task!r}: {what} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def declared(task: Any) -> dict[str, Any]:
+    """The compass options declared on a task class (``compass_model`` etc.)."""
+    out = {}
+    for key in ("model", "exec_ms", "output_kb"):
+        value = getattr(task, f"compass_{key}", None) if task is not None else None
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def resolve_demand(name: str, task: Any, call_options: Mapping[str, Any] | None,
+                   learned: Mapping[str, float], default_exec_ms: float) -> Demand | None:
+    """The task's demand, or None when it carries no compass options at all."""
+    decl = declared(task)
+    call = dict((call_options or {}).get("compass") or {})
+    unknown = set(call) - {"model", "exec_ms", "output_kb"}
+    if unknown:
+        raise TaskDeclarationError(f"task {name!r}: unknown compass call option(s) "
+                                   f"{sorted(unknown)}; use model, exec_ms, output_kb")
+    merged = {**decl, **call}
+    if "model" not in merged and "exec_ms" not in merged:
+        return None
+    model = merged.get("model")
+    if model is not None and (not isinstance(model, str) or not model):
+        raise TaskDeclarationError(f"task {name!r}: model must be a non-empty string, "
+                                   f"got {model!r}")
+    output_kb = _number(merged.get("output_kb", 0.0), "output_kb", name)
+    if "exec_ms" in call:
+        exec_ms, source = _number(call["exec_ms"], "exec_ms", name), "call"
+    elif "exec_ms" in decl:
+        exec_ms, source = _number(decl["exec_ms"], "exec_ms", name), "declared"
+    elif (key := profile_key(name, model)) in learned:
+        exec_ms, source = learned[key], "learned"
+    else:
+        exec_ms, source = default_exec_ms, "default"
+    return Demand(name, model, exec_ms, output_kb, source)

@@ -1,0 +1,119 @@
+"""Worker records: the JSON each worker publishes, and a strict decoder.
+
+A record is written by a worker and read by every producer. Anyone with write
+access to Redis can put anything there, so the decoder trusts nothing: a
+garbled record raises :class:`RecordError` naming the worker and the field,
+and readers skip that worker (logging why) instead of failing an enqueue.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from .planner.types import WorkerView
+
+MAX_RECORD_BYTES = 256 * 1024
+MAX_MODELS = 4096
+
+
+class RecordError(ValueError):
+    """A worker record in Redis is not valid; the message names the problem."""
+
+
+def encode_record(view: WorkerView, **extra: Any) -> str:
+    """JSON for one worker's record (backlog and pending live in their own hashes)."""
+    body = {
+        "name": view.name,
+        "queue": view.queue,
+        "device": view.device,
+        "gpu_total_mb": view.gpu_total_mb,
+        "gpu_free_mb": view.gpu_free_mb,
+        "resident": sorted(view.resident),
+        "host_resident": sorted(view.host_resident),
+        "speed": view.speed,
+        "load_mb_per_s": view.load_mb_per_s,
+        "host_load_mb_per_s": view.host_load_mb_per_s,
+        "net_mb_per_s": view.net_mb_per_s,
+        "heartbeat": view.heartbeat,
+    }
+    body.update(extra)
+    return json.dumps(body, separators=(",", ":"))
+
+
+def _number(body: Mapping[str, Any], key: str, who: str, *, positive: bool = False) -> float:
+    if key not in body:
+        raise RecordError(f"worker record {who!r}: missing field {key!r}")
+    value = body[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordError(f"worker record {who!r}: field {key!r} must be a finite number, "
+                          f"got {value!r:.60}")
+    if value < 0 or (positive and value == 0):
+        raise RecordError(f"worker record {who!r}: field {key!r} must be "
+                          f"{'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+def _names(body: Mapping[str, Any], key: str, who: str) -> frozenset[str]:
+    value = body.get(key, [])
+    if not isinstance(value, list) or len(value) > MAX_MODELS or not all(
+            isinstance(v, str) for v in value):
+        raise RecordError(f"worker record {who!r}: field {key!r} must be a list of model names")
+    return frozenset(value)
+
+
+def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
+    """Decode and validate one record; ``field_name`` is the hash field it came from."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordError(f"worker record {field_name!r}: {len(raw)} bytes is too large")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"worker record {field_name!r}: not UTF-8 ({exc})") from None
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise RecordError(f"worker record {field_name!r}: not valid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise RecordError(f"worker record {field_name!r}: expected a JSON object, "
+                          f"got {type(body).__name__}")
+    name, queue = body.get("name"), body.get("queue")
+    if not isinstance(name, str) or not name:
+        raise RecordError(f"worker record {field_name!r}: field 'name' must be a non-empty string")
+    if name != field_name and field_name != "?":
+        raise RecordError(f"worker record {field_name!r}: names a different worker {name!r}")
+    if not isinstance(queue, str) or not queue:
+        raise RecordError(f"worker record {name!r}: field 'queue' must be a non-empty string")
+    device = body.get("device", "cpu")
+    if not isinstance(device, str):
+        raise RecordError(f"worker record {name!r}: field 'device' must be a string")
+    total = _number(body, "gpu_total_mb", name)
+    free = _number(body, "gpu_free_mb", name)
+    return WorkerView(
+        name=name,
+        queue=queue,
+        device=device,
+        gpu_total_mb=total,
+        gpu_free_mb=min(free, total),
+        resident=_names(body, "resident", name),
+        host_resident=_names(body, "host_resident", name),
+        speed=_number(body, "speed", name, positive=True),
+        load_mb_per_s=_number(body, "load_mb_per_s", name, positive=True),
+        host_load_mb_per_s=_number(body, "host_load_mb_per_s", name, positive=True),
+        net_mb_per_s=_number(body, "net_mb_per_s", name, positive=True),
+        heartbeat=_number(body, "heartbeat", name),
+    )
+
+
+def decode_ms(raw: bytes | str | None) -> float:
+    """A backlog/pending counter; garbage or negatives read as 0 (never below zero)."""
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        return 0.0
+    return value if math.isfinite(value) and value > 0 else 0.0

@@ -1,0 +1,78 @@
+"""The Celery router: a placement becomes the chosen worker's own queue.
+
+It only translates (celery's routes.py habit): build the demand, ask
+:func:`compass_celery.placement.decide`, charge the backlog, return
+``{'queue': ...}``. Tasks without compass options get ``None`` so the user's
+own routes apply. State trouble routes to the shared queue, warns once, and
+never raises: an enqueue must not fail because Redis blinked.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Any
+
+from .placement import Decision, decide, fallback
+from .profiles import resolve_demand
+from .state import StateUnavailable
+
+if TYPE_CHECKING:
+    from .app import Compass
+
+logger = logging.getLogger("compass_celery.router")
+
+
+class CompassRouter:
+    """Callable router for ``task_routes``; per process, fork-safe through its store."""
+
+    def __init__(self, compass: Compass) -> None:
+        self.compass = compass
+        self._local = threading.local()
+        self._warned: set[str] = set()
+        self.fallbacks = 0
+
+    def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
+                 task: Any = None, **kw: Any) -> dict[str, Any] | None:
+        c = self.compass
+        task = task if task is not None else c.app.tasks.get(name)
+        try:
+            snapshot = c.reader.get()
+            learned = snapshot.profiles
+        except StateUnavailable as exc:
+            snapshot, learned = None, {}
+            why = f"state unavailable ({exc})"
+        demand = resolve_demand(name, task, options, learned, c.settings["default_exec_ms"])
+        if demand is None:
+            return None
+        if snapshot is None:
+            decision = self._fallback(demand, why)
+        else:
+            decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue)
+            if decision.fallback:
+                decision = self._fallback(demand, decision.reason)
+            elif decision.charge_ms:
+                try:
+                    c.store.charge(decision.worker, decision.charge_ms)
+                    c.reader.note_charge(decision.worker, decision.charge_ms)
+                except StateUnavailable as exc:
+                    decision = self._fallback(demand, f"state unavailable ({exc})")
+        self._local.pending = decision
+        c.on_routed(decision)
+        return {"queue": decision.queue}
+
+    def _fallback(self, demand: Any, why: str) -> Decision:
+        self.fallbacks += 1
+        if why.split(" (")[0] not in self._warned:
+            self._warned.add(why.split(" (")[0])
+            logger.warning("compass: routing to shared queue %r: %s",
+                           self.compass.shared_queue, why)
+        return fallback(demand, self.compass.shared_queue, self.compass.policy.name, why)
+
+    def take_pending(self, name: str) -> Decision | None:
+        """The decision made for ``name`` on this thread, consumed by before_task_publish."""
+        decision = getattr(self._local, "pending", None)
+        if decision is not None and decision.task == name:
+            self._local.pending = None
+            return decision
+        return None

@@ -1,0 +1,268 @@
+"""Cluster state: worker records, backlog counters and learned profiles.
+
+Two stores share one interface: :class:`RedisStateStore` (the paper's
+replicated state table, one pipelined round trip per snapshot) and
+:class:`MemoryStateStore` (eager mode, unit tests, the simulator).
+:class:`SnapshotReader` adds the short local cache producers use so a burst of
+enqueues does not hammer Redis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any, Protocol
+
+from .planner.types import WorkerView
+from .records import RecordError, decode_ms, decode_record, encode_record
+
+logger = logging.getLogger("compass_celery.state")
+
+# Key templates, named once (rq's habit). {p} is compass_key_prefix.
+WORKERS_KEY = "{p}:workers"      # hash: worker name -> JSON record
+BACKLOG_KEY = "{p}:backlog"      # hash: worker name -> ms queued and running
+PENDING_KEY = "{p}:pending"      # hash: worker name -> ms planned but not yet sent
+PROFILES_KEY = "{p}:profiles"    # hash: "task|model" -> {"exec_ms", "n"}
+
+
+class StateUnavailable(RuntimeError):
+    """The state store cannot be reached; producers fall back to the shared queue."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Live workers (backlog and pending folded in), learned run times, skipped records."""
+
+    workers: tuple[WorkerView, ...]
+    profiles: Mapping[str, float] = field(default_factory=dict)
+    skipped: tuple[str, ...] = ()
+    taken_at: float = 0.0
+
+
+class StateStore(Protocol):
+    def publish(self, view: WorkerView, **extra: Any) -> None: ...
+    def remove(self, name: str) -> None: ...
+    def charge(self, worker: str, ms: float) -> None: ...
+    def set_backlog(self, worker: str, ms: float) -> None: ...
+    def add_pending(self, worker: str, ms: float) -> None: ...
+    def record_run(self, key: str, ms: float, alpha: float) -> None: ...
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot: ...
+
+
+def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
+    return {(k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)): v
+            for k, v in table.items()}
+
+
+def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
+              pending: Mapping[Any, Any], profiles_raw: Mapping[Any, Any], now: float,
+              timeout_s: float) -> Snapshot:
+    records, backlog, pending, profiles_raw = (
+        _str_keys(records), _str_keys(backlog), _str_keys(pending), _str_keys(profiles_raw))
+    workers: list[WorkerView] = []
+    skipped: list[str] = []
+    for name, raw in records.items():
+        try:
+            view = decode_record(raw, field_name=name)
+        except RecordError as exc:
+            skipped.append(str(exc))
+            continue
+        if now - view.heartbeat > timeout_s:
+            skipped.append(f"worker {name!r}: heartbeat {now - view.heartbeat:.1f}s old (dead)")
+            continue
+        workers.append(replace(view, backlog_ms=decode_ms(backlog.get(name)),
+                               pending_ms=decode_ms(pending.get(name))))
+    profiles: dict[str, float] = {}
+    for key, raw in profiles_raw.items():
+        try:
+            ms = float(json.loads(raw)["exec_ms"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if math.isfinite(ms) and ms >= 0:
+            profiles[key] = ms
+    workers.sort(key=lambda w: w.name)
+    return Snapshot(tuple(workers), profiles, tuple(skipped), now)
+
+
+class MemoryStateStore:
+    """In-process store with the same behaviour as Redis (eager mode, tests, simulator)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: dict[str, str] = {}
+        self.backlog: dict[str, float] = {}
+        self.pending: dict[str, float] = {}
+        self.profiles: dict[str, str] = {}
+
+    def publish(self, view: WorkerView, **extra: Any) -> None:
+        with self._lock:
+            self.records[view.name] = encode_record(view, **extra)
+            if view.backlog_ms:
+                self.backlog.setdefault(view.name, view.backlog_ms)
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            for table in (self.records, self.backlog, self.pending):
+                table.pop(name, None)
+
+    def charge(self, worker: str, ms: float) -> None:
+        with self._lock:
+            self.backlog[worker] = max(0.0, self.backlog.get(worker, 0.0) + ms)
+
+    def set_backlog(self, worker: str, ms: float) -> None:
+        with self._lock:
+            self.backlog[worker] = max(0.0, ms)
+
+    def add_pending(self, worker: str, ms: float) -> None:
+        with self._lock:
+            self.pending[worker] = max(0.0, self.pending.get(worker, 0.0) + ms)
+
+    def record_run(self, key: str, ms: float, alpha: float) -> None:
+        with self._lock:
+            old = self.profiles.get(key)
+            prof = json.loads(old) if old else None
+            if prof and ms <= prof["exec_ms"] * 3 and ms * 3 >= prof["exec_ms"]:
+                ms = prof["exec_ms"] + alpha * (ms - prof["exec_ms"])
+            self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
+
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        with self._lock:
+            return _assemble(dict(self.records), dict(self.backlog), dict(self.pending),
+                             dict(self.profiles), now, heartbeat_timeout_s)
+
+
+def _script(name: str) -> str:
+    return resources.files("compass_celery").joinpath(f"lua/{name}.lua").read_text()
+
+
+def connect(url: str, **kwargs: Any) -> Any:
+    """A redis client for ``url`` (redis://, rediss:// with TLS, unix://), short timeouts.
+
+    Short socket timeouts keep an enqueue from hanging when Redis is away: the
+    router then falls back to the shared queue instead.
+    """
+    import redis
+
+    opts: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0,
+                            "health_check_interval": 10}
+    opts.update(kwargs)
+    return redis.Redis.from_url(url, **opts)
+
+
+class RedisStateStore:
+    """Worker state in Redis. One client per process, rebuilt after fork."""
+
+    def __init__(self, url: str, prefix: str = "compass",
+                 client_factory: Callable[[str], Any] = connect) -> None:
+        self.url = url
+        self.prefix = prefix
+        self._factory = client_factory
+        self._pid = -1
+        self._client: Any = None
+        self._keys = {k: t.format(p=prefix) for k, t in (
+            ("workers", WORKERS_KEY), ("backlog", BACKLOG_KEY), ("pending", PENDING_KEY),
+            ("profiles", PROFILES_KEY))}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None or self._pid != os.getpid():
+            self._client = self._factory(self.url)
+            self._pid = os.getpid()
+            self._charge = self._client.register_script(_script("charge"))
+            self._ewma = self._client.register_script(_script("ewma"))
+        return self._client
+
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        import redis
+
+        try:
+            return fn()
+        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
+
+    def publish(self, view: WorkerView, **extra: Any) -> None:
+        self._call(lambda: self.client.hset(self._keys["workers"], view.name,
+                                            encode_record(view, **extra)))
+
+    def remove(self, name: str) -> None:
+        def go() -> None:
+            pipe = self.client.pipeline()
+            for key in ("workers", "backlog", "pending"):
+                pipe.hdel(self._keys[key], name)
+            pipe.execute()
+        self._call(go)
+
+    def charge(self, worker: str, ms: float) -> None:
+        _ = self.client
+        self._call(lambda: self._charge(keys=[self._keys["backlog"]], args=[worker, ms]))
+
+    def set_backlog(self, worker: str, ms: float) -> None:
+        self._call(lambda: self.client.hset(self._keys["backlog"], worker, max(0.0, ms)))
+
+    def add_pending(self, worker: str, ms: float) -> None:
+        _ = self.client
+        self._call(lambda: self._charge(keys=[self._keys["pending"]], args=[worker, ms]))
+
+    def record_run(self, key: str, ms: float, alpha: float) -> None:
+        _ = self.client
+        self._call(lambda: self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha]))
+
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        def go() -> Snapshot:
+            pipe = self.client.pipeline(transaction=False)
+            for key in ("workers", "backlog", "pending", "profiles"):
+                pipe.hgetall(self._keys[key])
+            records, backlog, pending, profiles = pipe.execute()
+            return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s)
+        return self._call(go)
+
+
+class SnapshotReader:
+    """Reuses a snapshot for ``ttl_s`` and applies this process's own charges to it.
+
+    Without the local charges, every task in a burst would see the same stale
+    backlog and pile onto one worker until the cache expired.
+    """
+
+    def __init__(self, store: StateStore, ttl_s: float, heartbeat_timeout_s: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.store, self.ttl_s, self.clock = store, ttl_s, clock
+        self.timeout_s = heartbeat_timeout_s
+        self._lock = threading.Lock()
+        self._snap: Snapshot | None = None
+        self._reported: set[str] = set()
+        self.reads = 0
+
+    def get(self) -> Snapshot:
+        now = self.clock()
+        with self._lock:
+            if self._snap is not None and now - self._snap.taken_at <= self.ttl_s:
+                return self._snap
+        snap = self.store.snapshot(now, self.timeout_s)
+        self.reads += 1
+        for why in snap.skipped:
+            if why not in self._reported:
+                self._reported.add(why)
+                logger.warning("compass: skipping %s", why)
+        with self._lock:
+            self._snap = snap
+        return snap
+
+    def note_charge(self, worker: str, ms: float) -> None:
+        with self._lock:
+            if self._snap is None:
+                return
+            self._snap = replace(self._snap, workers=tuple(
+                replace(w, backlog_ms=max(0.0, w.backlog_ms + ms)) if w.name == worker else w
+                for w in self._snap.workers))
+
+    def invalidate(self) -> None:
+        with self._lock:
+            self._snap = None

@@ -1,0 +1,290 @@
+"""Worker side: own queue, state publisher, backlog accounting, model cache wiring.
+
+``CompassWorker`` is a worker bootstep (added to ``app.steps['worker']`` by
+``Compass(app)``); it selects the worker's own queue and the shared queue at
+build time and runs a :class:`WorkerRuntime` between start and stop. Test
+workers call ``terminate`` instead of ``stop``; both tear down alike.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import click
+from celery import Celery, bootsteps
+
+from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
+from .placement import SHARED, Decision
+from .planner.types import WorkerView
+from .profiles import profile_key, resolve_demand
+from .state import StateUnavailable
+
+if TYPE_CHECKING:
+    from .app import Compass
+
+logger = logging.getLogger("compass_celery.worker")
+
+# Worker command-line flags, each overriding the compass_* setting of the same name.
+WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
+    "gpu": (str, "device to run models on: cuda, cuda:N or cpu"),
+    "emulate_gpu_mb": (float, "emulate a GPU of this many MB instead of using torch"),
+    "load_mb_per_s": (float, "model load bandwidth of the (emulated) GPU, MB/s"),
+    "speed": (float, "speed factor of this worker's GPU"),
+    "preload": (str, "comma-separated models to load at start"),
+    "time_scale": (float, "real seconds per workload second for emulated sleeps"),
+}
+
+
+def install_worker_steps(app: Celery) -> None:
+    """Add the worker flags and the bootstep (idempotent)."""
+    if CompassWorker in app.steps["worker"]:
+        return
+    for key, (typ, doc) in WORKER_FLAGS.items():
+        flag = "--compass-" + key.replace("_", "-")
+        app.user_options["worker"].add(click.Option([flag], type=typ, default=None, help=doc))
+    app.steps["worker"].add(CompassWorker)
+
+
+class CompassWorker(bootsteps.StartStopStep):
+    """Consume this worker's own queue and the shared one; run the runtime."""
+
+    label = "Compass"
+
+    def __init__(self, worker: Any, **options: Any) -> None:
+        self.runtime: WorkerRuntime | None = None
+        compass = getattr(worker.app, "compass", None)
+        self.enabled = compass is not None
+        if not self.enabled:
+            return
+        self.overrides = {k: options.get(f"compass_{k}") for k in WORKER_FLAGS
+                          if options.get(f"compass_{k}") is not None}
+        queues = worker.app.amqp.queues
+        self.own_queue = compass.queue_for(worker.hostname)
+        queues.select_add(self.own_queue)
+        queues.select_add(compass.shared_queue)
+
+    def start(self, worker: Any) -> None:
+        compass: Compass = worker.app.compass
+        self.runtime = WorkerRuntime(compass, worker.hostname, self.own_queue, self.overrides)
+        self.runtime.start()
+
+    def stop(self, worker: Any) -> None:
+        if self.runtime is not None:
+            self.runtime.stop()
+            self.runtime = None
+
+    terminate = shutdown = stop
+
+
+class WorkerRuntime:
+    """Publishes this worker's record and keeps its backlog and cache honest."""
+
+    def __init__(self, compass: Compass, name: str, queue: str,
+                 overrides: Mapping[str, Any] | None = None) -> None:
+        self.compass, self.name, self.queue = compass, name, queue
+        self.cfg = {**compass.settings, **(overrides or {})}
+        if isinstance(self.cfg["preload"], str):
+            self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
+        self._wake = threading.Event()
+        self.cache = self._make_cache()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._running: dict[str, tuple[Decision | None, float]] = {}
+        self._lock = threading.Lock()
+        self._state_down = False
+
+    # -- construction -----------------------------------------------------------
+    def _make_cache(self) -> ModelCache:
+        cfg, sizes = self.cfg, self.compass.model_sizes()
+        if cfg["emulate_gpu_mb"]:
+            backend: Any = EmulatedBackend(cfg["emulate_gpu_mb"], cfg["load_mb_per_s"],
+                                           cfg["host_load_mb_per_s"], cfg["time_scale"])
+        elif (device := cfg["gpu"] or _default_device()) is None:
+            logger.warning("compass: torch is not installed; worker %s can only run tasks "
+                           "that need no model (pip install 'compass-celery[torch]')", self.name)
+            backend = EmulatedBackend(1.0, time_scale=0.0, device="cpu-no-torch")
+        else:
+            backend = TorchBackend(device)
+            if not device.startswith("cuda"):
+                logger.warning("compass: worker %s has no GPU; running models on cpu",
+                               self.name)
+        return ModelCache(backend, policy=cfg["cache_policy"], lookahead=cfg["prefetch_depth"],
+                          sizes=sizes, on_change=self._wake.set, on_event=self._on_cache_event)
+
+    def view(self) -> WorkerView:
+        c = self.cache
+        return WorkerView(
+            name=self.name, queue=self.queue, device=c.device,
+            gpu_total_mb=c.total_mb, gpu_free_mb=max(0.0, c.free_mb),
+            resident=frozenset(c.resident()), host_resident=frozenset(c.host_resident()),
+            speed=self.cfg["speed"], load_mb_per_s=self.cfg["load_mb_per_s"],
+            host_load_mb_per_s=self.cfg["host_load_mb_per_s"],
+            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=time.time())
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        self.compass.worker_runtime = self
+        set_current_cache(self.cache)
+        if self.cfg["preload"]:
+            self.cache.preload(self.cfg["preload"])
+        self.publish()
+        try:
+            self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
+        except StateUnavailable as exc:
+            logger.warning("compass: %s", exc)
+        for target, label in ((self._publish_loop, "publisher"),
+                              (self._reconcile_loop, "reconciler")):
+            t = threading.Thread(target=target, name=f"compass-{label}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        logger.info("compass: worker %s consuming %s on %s (%.0f MB)", self.name, self.queue,
+                    self.cache.device, self.cache.total_mb)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        for t in self._threads:
+            t.join(timeout=2)
+        try:
+            self.compass.store.remove(self.name)
+        except StateUnavailable as exc:
+            logger.warning("compass: could not remove worker record: %s", exc)
+        if self.compass.worker_runtime is self:
+            self.compass.worker_runtime = None
+        set_current_cache(None)
+
+    def publish(self) -> bool:
+        c = self.cache
+        try:
+            self.compass.store.publish(self.view(), pid=os.getpid(), hits=c.hits,
+                                       misses=c.misses, loads=c.loads, evictions=c.evictions)
+        except StateUnavailable as exc:
+            if not self._state_down:
+                logger.warning("compass: cannot publish worker state: %s", exc)
+            self._state_down = True
+            return False
+        if self._state_down:
+            logger.warning("compass: state store back; worker %s re-published", self.name)
+            self._state_down = False
+        return True
+
+    def _publish_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self.cfg["state_refresh_s"])
+            self._wake.clear()
+            if not self._stopping.is_set():
+                self.publish()
+
+    def _reconcile_loop(self) -> None:
+        while not self._stopping.wait(self.cfg["reconcile_s"]):
+            try:
+                self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
+            except StateUnavailable:
+                continue
+            except Exception:  # never let bookkeeping kill the worker
+                logger.exception("compass: backlog reconciliation failed")
+
+    # -- queue inspection ---------------------------------------------------------------
+    def queued_decisions(self, limit: int = -1) -> list[Decision]:
+        """Decisions of messages waiting in this worker's own queue, next first."""
+        client = getattr(self.compass.store, "client", None)
+        if client is None:
+            return []
+        raw = client.lrange(self.queue, 0, limit)
+        out = []
+        for item in reversed(raw):  # kombu LPUSHes and BRPOPs: the right end is next
+            decision = Decision.from_header(_message_headers(item).get("compass"))
+            if decision is not None:
+                out.append(decision)
+        return out
+
+    def queued_backlog_ms(self) -> float:
+        with self._lock:
+            running = sum(d.charge_ms for d, _ in self._running.values()
+                          if d is not None and d.worker == self.name)
+        return running + sum(d.charge_ms for d in self.queued_decisions()
+                             if d.worker == self.name)
+
+    # -- task hooks (called from Compass's signal handlers) -------------------------
+    def task_started(self, task: Any, request: Any) -> None:
+        decision = Decision.from_header(getattr(request, "compass", None))
+        model = decision.model if decision else None
+        if model is None:
+            demand = resolve_demand(task.name, task, None, {}, 0.0)
+            model = demand.model if demand else None
+        queued: list[str | None] = []
+        if model is not None:
+            try:
+                queued = [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
+            except Exception:  # queue peek is advisory
+                queued = []
+            self.cache.acquire(model, queued)
+            self.cache.prefetch(queued)
+        with self._lock:
+            self._running[request.id] = (decision, time.monotonic())
+
+    def task_finished(self, task: Any, request: Any, decision: Decision | None,
+                      state: str | None) -> None:
+        with self._lock:
+            started = self._running.pop(request.id, (None, None))[1]
+        if decision is not None and decision.model is not None:
+            self.cache.release(decision.model)
+        elif (demand := resolve_demand(task.name, task, None, {}, 0.0)) and demand.model:
+            self.cache.release(demand.model)
+        try:
+            if decision is not None and decision.worker == self.name and decision.charge_ms:
+                self.compass.store.charge(self.name, -decision.charge_ms)
+            if started is not None and state == "SUCCESS":
+                ms = 1000 * (time.monotonic() - started) / self.cfg["time_scale"]
+                model = decision.model if decision else getattr(task, "compass_model", None)
+                self.compass.store.record_run(profile_key(task.name, model), ms,
+                                              self.cfg["ewma_alpha"])
+        except StateUnavailable as exc:
+            logger.warning("compass: bookkeeping skipped, %s", exc)
+        self._wake.set()
+
+    def task_revoked(self, request: Any) -> None:
+        decision = Decision.from_header(getattr(request, "compass", None)
+                                        or (getattr(request, "_request_dict", {}) or {}).get(
+                                            "compass"))
+        if decision is not None and decision.worker == self.name and decision.charge_ms:
+            with contextlib.suppress(StateUnavailable):
+                self.compass.store.charge(self.name, -decision.charge_ms)
+
+    def _on_cache_event(self, kind: str, fields: dict) -> None:
+        from . import signals
+
+        sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
+        if kind in sig:
+            sig[kind].send(sender=self.name, **fields)
+
+
+def _message_headers(raw: bytes | str) -> dict[str, Any]:
+    try:
+        msg = json.loads(raw)
+        headers = msg.get("headers") or {}
+        if not headers and msg.get("body") and msg.get("properties", {}).get(
+                "body_encoding") == "base64":
+            headers = json.loads(base64.b64decode(msg["body"])).get("headers", {})
+        return headers if isinstance(headers, dict) else {}
+    except (ValueError, TypeError, AttributeError):
+        return {}
+
+
+def _default_device() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+__all__ = ["SHARED", "CompassWorker", "WorkerRuntime", "install_worker_steps"]
