@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .adjust import DEFAULT_MOVE_FACTOR, reassign
 from .base import Policy
 from .compass import CompassPolicy
 from .evaluate import evaluate
@@ -41,6 +42,7 @@ def get_policy(name: str, *, seed: int = 0, **options: Any) -> Policy:
 
 
 __all__ = [
+    "DEFAULT_MOVE_FACTOR",
     "POLICIES",
     "ClusterView",
     "CompassPolicy",
@@ -59,4 +61,5 @@ __all__ = [
     "WorkerView",
     "evaluate",
     "get_policy",
+    "reassign",
 ]

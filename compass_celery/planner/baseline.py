@@ -16,7 +16,7 @@ def plan_in_order(policy: str, dag: DagSpec, cluster: ClusterView, pick: Pick) -
     """Place tasks in topological order with ``pick``; estimates from the full model."""
     walk = Walk(dag, cluster)
     out: dict[str, Placement] = {}
-    for name in dag.topological_order():
+    for name in walk.topo:
         est = walk.estimate(name)
         i, reason = pick(walk, name, est)
         out[name] = walk.commit(name, i, est, reason)

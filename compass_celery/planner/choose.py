@@ -42,7 +42,7 @@ def check_inputs(dag: DagSpec, cluster: ClusterView) -> dict[str, float]:
 
 def candidates(arrays: WorkerArrays, task: TaskSpec, size_mb: float) -> np.ndarray:
     """Bool mask of workers whose GPU is large enough for the model; raises if none."""
-    mask = arrays.gpu_total_mb >= size_mb
+    mask = arrays.fits(size_mb)
     if not mask.any():
         largest = float(arrays.gpu_total_mb.max()) if len(arrays) else 0.0
         raise PlanningError(
@@ -52,18 +52,19 @@ def candidates(arrays: WorkerArrays, task: TaskSpec, size_mb: float) -> np.ndarr
     return mask
 
 
-def choose(finish: np.ndarray, backlog: np.ndarray, mask: np.ndarray) -> int:
-    """Index minimising (finish, backlog, index) over the masked workers."""
-    f = np.where(mask, finish, math.inf)
-    best = f.min()
-    if not best < math.inf:  # every candidate infinite: fall back to the masked ones
-        f = np.where(mask, 0.0, math.inf)
-        best = 0.0
-    tied = np.flatnonzero(f == best)
-    if len(tied) == 1:
-        return int(tied[0])
-    b = backlog[tied]
-    return int(tied[int(np.argmin(b))])  # argmin returns the first, i.e. lowest index
+def choose(finish: np.ndarray, backlog: np.ndarray, mask: np.ndarray | None) -> int:
+    """Index minimising (finish, backlog, index) over the masked workers (None = all)."""
+    f = finish if mask is None else np.where(mask, finish, math.inf)
+    i = int(f.argmin())
+    best = f[i]
+    if not best < math.inf:  # every candidate infinite or NaN: any masked worker will do
+        f = np.zeros(len(f)) if mask is None else np.where(mask, 0.0, math.inf)
+        i, best = int(f.argmin()), 0.0
+    ties = f == best
+    if np.count_nonzero(ties) == 1:
+        return i
+    tied = np.flatnonzero(ties)
+    return int(tied[int(np.argmin(backlog[tied]))])  # argmin keeps the lowest index
 
 
 def first_fit(order: list[int], mask: np.ndarray) -> int:

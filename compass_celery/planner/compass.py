@@ -8,7 +8,6 @@ plus work planned onto it but not yet sent), loading a model that is not residen
 from __future__ import annotations
 
 from .choose import choose
-from .rank import rank_order
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Estimate, Walk
 
@@ -33,9 +32,9 @@ class CompassPolicy:
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
         walk = Walk(dag, cluster, count_pending=self.count_pending)
         out: dict[str, Placement] = {}
-        for name in rank_order(dag, walk.arr):
+        for name in walk.rank_order():
             est = walk.estimate(name)
-            i = choose(est.finish, walk.avail, est.mask)
+            i = choose(est.finish, walk.avail, est.restrict)
             reason = _reason(walk, name, est, i)
             j = self._collocate(walk, name, est, i)
             if j is not None:

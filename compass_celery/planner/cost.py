@@ -11,8 +11,11 @@ Units: ms, MB, MB/s; task outputs in KB (1 MB = 1000 KB).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
+from operator import attrgetter
 from typing import NamedTuple
 
 import numpy as np
@@ -41,13 +44,39 @@ class WorkerArrays:
     load_mb_per_s: np.ndarray
     host_load_mb_per_s: np.ndarray
     net_mb_per_s: np.ndarray
-    positions: np.ndarray  # 0..n-1, for "is this the worker holding the input"
+    positions: np.ndarray  # 0..n-1
+    ms_per_kb: np.ndarray  # transfer cost of one KB of input, from net_mb_per_s
     models: dict[str, int]  # model name -> column of the resident matrices
     resident: np.ndarray  # bool (workers, models): model in GPU memory
     host_resident: np.ndarray  # bool (workers, models): model in host RAM
 
+    # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
+    _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _fits: dict[float, np.ndarray] = field(default_factory=dict)
+
     def __len__(self) -> int:
         return len(self.names)
+
+    def fits(self, size_mb: float) -> np.ndarray:
+        """Bool mask of workers whose GPU is large enough for a model of this size."""
+        mask = self._fits.get(size_mb)
+        if mask is None:
+            mask = self._fits[size_mb] = self.gpu_total_mb >= size_mb
+        return mask
+
+    def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
+        """(load ms if it fits in free memory, load ms if it must evict) per worker,
+        0 where the model is GPU-resident in the snapshot. Read-only: copy to change."""
+        cols = self._fetch.get(model)
+        if cols is None:
+            j = self.models[model]
+            fetch = fetch_ms(
+                size_mb, self.host_resident[:, j], self.load_mb_per_s, self.host_load_mb_per_s
+            )
+            res = self.resident[:, j]
+            cols = (np.where(res, 0.0, fetch), np.where(res, 0.0, fetch * EVICTION_PENALTY))
+            self._fetch[model] = cols
+        return cols
 
     def available_ms(self, count_pending: bool) -> np.ndarray:
         """ms until each worker is free: backlog, plus planned-not-sent work if counted."""
@@ -64,40 +93,42 @@ _FIELDS = (
     "host_load_mb_per_s",
     "net_mb_per_s",
 )
+_row = attrgetter(*_FIELDS)
+_CACHE: dict[int, tuple[weakref.ref[ClusterView], WorkerArrays]] = {}
 
 
 def worker_arrays(cluster: ClusterView) -> WorkerArrays:
-    """Build the columns once per snapshot (one Python pass over the workers)."""
+    """The snapshot's columns, built once per (immutable) snapshot and then reused."""
+    hit = _CACHE.get(id(cluster))
+    if hit is not None and hit[0]() is cluster:
+        return hit[1]
+    arrays = build_worker_arrays(cluster)
+    key = id(cluster)
+    _CACHE[key] = (weakref.ref(cluster, lambda _: _CACHE.pop(key, None)), arrays)
+    return arrays
+
+
+def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
+    """One Python pass over the workers; everything after it is numpy."""
     workers = cluster.workers
     n = len(workers)
-    rows = [
-        (
-            w.backlog_ms,
-            w.pending_ms,
-            w.speed,
-            w.gpu_free_mb,
-            w.gpu_total_mb,
-            w.load_mb_per_s,
-            w.host_load_mb_per_s,
-            w.net_mb_per_s,
-        )
-        for w in workers
-    ]
-    table = np.array(rows, dtype=float).reshape(n, len(_FIELDS))
+    flat = chain.from_iterable(map(_row, workers))
+    table = np.fromiter(flat, dtype=float, count=n * len(_FIELDS)).reshape(n, len(_FIELDS))
     models = {m: j for j, m in enumerate(cluster.model_sizes_mb)}
     resident = np.zeros((n, len(models)), dtype=bool)
     host = np.zeros((n, len(models)), dtype=bool)
-    for i, w in enumerate(workers):
-        for m in w.resident:
-            j = models.get(m)
-            if j is not None:
-                resident[i, j] = True
-        for m in w.host_resident:
-            j = models.get(m)
-            if j is not None:
-                host[i, j] = True
+    for matrix, attr in ((resident, "resident"), (host, "host_resident")):
+        rows: list[int] = []
+        cols: list[int] = []
+        for i, w in enumerate(workers):
+            for m in getattr(w, attr):
+                j = models.get(m)
+                if j is not None:
+                    rows.append(i)
+                    cols.append(j)
+        matrix[rows, cols] = True
     names = tuple(w.name for w in workers)
-    cols = {f: np.ascontiguousarray(table[:, k]) for k, f in enumerate(_FIELDS)}
+    columns = {f: np.ascontiguousarray(table[:, k]) for k, f in enumerate(_FIELDS)}
     return WorkerArrays(
         names=names,
         queues=tuple(w.queue for w in workers),
@@ -106,13 +137,32 @@ def worker_arrays(cluster: ClusterView) -> WorkerArrays:
         models=models,
         resident=resident,
         host_resident=host,
-        **cols,
+        ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
+        **columns,
     )
 
 
 def queue_wait_ms(available_ms: np.ndarray, ready_ms: np.ndarray) -> np.ndarray:
     """ms between the inputs being ready and the worker being free (never negative)."""
     return np.maximum(available_ms, ready_ms) - ready_ms
+
+
+def fetch_ms(
+    size_mb: float,
+    host_resident: np.ndarray,
+    load_mb_per_s: np.ndarray,
+    host_load_mb_per_s: np.ndarray,
+) -> np.ndarray:
+    """ms to copy the model to the GPU: from host RAM if it is there, else from storage."""
+    return np.where(host_resident, size_mb / host_load_mb_per_s, size_mb / load_mb_per_s) * MS_PER_S
+
+
+def load_from_fetch_ms(
+    fetch: np.ndarray, size_mb: float, resident: np.ndarray, free_mb: np.ndarray
+) -> np.ndarray:
+    """ms before the model is usable: 0 if GPU-resident, else the fetch time, times
+    EVICTION_PENALTY when the model does not fit in free memory (evict first)."""
+    return np.where(resident, 0.0, np.where(size_mb > free_mb, fetch * EVICTION_PENALTY, fetch))
 
 
 def load_ms(
@@ -123,16 +173,14 @@ def load_ms(
     load_mb_per_s: np.ndarray,
     host_load_mb_per_s: np.ndarray,
 ) -> np.ndarray:
-    """ms to get the model into GPU memory: 0 if resident, from host RAM if there,
-    else from storage; times EVICTION_PENALTY when it does not fit in free memory."""
-    base = np.where(host_resident, size_mb / host_load_mb_per_s, size_mb / load_mb_per_s)
-    penalty = np.where(size_mb > free_mb, EVICTION_PENALTY, 1.0)
-    return np.where(resident, 0.0, base * MS_PER_S * penalty)
+    """ms to get the model into GPU memory (fetch_ms, then load_from_fetch_ms)."""
+    fetch = fetch_ms(size_mb, host_resident, load_mb_per_s, host_load_mb_per_s)
+    return load_from_fetch_ms(fetch, size_mb, resident, free_mb)
 
 
 def transfer_ms(kb_elsewhere: np.ndarray, net_mb_per_s: np.ndarray) -> np.ndarray:
     """ms to pull the inputs that are not already on the worker (KB over MB/s)."""
-    return kb_elsewhere / KB_PER_MB / net_mb_per_s * MS_PER_S
+    return kb_elsewhere * (MS_PER_S / (KB_PER_MB * net_mb_per_s))
 
 
 def run_ms(exec_ms: float, speed: np.ndarray) -> np.ndarray:
@@ -170,16 +218,18 @@ def scalar_costs(
 ) -> Costs:
     """Reference model for one worker; ``inputs`` = (pred finish ms, pred worker, KB)."""
     inputs_done = max((f for f, _, _ in inputs), default=0.0)
-    kb = 0.0
+    total_kb = here_kb = 0.0
     for _, where, out_kb in inputs:
-        kb += 0.0 if where == worker.name else out_kb
-    transfer = kb / KB_PER_MB / worker.net_mb_per_s * MS_PER_S
+        total_kb += out_kb
+        here_kb += out_kb if where == worker.name else 0.0
+    transfer = (total_kb - here_kb) * (MS_PER_S / (KB_PER_MB * worker.net_mb_per_s))
     ready = inputs_done + transfer
     if resident:
         load = 0.0
     else:
         bw = worker.host_load_mb_per_s if host_resident else worker.load_mb_per_s
-        load = size_mb / bw * MS_PER_S * (EVICTION_PENALTY if size_mb > free_mb else 1.0)
+        load = size_mb / bw * MS_PER_S
+        load = load * EVICTION_PENALTY if size_mb > free_mb else load
     run = exec_ms / worker.speed
     start = max(available_ms, ready)
     return Costs(ready, start - ready, load, transfer, run, start, start + load + run)

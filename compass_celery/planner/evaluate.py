@@ -17,7 +17,7 @@ from .walk import Walk
 def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: bool = True) -> Plan:
     """A plan with the same workers and the full model's start/finish for each task."""
     walk = Walk(dag, cluster, count_pending=count_pending)
-    topo = {n: k for k, n in enumerate(dag.topological_order())}
+    topo = {n: k for k, n in enumerate(walk.topo)}
     for name in dag.nodes:
         if name not in plan.placements:
             raise PlanningError(f"plan {plan.policy!r} has no placement for task {name!r}")
@@ -25,9 +25,7 @@ def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: b
         if worker not in walk.arr.index:
             raise PlanningError(f"plan puts task {name!r} on unknown worker {worker!r}")
     waiting = {n: len(walk.preds[n]) for n in dag.nodes}
-    succs: dict[str, list[str]] = {n: [] for n in dag.nodes}
-    for a, b in dag.edges:
-        succs[a].append(b)
+
     heap = [(plan.placements[n].start_ms, topo[n], n) for n, k in waiting.items() if k == 0]
     heapq.heapify(heap)
     out: dict[str, Placement] = {}
@@ -38,7 +36,7 @@ def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: b
         if not est.mask[i]:
             raise PlanningError(f"worker {walk.arr.names[i]!r} cannot hold the model of {name!r}")
         out[name] = walk.commit(name, i, est, "evaluated under the full cost model")
-        for s in succs[name]:
+        for s in walk.succs[name]:
             waiting[s] -= 1
             if waiting[s] == 0:
                 heapq.heappush(heap, (plan.placements[s].start_ms, topo[s], s))

@@ -7,7 +7,6 @@ so its estimates are what HEFT believes, not what the full cost model predicts.
 from __future__ import annotations
 
 from .choose import choose
-from .rank import rank_order
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Walk
 
@@ -25,9 +24,9 @@ class HeftPolicy:
             dag, cluster, count_pending=self.count_pending, use_load=False, use_transfer=False
         )
         out: dict[str, Placement] = {}
-        for name in rank_order(dag, walk.arr, with_transfer=False):
+        for name in walk.rank_order(with_transfer=False):
             est = walk.estimate(name)
-            i = choose(est.finish, walk.avail, est.mask)
+            i = choose(est.finish, walk.avail, est.restrict)
             reason = f"earliest finish {float(est.finish[i]):.0f}ms (no load/transfer terms)"
             out[name] = walk.commit(name, i, est, reason)
         return Plan(self.name, {n: out[n] for n in dag.nodes})

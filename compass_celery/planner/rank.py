@@ -1,4 +1,4 @@
-"""Upward rank (HEFT): a task's cost plus the costliest path from it to a sink.
+"""Topological order and upward rank (HEFT): a task's cost plus the costliest path to a sink.
 
 Planning tasks in decreasing rank puts the critical path first; since costs are never
 negative a predecessor ranks at least as high as its successors, and ties fall back to
@@ -7,23 +7,55 @@ topological position, so the order is always a valid topological order.
 
 from __future__ import annotations
 
+from collections import deque
+
 import numpy as np
 
 from .cost import WorkerArrays
-from .types import DagSpec
+from .types import DagSpec, PlanningError
 
 
-def upward_rank(
-    dag: DagSpec, arrays: WorkerArrays, *, with_transfer: bool = True
-) -> dict[str, float]:
-    """rank(t) = mean run(t) + max over successors s of (mean transfer(t->s) + rank(s)), in ms."""
-    inv_speed = float(np.mean(1.0 / arrays.speed))
-    ms_per_kb = float(np.mean(1.0 / arrays.net_mb_per_s)) if with_transfer else 0.0
+def successors(dag: DagSpec) -> dict[str, list[str]]:
+    """Successor lists in edge order (one pass, unlike ``DagSpec.succs`` per node)."""
     succs: dict[str, list[str]] = {n: [] for n in dag.nodes}
     for a, b in dag.edges:
         succs[a].append(b)
+    return succs
+
+
+def topo_order(dag: DagSpec, succs: dict[str, list[str]]) -> list[str]:
+    """``DagSpec.topological_order`` in O(V + E): Kahn, ties by declaration order."""
+    indeg = dict.fromkeys(dag.nodes, 0)
+    for _, b in dag.edges:
+        indeg[b] += 1
+    ready = deque(n for n, d in indeg.items() if d == 0)
+    order: list[str] = []
+    while ready:
+        n = ready.popleft()
+        order.append(n)
+        for s in succs[n]:
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                ready.append(s)
+    if len(order) != len(dag.nodes):
+        stuck = sorted(n for n, d in indeg.items() if d > 0)
+        raise PlanningError(f"DAG {dag.name!r} has a cycle through {stuck}")
+    return order
+
+
+def upward_rank(
+    dag: DagSpec,
+    arrays: WorkerArrays,
+    topo: list[str],
+    succs: dict[str, list[str]],
+    *,
+    with_transfer: bool = True,
+) -> dict[str, float]:
+    """rank(t) = mean run(t) + max over successors s of (mean transfer(t->s) + rank(s)), ms."""
+    inv_speed = float(np.mean(1.0 / arrays.speed))
+    ms_per_kb = float(np.mean(arrays.ms_per_kb)) if with_transfer else 0.0
     rank: dict[str, float] = {}
-    for n in reversed(dag.topological_order()):
+    for n in reversed(topo):
         task = dag.nodes[n]
         own = task.exec_ms * inv_speed
         if succs[n]:
@@ -32,8 +64,15 @@ def upward_rank(
     return rank
 
 
-def rank_order(dag: DagSpec, arrays: WorkerArrays, *, with_transfer: bool = True) -> list[str]:
+def rank_order(
+    dag: DagSpec,
+    arrays: WorkerArrays,
+    topo: list[str],
+    succs: dict[str, list[str]],
+    *,
+    with_transfer: bool = True,
+) -> list[str]:
     """Tasks by decreasing upward rank, ties by topological position."""
-    topo = {n: i for i, n in enumerate(dag.topological_order())}
-    rank = upward_rank(dag, arrays, with_transfer=with_transfer)
-    return sorted(dag.nodes, key=lambda n: (-rank[n], topo[n]))
+    pos = {n: i for i, n in enumerate(topo)}
+    rank = upward_rank(dag, arrays, topo, succs, with_transfer=with_transfer)
+    return sorted(topo, key=lambda n: (-rank[n], pos[n]))

@@ -1,9 +1,9 @@
 """One plan in progress: what the policies learn as they place tasks one by one.
 
-A :class:`Walk` copies the snapshot's columns once, then after every placement moves
-that worker's available time to the task's finish and records the model as resident
-(and its memory as used) for later tasks of the same plan. Scoring a task is a handful
-of numpy operations over all workers; no Python loop over workers.
+A :class:`Walk` takes the snapshot's columns (built once per snapshot), then after every
+placement moves that worker's available time to the task's finish and records the model
+as resident (and its memory as used) for later tasks of the same plan. Scoring a task
+is a handful of numpy operations over all workers; no Python loop over workers.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from .choose import candidates, check_inputs
-from .cost import WorkerArrays, finish_ms, load_ms, run_ms, transfer_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, run_ms, worker_arrays
+from .rank import rank_order, successors, topo_order
 from .types import ClusterView, DagSpec, Placement, PlanningError
 
 
@@ -21,6 +22,7 @@ class Estimate(NamedTuple):
     """Per-worker arrays (ms) for one task; ``mask`` = workers that can hold its model."""
 
     mask: np.ndarray
+    restrict: np.ndarray | None  # the mask, or None when every worker qualifies
     ready: np.ndarray
     start: np.ndarray
     load: np.ndarray
@@ -51,50 +53,75 @@ class Walk:
         self.free = self.arr.gpu_free_mb.copy()
         self.finish: dict[str, float] = {}
         self.worker: dict[str, int] = {}
+        self.succs = successors(dag)
+        self.topo = topo_order(dag, self.succs)
         self.preds: dict[str, list[str]] = {n: [] for n in dag.nodes}
         for a, b in dag.edges:
             self.preds[b].append(a)
-        self._resident: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._load: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # copied on first write
+        self._masks: dict[float, tuple[np.ndarray, np.ndarray | None]] = {}
         self._zeros = np.zeros(len(self.arr))
 
-    def resident(self, model: str) -> tuple[np.ndarray, np.ndarray]:
-        """(GPU-resident, host-resident) columns for a model, as updated by this plan."""
-        cols = self._resident.get(model)
+    def rank_order(self, *, with_transfer: bool = True) -> list[str]:
+        return rank_order(self.dag, self.arr, self.topo, self.succs, with_transfer=with_transfer)
+
+    def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
+        """(load ms if it fits, load ms if it must evict), 0 where resident in this plan."""
+        cols = self._load.get(model)
+        return cols if cols is not None else self.arr.load_columns(model, size_mb)
+
+    def _mark_resident(self, model: str, size_mb: float, i: int) -> None:
+        """The model will be on worker ``i`` for later tasks of this plan."""
+        cols = self._load.get(model)
         if cols is None:
-            j = self.arr.models[model]
-            cols = (self.arr.resident[:, j].copy(), self.arr.host_resident[:, j])
-            self._resident[model] = cols
-        return cols
+            fit, evict = self.arr.load_columns(model, size_mb)
+            cols = self._load[model] = (fit.copy(), evict.copy())
+        if cols[0][i] or cols[1][i]:
+            cols[0][i] = cols[1][i] = 0.0
+            self.free[i] = max(float(self.free[i]) - size_mb, 0.0)
 
     def estimate(self, name: str) -> Estimate:
         """Score one task on every worker; its predecessors must already be placed."""
         task = self.dag.nodes[name]
-        arr = self.arr
-        mask = candidates(arr, task, self.sizes[name])
+        arr, size = self.arr, self.sizes[name]
+        masks = self._masks.get(size)
+        if masks is None:
+            mask = candidates(arr, task, size)
+            masks = self._masks[size] = (mask, None if mask.all() else mask)
         preds = self.preds[name]
-        try:
-            done = max((self.finish[p] for p in preds), default=0.0)
-        except KeyError as exc:
-            raise PlanningError(f"task {name!r} planned before its predecessor {exc}") from None
-        transfer = self._zeros
-        if self.use_transfer and preds:
-            kb = self._zeros
-            for p in preds:
-                out = self.dag.nodes[p].output_kb
-                if out:
-                    kb = kb + np.where(arr.positions == self.worker[p], 0.0, out)
-            if kb is not self._zeros:
-                transfer = transfer_ms(kb, arr.net_mb_per_s)
+        done, transfer = 0.0, self._zeros
+        if preds:
+            try:
+                done = max(self.finish[p] for p in preds)
+            except KeyError as exc:
+                raise PlanningError(f"task {name!r} planned before predecessor {exc}") from None
+            if self.use_transfer:
+                transfer = self._transfer(preds)
         ready = done + transfer
         start = np.maximum(self.avail, ready)
         load = self._zeros
         if self.use_load and task.model is not None:
-            res, host = self.resident(task.model)
-            load = load_ms(
-                self.sizes[name], res, host, self.free, arr.load_mb_per_s, arr.host_load_mb_per_s
-            )
+            fit, evict = self.load_columns(task.model, size)
+            load = np.where(size > self.free, evict, fit)  # == cost.load_ms, precomputed
         run = run_ms(task.exec_ms, arr.speed)
-        return Estimate(mask, ready, start, load, transfer, run, finish_ms(start, load, run))
+        fin = finish_ms(start, load, run)
+        return Estimate(*masks, ready, start, load, transfer, run, fin)
+
+    def _transfer(self, preds: list[str]) -> np.ndarray:
+        """ms to pull every input not produced on the worker (see ``cost.transfer_ms``)."""
+        total = 0.0
+        here: dict[int, float] = {}
+        for p in preds:
+            out = self.dag.nodes[p].output_kb
+            total += out
+            w = self.worker[p]
+            here[w] = here.get(w, 0.0) + out
+        if not total:
+            return self._zeros
+        kb = np.full(len(self.arr), total)
+        for w, on in here.items():
+            kb[w] = total - on
+        return kb * self.arr.ms_per_kb
 
     def commit(self, name: str, i: int, est: Estimate, reason: str) -> Placement:
         """Place ``name`` on worker ``i``: the worker is busy until it finishes, and
@@ -104,19 +131,16 @@ class Walk:
         self.avail[i] = fin
         self.finish[name] = fin
         self.worker[name] = i
-        if task.model is not None:
-            res, _ = self.resident(task.model)
-            if not res[i]:
-                res[i] = True
-                self.free[i] = max(float(self.free[i]) - self.sizes[name], 0.0)
-        start = float(est.start[i])
+        if task.model is not None and self.use_load:
+            self._mark_resident(task.model, self.sizes[name], i)
+        start, ready = float(est.start[i]), float(est.ready[i])
         return Placement(
             task=name,
             worker=self.arr.names[i],
             queue=self.arr.queues[i],
             start_ms=start,
             finish_ms=fin,
-            wait_ms=start - float(est.ready[i]),
+            wait_ms=start - ready,
             load_ms=float(est.load[i]),
             transfer_ms=float(est.transfer[i]),
             run_ms=float(est.run[i]),

@@ -1,0 +1,92 @@
+"""How long planning takes: one task, and a 10-task DAG, with compass at 4/64/1000 workers.
+
+Synthetic, seeded workers (each holding 0-3 of a 20-model catalogue, random backlog) and
+``time.perf_counter_ns`` around ``CompassPolicy.plan``; the snapshot's columns are
+rebuilt inside every timed call, as the router would on a fresh snapshot. Prints the
+median and p99 in microseconds. Pure CPU, no GPU, no Redis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import time
+from collections.abc import Sequence
+
+from compass_celery.planner import ClusterView, CompassPolicy, DagSpec, TaskSpec, WorkerView
+
+MODELS = {f"m{k:02d}": 500.0 + 275.0 * k for k in range(20)}  # 0.5 GB .. 5.7 GB
+
+
+def synthetic_cluster(n: int, rng: random.Random) -> ClusterView:
+    """n workers with random resident models, backlog and speed."""
+    names = list(MODELS)
+    workers = []
+    for i in range(n):
+        resident = frozenset(rng.sample(names, rng.randint(0, 3)))
+        used = sum(MODELS[m] for m in resident)
+        workers.append(
+            WorkerView(
+                name=f"w{i:04d}",
+                queue=f"compass.w{i:04d}",
+                gpu_total_mb=16000.0,
+                gpu_free_mb=16000.0 - used,
+                resident=resident,
+                backlog_ms=rng.uniform(0.0, 500.0),
+                speed=rng.choice((0.5, 1.0, 1.0, 2.0)),
+            )
+        )
+    return ClusterView.of(workers, MODELS)
+
+
+def ten_task_dag(rng: random.Random) -> DagSpec:
+    """A fan-out / fan-in job: 1 -> 4 -> 1 -> 3 -> 1 (10 nodes)."""
+    names = list(MODELS)
+    layers = [["a"], ["b0", "b1", "b2", "b3"], ["c"], ["d0", "d1", "d2"], ["e"]]
+    nodes = {
+        n: TaskSpec(n, rng.choice(names), rng.uniform(25, 800), rng.uniform(0, 2000))
+        for layer in layers
+        for n in layer
+    }
+    edges = tuple(
+        (a, b) for up, down in zip(layers, layers[1:], strict=False) for a in up for b in down
+    )
+    return DagSpec(nodes, edges, name="ten")
+
+
+def time_us(fn, reps: int) -> tuple[float, float]:
+    """(median, p99) of ``reps`` calls, in microseconds, after a short warm-up."""
+    for _ in range(min(reps, 20)):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - t0) / 1000.0)
+    samples.sort()
+    return statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="4,64,1000", help="comma-separated worker counts")
+    parser.add_argument("--reps", type=int, default=500)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    policy = CompassPolicy()
+    single = DagSpec.single(TaskSpec("t", "m07", 120.0, 100.0))
+    dag = ten_task_dag(rng)
+    print(f"{'workers':>8} {'case':>10} {'median_us':>10} {'p99_us':>10}")
+    for n in (int(x) for x in args.workers.split(",")):
+        cluster = synthetic_cluster(n, rng)
+        reps = max(50, args.reps * 64 // max(n, 64))
+        for case, d in (("1-task", single), ("10-task", dag)):
+            med, p99 = time_us(lambda d=d, c=cluster: policy.plan(d, c), reps)
+            print(f"{n:>8} {case:>10} {med:>10.1f} {p99:>10.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""Adjustment phase: when a task's inputs are ready, re-check its planned worker.
+
+Runs on the worker that finished the last predecessor, against a fresher snapshot than
+the one the job was planned on. Following the Compass authors, a task moves only when
+its planned worker's backlog exceeds ``factor`` times the task's run time there (the
+plan has gone stale), and then only to a worker whose estimated finish is better by
+more than ``min_gain_ms``. Inputs are ready now (time 0 of the snapshot).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .choose import candidates, check_task, choose
+from .cost import finish_ms, run_ms, worker_arrays
+from .types import ClusterView, Placement, PlanningError, TaskSpec
+
+# The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
+DEFAULT_MOVE_FACTOR = 1.5
+
+
+def reassign(
+    task: TaskSpec,
+    planned_worker: str,
+    cluster: ClusterView,
+    inputs_kb_by_worker: Mapping[str, float],
+    *,
+    factor: float = DEFAULT_MOVE_FACTOR,
+    is_join: bool = False,
+    min_gain_ms: float = 0.0,
+) -> Placement | None:
+    """A better placement for ``task``, or None to keep the planned worker.
+
+    ``inputs_kb_by_worker`` says where the task's inputs are (worker name -> KB).
+    Worker availability is the published backlog only: pending work may already
+    include this very task on its planned worker, and counting it would push every
+    task away from its plan. A planned worker that is gone (not in the snapshot) or
+    cannot hold the model is always replaced.
+
+    Joins (several inputs, usually on several workers) move only when the gain also
+    exceeds the extra transfer the move causes (transfer at the new worker minus at the
+    planned one). That transfer is already inside both finish estimates, so this counts
+    it twice on purpose: bandwidth estimates are the least reliable term, a moved join
+    pulls every input, and a join left in place keeps its collocated inputs in memory.
+    """
+    size = check_task(task, cluster)
+    if not cluster.workers:
+        raise PlanningError(f"no live workers to re-place task {task.name!r} on")
+    arr = worker_arrays(cluster)
+    mask = candidates(arr, task, size)
+    total = sum(inputs_kb_by_worker.values())
+    kb = np.full(len(arr), float(total))
+    for name, here in inputs_kb_by_worker.items():
+        i = arr.index.get(name)
+        if i is not None:
+            kb[i] = total - here
+    transfer = kb * arr.ms_per_kb
+    avail = arr.backlog_ms
+    load = np.zeros(len(arr))
+    if task.model is not None:
+        fit, evict = arr.load_columns(task.model, size)
+        load = np.where(size > arr.gpu_free_mb, evict, fit)
+    run = run_ms(task.exec_ms, arr.speed)
+    start = np.maximum(avail, transfer)
+    finish = finish_ms(start, load, run)
+    best = choose(finish, avail, mask)
+    p = arr.index.get(planned_worker)
+    if p is None or not mask[p]:
+        why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")
+    else:
+        if avail[p] <= factor * run[p] or best == p:
+            return None
+        gain = float(finish[p] - finish[best])
+        need = min_gain_ms + (max(float(transfer[best] - transfer[p]), 0.0) if is_join else 0.0)
+        if gain <= need:
+            return None
+        why = (
+            f"{planned_worker} backlog {float(avail[p]):.0f}ms > {factor:g}x run "
+            f"{float(run[p]):.0f}ms; finish {float(finish[best]):.0f}ms vs {float(finish[p]):.0f}ms"
+        )
+    return Placement(
+        task=task.name,
+        worker=arr.names[best],
+        queue=arr.queues[best],
+        start_ms=float(start[best]),
+        finish_ms=float(finish[best]),
+        wait_ms=float(start[best] - transfer[best]),
+        load_ms=float(load[best]),
+        transfer_ms=float(transfer[best]),
+        run_ms=float(run[best]),
+        reason=f"moved: {why}",
+    )

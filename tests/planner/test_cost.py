@@ -1,0 +1,108 @@
+"""The numpy cost path equals the plain scalar reference, worker by worker."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compass_celery.planner import ClusterView, DagSpec, TaskSpec
+from compass_celery.planner.cost import (
+    EVICTION_PENALTY,
+    load_ms,
+    queue_wait_ms,
+    scalar_costs,
+    transfer_ms,
+    worker_arrays,
+)
+from compass_celery.planner.walk import Walk
+
+from .strategies import MODEL_NAMES, clusters, tasks, worker
+
+FAST = settings(max_examples=60, deadline=None)
+
+
+@FAST
+@given(cluster=clusters(), preds=st.lists(tasks(), max_size=3), succ=tasks("s"), data=st.data())
+def test_numpy_estimate_equals_scalar_reference(
+    cluster: ClusterView, preds: list[TaskSpec], succ: TaskSpec, data: st.DataObject
+) -> None:
+    pred_tasks = [TaskSpec(f"p{k}", t.model, t.exec_ms, t.output_kb) for k, t in enumerate(preds)]
+    nodes = {t.name: t for t in pred_tasks} | {"s": succ}
+    dag = DagSpec(nodes, tuple((t.name, "s") for t in pred_tasks))
+    walk = Walk(dag, cluster)
+    n = len(cluster.workers)
+    for t in pred_tasks:  # place predecessors anywhere that fits: it changes the state
+        est = walk.estimate(t.name)
+        walk.commit(t.name, data.draw(st.sampled_from(list(np.flatnonzero(est.mask)))), est, "")
+    inputs = [
+        (walk.finish[t.name], walk.arr.names[walk.worker[t.name]], t.output_kb) for t in pred_tasks
+    ]
+    before = (walk.avail.copy(), walk.free.copy())
+    est = walk.estimate("s")
+    size = walk.sizes["s"]
+    for i, w in enumerate(cluster.workers):
+        resident = succ.model is None or (walk.load_columns(succ.model, size)[0][i] == 0.0)
+        ref = scalar_costs(
+            succ.exec_ms,
+            size,
+            w,
+            available_ms=float(before[0][i]),
+            free_mb=float(before[1][i]),
+            resident=resident,
+            host_resident=succ.model in w.host_resident,
+            inputs=inputs,
+        )
+        got = (est.ready[i], est.load[i], est.transfer[i], est.run[i], est.start[i], est.finish[i])
+        want = (ref.ready, ref.load, ref.transfer, ref.run, ref.start, ref.finish)
+        assert tuple(map(float, got)) == want, (i, got, want)
+    assert len(est.finish) == n
+
+
+@FAST
+@given(cluster=clusters(), model=st.sampled_from(MODEL_NAMES))
+def test_load_term_equals_scalar(cluster: ClusterView, model: str) -> None:
+    arr = worker_arrays(cluster)
+    j = arr.models[model]
+    size = cluster.model_sizes_mb[model]
+    vec = load_ms(
+        size,
+        arr.resident[:, j],
+        arr.host_resident[:, j],
+        arr.gpu_free_mb,
+        arr.load_mb_per_s,
+        arr.host_load_mb_per_s,
+    )
+    for i, w in enumerate(cluster.workers):
+        ref = scalar_costs(
+            0.0,
+            size,
+            w,
+            available_ms=0.0,
+            free_mb=w.gpu_free_mb,
+            resident=model in w.resident,
+            host_resident=model in w.host_resident,
+        )
+        assert float(vec[i]) == ref.load
+
+
+def test_load_cases_by_hand() -> None:
+    gpu, host, none = np.array([True]), np.array([True]), np.array([False])
+    free, bw, hbw = np.array([10000.0]), np.array([1000.0]), np.array([10000.0])
+    assert load_ms(2000.0, gpu, host, free, bw, hbw)[0] == 0.0
+    assert load_ms(2000.0, none, host, free, bw, hbw)[0] == 200.0  # from host RAM
+    assert load_ms(2000.0, none, none, free, bw, hbw)[0] == 2000.0  # from storage
+    tight = np.array([1000.0])
+    assert load_ms(2000.0, none, none, tight, bw, hbw)[0] == 2000.0 * EVICTION_PENALTY
+
+
+def test_transfer_and_wait_units() -> None:
+    assert transfer_ms(np.array([1000.0]), np.array([1.0]))[0] == 1000.0  # 1 MB at 1 MB/s
+    assert queue_wait_ms(np.array([50.0, 5.0]), np.array([10.0, 10.0])).tolist() == [40.0, 0.0]
+
+
+def test_arrays_are_built_once_per_snapshot() -> None:
+    c = ClusterView.of([worker("a"), worker("b")], {"m": 1.0})
+    assert worker_arrays(c) is worker_arrays(c)
+    twin = ClusterView.of(c.workers, c.model_sizes_mb)
+    assert worker_arrays(twin) is not worker_arrays(c)
