@@ -1,0 +1,70 @@
+"""GPU model cache: registry, torch and emulated backends, lookahead eviction, prefetch.
+
+Task code calls :func:`get_model`; the worker bootstep installs the process's cache
+with :func:`set_current_cache` (after the pool fork, so CUDA is never touched in the
+parent). Without one, a CPU torch cache over ``default_registry`` is made on first use.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from compass_celery.cache.backends import Backend, EmulatedBackend, EmulatedModel, TorchBackend
+from compass_celery.cache.decisions import POLICIES, CacheDecider, Evict, Load
+from compass_celery.cache.errors import CacheFullError, ModelTooLargeError, UnknownModelError
+from compass_celery.cache.manager import ModelCache
+from compass_celery.cache.registry import ModelRegistry, ModelSpec, default_registry
+
+__all__ = [
+    "POLICIES",
+    "Backend",
+    "CacheDecider",
+    "CacheFullError",
+    "EmulatedBackend",
+    "EmulatedModel",
+    "Evict",
+    "Load",
+    "ModelCache",
+    "ModelRegistry",
+    "ModelSpec",
+    "ModelTooLargeError",
+    "TorchBackend",
+    "UnknownModelError",
+    "current_cache",
+    "default_registry",
+    "get_model",
+    "set_current_cache",
+]
+
+_current: ModelCache | None = None
+_lock = threading.Lock()
+
+
+def set_current_cache(cache: ModelCache | None) -> None:
+    """Install (or with None, remove) this process's cache; called by the worker bootstep."""
+    global _current
+    with _lock:
+        _current = cache
+
+
+def current_cache() -> ModelCache:
+    """This process's cache, creating a CPU torch cache over ``default_registry`` if unset."""
+    global _current
+    with _lock:
+        if _current is None:
+            _current = ModelCache(TorchBackend("cpu"), registry=default_registry)
+        return _current
+
+
+def get_model(name: str) -> Any:
+    """The resident model ``name`` from this process's cache (loaded on a miss).
+
+    The model is released at once: it stays protected only while the decider
+    sees it as the running model, which is enough for the single-task-per-process
+    pools Compass workers use.
+    """
+    cache = current_cache()
+    model = cache.acquire(name)
+    cache.release(name)
+    return model

@@ -1,0 +1,236 @@
+"""Where models live: a real torch device, or an emulated GPU that spends time honestly.
+
+Both implement :class:`Backend`, so :class:`~compass_celery.cache.manager.ModelCache`
+and the benchmark never branch on which one runs. torch is imported lazily, inside
+:class:`TorchBackend` only, so ``compass_celery.cache`` imports without torch.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import os
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from compass_celery.cache.registry import Loader
+
+MB = float(1 << 20)
+
+
+class EmulatedOOM(MemoryError):
+    """The emulated GPU ran out of memory during a load."""
+
+
+class Backend(Protocol):
+    device: str
+
+    def total_mb(self) -> float: ...
+    def free_mb(self) -> float: ...
+    def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
+        """Make ``name`` resident; return (model, measured MB)."""
+
+    def evict(self, name: str) -> None: ...
+    def get(self, name: str) -> Any: ...
+    def host_resident(self) -> dict[str, float]: ...
+    def is_oom(self, exc: BaseException) -> bool: ...
+    def run(self, exec_ms: float) -> None: ...
+    def clear(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class EmulatedModel:
+    """Light placeholder for a model on the emulated GPU."""
+
+    name: str
+    size_mb: float
+
+
+class EmulatedBackend:
+    """A GPU of ``capacity_mb`` with a load bandwidth; loads and runs sleep (times ``time_scale``).
+
+    Models evicted from the GPU go to a host-RAM tier (LRU within ``host_capacity_mb``)
+    and reload at ``host_load_mb_per_s``.
+    """
+
+    def __init__(
+        self,
+        capacity_mb: float,
+        load_mb_per_s: float = 1500.0,
+        host_load_mb_per_s: float = 12000.0,
+        time_scale: float = 1.0,
+        host_capacity_mb: float = math.inf,
+        device: str = "emulated",
+    ) -> None:
+        if capacity_mb <= 0 or load_mb_per_s <= 0 or host_load_mb_per_s <= 0 or time_scale < 0:
+            raise ValueError("emulated GPU needs capacity and bandwidths > 0 and time_scale >= 0")
+        self.capacity_mb, self.load_mb_per_s = float(capacity_mb), float(load_mb_per_s)
+        self.host_load_mb_per_s, self.time_scale = float(host_load_mb_per_s), float(time_scale)
+        self.host_capacity_mb, self.device = host_capacity_mb, device
+        self._gpu: dict[str, EmulatedModel] = {}
+        self._host: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def total_mb(self) -> float:
+        return self.capacity_mb
+
+    def free_mb(self) -> float:
+        with self._lock:
+            return self.capacity_mb - sum(m.size_mb for m in self._gpu.values())
+
+    def load_ms(self, name: str, size_mb: float) -> float:
+        """Workload ms a load of ``name`` costs now (host tier or disk)."""
+        bw = self.host_load_mb_per_s if name in self._host else self.load_mb_per_s
+        return 1000.0 * size_mb / bw
+
+    def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
+        with self._lock:  # reserve first so concurrent loads cannot overcommit
+            used = sum(m.size_mb for m in self._gpu.values())
+            if used + size_mb > self.capacity_mb + 1e-9:
+                raise EmulatedOOM(
+                    f"emulated GPU out of memory loading {name!r} ({size_mb:.1f} MB): "
+                    f"{self.capacity_mb - used:.1f} MB free"
+                )
+            ms = self.load_ms(name, size_mb)
+            model = EmulatedModel(name, size_mb)
+            self._gpu[name] = model
+            self._host.pop(name, None)
+        time.sleep(ms * self.time_scale / 1000.0)
+        return model, size_mb
+
+    def evict(self, name: str) -> None:
+        with self._lock:
+            model = self._gpu.pop(name, None)
+            if model is None or model.size_mb > self.host_capacity_mb:
+                return
+            self._host[name] = model.size_mb
+            while sum(self._host.values()) > self.host_capacity_mb:
+                self._host.popitem(last=False)
+
+    def get(self, name: str) -> Any:
+        return self._gpu[name]
+
+    def host_resident(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._host)
+
+    def is_oom(self, exc: BaseException) -> bool:
+        return isinstance(exc, EmulatedOOM)
+
+    def run(self, exec_ms: float) -> None:
+        time.sleep(max(0.0, exec_ms) * self.time_scale / 1000.0)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._gpu.clear()
+            self._host.clear()
+
+
+def _module_mb(obj: Any) -> float | None:
+    """Parameter + buffer bytes of a torch module in MB, or None for other objects."""
+    import torch
+
+    if not isinstance(obj, torch.nn.Module):
+        return None
+    tensors = [*obj.parameters(), *obj.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors) / MB
+
+
+class TorchBackend:
+    """Models as real torch modules on ``device`` ("cpu" or "cuda[:N]"), in eval mode.
+
+    On CUDA, evicted modules are kept as pinned host-RAM copies (the host tier) so a
+    reload is a fast host-to-device copy. On CPU the host tier would be the same RAM,
+    so eviction drops the module outright. ``capacity_mb`` bounds CPU use (default:
+    physical RAM); on CUDA the device's real total and free memory are read.
+    """
+
+    def __init__(
+        self, device: str = "cpu", capacity_mb: float | None = None, host_tier: bool = True
+    ) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = str(torch.device(device))
+        self.is_cuda = self.device.startswith("cuda")
+        if self.is_cuda and not torch.cuda.is_available():
+            raise RuntimeError(f"device {device!r} requested but CUDA is not available")
+        self.capacity_mb = capacity_mb
+        self.host_tier = host_tier and self.is_cuda
+        self._gpu: dict[str, tuple[Any, float]] = {}
+        self._host: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def total_mb(self) -> float:
+        if self.is_cuda:
+            return self._torch.cuda.mem_get_info(self._torch.device(self.device))[1] / MB
+        if self.capacity_mb is not None:
+            return float(self.capacity_mb)
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MB
+
+    def free_mb(self) -> float:
+        if self.is_cuda:
+            return self._torch.cuda.mem_get_info(self._torch.device(self.device))[0] / MB
+        with self._lock:
+            return self.total_mb() - sum(mb for _, mb in self._gpu.values())
+
+    def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
+        with self._lock:
+            host = self._host.pop(name, None)
+        if host is None:
+            if loader is None:
+                raise ValueError(f"model {name!r} has no loader")
+            host = loader()
+        model = host
+        if isinstance(host, self._torch.nn.Module):
+            model = host.eval().to(self.device, non_blocking=self.is_cuda)
+            if self.is_cuda:
+                self._torch.cuda.synchronize(self.device)
+        measured = _module_mb(model)
+        mb = size_mb if measured is None else measured
+        with self._lock:
+            self._gpu[name] = (model, mb)
+        return model, mb
+
+    def evict(self, name: str) -> None:
+        with self._lock:
+            entry = self._gpu.pop(name, None)
+        if entry is None:
+            return
+        model = entry[0]
+        if self.host_tier and isinstance(model, self._torch.nn.Module):
+            host = model.to("cpu")
+            for t in [*host.parameters(), *host.buffers()]:
+                t.data = t.data.pin_memory()
+            with self._lock:
+                self._host[name] = host
+        del model, entry
+        self._free()
+
+    def _free(self) -> None:
+        gc.collect()
+        if self.is_cuda:
+            self._torch.cuda.empty_cache()
+
+    def get(self, name: str) -> Any:
+        return self._gpu[name][0]
+
+    def host_resident(self) -> dict[str, float]:
+        with self._lock:
+            return {n: _module_mb(m) or 0.0 for n, m in self._host.items()}
+
+    def is_oom(self, exc: BaseException) -> bool:
+        oom = getattr(self._torch.cuda, "OutOfMemoryError", None)
+        return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
+
+    def run(self, exec_ms: float) -> None:
+        """Real work happens in the task's own forward pass; nothing to emulate."""
+
+    def clear(self) -> None:
+        with self._lock:
+            self._gpu.clear()
+            self._host.clear()
+        self._free()

@@ -1,0 +1,255 @@
+"""ModelCache: runs CacheDecider's actions on a backend, thread-safely, with prefetch.
+
+Decisions are taken under one lock and applied to the decider at once (memory is
+reserved before a load starts), while the slow part, the load itself, runs outside
+the lock, so a task that holds its model is never blocked by a background prefetch.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from compass_celery.cache.backends import Backend
+from compass_celery.cache.decisions import CacheDecider, Evict, Load
+from compass_celery.cache.errors import CacheFullError, ModelTooLargeError
+from compass_celery.cache.registry import ModelRegistry, default_registry
+
+log = logging.getLogger(__name__)
+
+
+class ModelCache:
+    """The worker's GPU model cache. Sizes in MB; ``now`` is ``time.monotonic()``."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        capacity_mb: float | None = None,
+        policy: str = "lookahead",
+        lookahead: int = 3,
+        sizes: Mapping[str, float] | None = None,
+        registry: ModelRegistry = default_registry,
+        on_change: Callable[[], None] | None = None,
+        on_event: Callable[[str, dict], None] | None = None,
+    ) -> None:
+        self.backend, self.registry, self.lookahead = backend, registry, lookahead
+        self.on_change, self.on_event = on_change, on_event
+        self._sizes = {**registry.sizes_mb(), **(sizes or {})}
+        cap = backend.total_mb() if capacity_mb is None else capacity_mb
+        self.decider = CacheDecider(cap, policy, self._sizes)
+        self._cond = threading.Condition(threading.RLock())
+        self._in_use: Counter[str] = Counter()
+        self._threads: list[threading.Thread] = []
+        self.hits = self.misses = self.loads = self.evictions = 0
+
+    # -- state ----------------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self.backend.device
+
+    @property
+    def total_mb(self) -> float:
+        return self.decider.capacity_mb
+
+    @property
+    def free_mb(self) -> float:
+        with self._cond:
+            return self.decider.free_mb()
+
+    @property
+    def hit_rate(self) -> float:
+        n = self.hits + self.misses
+        return self.hits / n if n else 0.0
+
+    def resident(self) -> dict[str, float]:
+        with self._cond:
+            return dict(self.decider.resident)
+
+    def loading(self) -> dict[str, float]:
+        """Models being loaded now; their memory is already reserved (not in ``free_mb``)."""
+        with self._cond:
+            return dict(self.decider.loading)
+
+    def host_resident(self) -> dict[str, float]:
+        return self.backend.host_resident()
+
+    def size_of(self, model: str) -> float:
+        if model in self._sizes:
+            return self._sizes[model]
+        return self.registry.get(model).size_mb  # raises UnknownModelError naming the model
+
+    def check_fits(self, model: str) -> None:
+        size = self.size_of(model)
+        if size > self.total_mb:
+            raise ModelTooLargeError(
+                f"model {model!r} ({size:.1f} MB) can never fit in {self.total_mb:.1f} MB "
+                f"on {self.device}"
+            )
+
+    # -- use ------------------------------------------------------------------
+    def acquire(self, model: str, queued: Sequence[str | None] = ()) -> Any:
+        """Return ``model`` resident on the device, loading (and evicting) as the decider says.
+
+        The model stays protected from eviction until :meth:`release`.
+        """
+        return self._acquire(model, queued, count=True)
+
+    def _acquire(self, model: str, queued: Sequence[str | None], count: bool) -> Any:
+        self.check_fits(model)
+        loaded_here = False
+        with self._cond:
+            while True:
+                if self.decider.is_resident(model):
+                    if count and not loaded_here:
+                        self.hits += 1
+                    self._in_use[model] += 1
+                    self.decider.on_used(model, time.monotonic())
+                    return self.backend.get(model)
+                if model in self.decider.loading:  # a prefetch or another thread is on it
+                    self._cond.wait()
+                    continue
+                self.misses += count
+                loaded_here = True
+                actions = self.decider.on_need(
+                    model, self.size_of(model), queued, self._running(), time.monotonic()
+                )
+                self._execute(actions, queued, retry=True)
+
+    def release(self, model: str) -> None:
+        with self._cond:
+            if self._in_use[model] > 0:
+                self._in_use[model] -= 1
+            if self._in_use[model] == 0:
+                del self._in_use[model]
+
+    def prefetch(self, queued: Sequence[str | None]) -> list[str]:
+        """Start loading the next queued tasks' models in the background; return their names."""
+        with self._cond:
+            actions = self.decider.prefetch(
+                queued, self._running(), self.lookahead, time.monotonic()
+            )
+            self._evict([a.name for a in actions if isinstance(a, Evict)])
+            loads = [a for a in actions if isinstance(a, Load)]
+        if loads:
+            t = threading.Thread(
+                target=self._load_all, args=(loads, queued), daemon=True, name="compass-prefetch"
+            )
+            self._threads = [x for x in self._threads if x.is_alive()] + [t]
+            t.start()
+        return [a.name for a in loads]
+
+    def preload(self, models: Iterable[str]) -> None:
+        """Load ``models`` now (e.g. at worker start), without counting hits or misses."""
+        for m in models:
+            self._acquire(m, (), count=False)
+            self.release(m)
+
+    def wait_prefetch(self, timeout: float | None = None) -> None:
+        for t in list(self._threads):
+            t.join(timeout)
+
+    def clear(self) -> None:
+        """Empty both tiers and reset stats (between benchmark runs)."""
+        self.wait_prefetch()
+        with self._cond:
+            self.decider.clear()
+            self.backend.clear()
+            self._in_use.clear()
+            self.hits = self.misses = self.loads = self.evictions = 0
+        self._changed()
+
+    def run(self, exec_ms: float) -> None:
+        self.backend.run(exec_ms)
+
+    # -- internals --------------------------------------------------------------
+    def _running(self) -> set[str]:
+        return {m for m, n in self._in_use.items() if n > 0}
+
+    def _execute(self, actions: list, queued: Sequence[str | None], retry: bool) -> None:
+        """Called with the lock held; loads release it while they run."""
+        self._evict([a.name for a in actions if isinstance(a, Evict)])
+        for a in actions:
+            if isinstance(a, Load):
+                self._load(a, queued, retry)
+
+    def _load_all(self, loads: list[Load], queued: Sequence[str | None]) -> None:
+        for a in loads:
+            with self._cond:
+                try:
+                    self._load(a, queued, retry=False)
+                except Exception as exc:  # a failed prefetch is only a missed chance
+                    log.warning("prefetch of %s failed: %s", a.name, exc)
+
+    def _load(self, a: Load, queued: Sequence[str | None], retry: bool) -> None:
+        spec = self.registry.get(a.name) if a.name in self.registry else None
+        t0 = time.monotonic()
+        self._cond.release()
+        try:
+            model, mb = self.backend.load(a.name, spec.loader if spec else None, a.size_mb)
+        except BaseException as exc:
+            self._cond.acquire()
+            self.decider.on_load_failed(a.name)
+            self._cond.notify_all()
+            if not self.backend.is_oom(exc):
+                raise
+            if not retry:
+                raise CacheFullError(self._full_msg(a)) from exc
+            self._evict(self.decider.victims(self._running(), queued))
+            actions = self.decider.on_need(
+                a.name, a.size_mb, queued, self._running(), time.monotonic()
+            )
+            self._execute(actions, queued, retry=False)
+            return
+        self._cond.acquire()
+        del model
+        self.loads += 1
+        self._sizes[a.name] = mb
+        self._evict(
+            [
+                e.name
+                for e in self.decider.on_loaded(
+                    a.name, mb, time.monotonic(), self._running(), queued
+                )
+            ]
+        )
+        self._cond.notify_all()
+        self._emit(
+            "model_loaded",
+            model=a.name,
+            size_mb=mb,
+            declared_mb=a.size_mb,
+            ms=1000 * (time.monotonic() - t0),
+        )
+        self._changed()
+
+    def _full_msg(self, a: Load) -> str:
+        return (
+            f"cannot load model {a.name!r} ({a.size_mb:.1f} MB) on {self.device}: "
+            f"out of memory after evicting, {self.backend.free_mb():.1f} MB free"
+        )
+
+    def _evict(self, names: list[str]) -> None:
+        for name in names:
+            self.decider.on_evicted(name)
+            self.backend.evict(name)
+            self.evictions += 1
+            self._emit("model_evicted", model=name)
+            self._changed()
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            try:
+                self.on_event(kind, fields)
+            except Exception:  # a listener never fails a task
+                log.exception("cache on_event listener failed")
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change()
+            except Exception:
+                log.exception("cache on_change listener failed")

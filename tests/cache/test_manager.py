@@ -1,0 +1,165 @@
+"""ModelCache on the emulated backend: hits, evictions, on_change, OOM, prefetch overlap."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from compass_celery.cache import (
+    CacheFullError,
+    EmulatedBackend,
+    EmulatedModel,
+    ModelCache,
+    ModelRegistry,
+    ModelTooLargeError,
+    UnknownModelError,
+)
+
+SIZES = {"a": 40.0, "b": 30.0, "c": 30.0, "d": 50.0}
+
+
+def make(capacity: float = 100, backend_mb: float | None = None, scale: float = 0.0, **kw):
+    backend = EmulatedBackend(backend_mb or capacity, load_mb_per_s=1000, time_scale=scale)
+    return ModelCache(backend, capacity, sizes=SIZES, registry=ModelRegistry(), **kw)
+
+
+def use(cache: ModelCache, model: str, queued: tuple[str, ...] = ()) -> object:
+    m = cache.acquire(model, queued)
+    cache.release(model)
+    return m
+
+
+def test_hits_misses_and_evictions() -> None:
+    cache = make()
+    assert use(cache, "a") == EmulatedModel("a", 40.0)
+    use(cache, "a")
+    use(cache, "b")
+    use(cache, "c")
+    assert (cache.hits, cache.misses, cache.loads, cache.evictions) == (1, 3, 3, 0)
+    use(cache, "d", queued=("a",))  # b and c are not needed by queued tasks: they go
+    assert set(cache.resident()) == {"a", "d"}
+    assert cache.evictions == 2 and cache.hit_rate == 0.2
+    assert set(cache.host_resident()) == {"b", "c"}  # the host-RAM tier keeps them
+
+
+def test_running_model_survives_while_another_goes() -> None:
+    cache = make()
+    held = cache.acquire("a")  # a task is running on a
+    use(cache, "b")
+    use(cache, "c")
+    use(cache, "d")
+    assert "a" in cache.resident() and held is cache.backend.get("a")
+    cache.release("a")
+
+
+def test_on_change_keeps_published_state_in_step() -> None:
+    seen: list[tuple[dict[str, float], float, float]] = []
+    events: list[str] = []
+    cache = make(on_event=lambda kind, f: events.append(f"{kind}:{f['model']}"))
+    cache.on_change = lambda: seen.append(
+        (cache.resident(), cache.free_mb, sum(cache.loading().values()))
+    )
+    for m in ("a", "b", "c", "d"):
+        use(cache, m)
+    assert events == [
+        "model_loaded:a", "model_loaded:b", "model_loaded:c",
+        "model_evicted:a", "model_evicted:b", "model_loaded:d",
+    ]  # fmt: skip
+    assert len(seen) == 6
+    for resident, free, reserved in seen:  # free never counts memory a load has reserved
+        assert free == pytest.approx(100 - sum(resident.values()) - reserved)
+    assert seen[-1][0] == cache.resident() == {"c": 30.0, "d": 50.0}
+    assert cache.free_mb == pytest.approx(100 - sum(cache.resident().values()))
+    assert cache.backend.free_mb() == pytest.approx(cache.free_mb)
+
+
+def test_never_fits_and_unknown_name_the_model() -> None:
+    cache = make()
+    cache._sizes["huge"] = 500
+    with pytest.raises(ModelTooLargeError, match=r"'huge' \(500\.0 MB\)"):
+        cache.acquire("huge")
+    with pytest.raises(UnknownModelError, match="'nope'"):
+        cache.acquire("nope")
+
+
+def test_oom_evicts_and_retries_once_then_cache_full() -> None:
+    # the cache believes in 100 MB, the (emulated) device really has 80
+    events: list[str] = []
+    cache = make(capacity=100, backend_mb=80, on_event=lambda k, f: events.append(k))
+    use(cache, "a")  # 40 of 80 real
+    use(cache, "d")  # 50 > 40 real free: OOM, evict a, retry: fits
+    assert set(cache.resident()) == {"d"} and cache.evictions == 1
+    held = cache.acquire("d")
+    with pytest.raises(CacheFullError, match=r"'a' \(40\.0 MB\).*MB free"):
+        cache.acquire("a")  # d is running; 50 + 40 > 80 real: fails even after the retry
+    assert held and "a" not in cache.resident() and not cache.decider.loading
+    cache.release("d")
+
+
+def test_prefetch_overlaps_load_with_run() -> None:
+    """Two queued tasks on different models finish sooner by about one load with prefetch."""
+    scale, run_ms, load_ms = 0.2, 200.0, 250.0  # load: 250 MB at 1000 MB/s
+    sizes = {"x": 250.0, "y": 250.0}
+
+    def two_tasks(prefetch: bool) -> float:
+        backend = EmulatedBackend(1000, load_mb_per_s=1000, time_scale=scale)
+        cache = ModelCache(backend, sizes=sizes, registry=ModelRegistry())
+        t0 = time.monotonic()
+        cache.acquire("x", ["y"])
+        if prefetch:
+            cache.prefetch(["y"])
+        cache.run(run_ms)
+        cache.release("x")
+        cache.acquire("y")
+        cache.run(run_ms)
+        cache.release("y")
+        return (time.monotonic() - t0) / scale * 1000  # workload ms
+
+    without, with_ = two_tasks(False), two_tasks(True)
+    assert without == pytest.approx(2 * load_ms + 2 * run_ms, rel=0.15)
+    assert without - with_ == pytest.approx(min(load_ms, run_ms), rel=0.25)
+
+
+def test_prefetch_never_evicts_running_model_and_waits_are_hits() -> None:
+    cache = make(scale=0.01)
+    cache.acquire("a")
+    use(cache, "b")
+    assert cache.prefetch(["c", "d"]) == ["c"]  # d (50) would need a or b: both protected
+    cache.wait_prefetch()
+    assert set(cache.resident()) == {"a", "b", "c"}
+    use(cache, "c")
+    assert cache.hits == 1
+    cache.release("a")
+
+
+def test_concurrent_acquires_stay_within_capacity() -> None:
+    cache = make(scale=0.001)
+    errors: list[BaseException] = []
+
+    def worker(seq: str) -> None:
+        try:
+            for m in seq:
+                use(cache, m)
+                assert sum(cache.resident().values()) <= 100
+        except BaseException as exc:  # collected and re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in ("abcd" * 5, "dcba" * 5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors or all(isinstance(e, CacheFullError) for e in errors)
+    assert cache.hits + cache.misses >= 20
+
+
+def test_preload_and_clear() -> None:
+    changes: list[int] = []
+    cache = make(on_change=lambda: changes.append(1))
+    cache.preload(["a", "b"])
+    assert set(cache.resident()) == {"a", "b"} and cache.hits == cache.misses == 0
+    cache.clear()
+    assert cache.resident() == {} and cache.host_resident() == {} and cache.free_mb == 100
+    assert cache.loads == 0 and changes
