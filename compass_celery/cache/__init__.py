@@ -60,9 +60,10 @@ def current_cache() -> ModelCache:
 def get_model(name: str) -> Any:
     """The resident model ``name`` from this process's cache (loaded on a miss).
 
-    The model is released at once: it stays protected only while the decider
-    sees it as the running model, which is enough for the single-task-per-process
-    pools Compass workers use.
+    The model is released at once, but the cache keeps treating it as the running
+    task's model (prefetch never evicts it) until the next acquire, which is enough
+    for the one-task-at-a-time pools Compass GPU workers use. Threads sharing one
+    cache should use ``current_cache().using(name)`` instead.
     """
     cache = current_cache()
     model = cache.acquire(name)

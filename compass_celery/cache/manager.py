@@ -11,7 +11,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from compass_celery.cache.backends import Backend
@@ -44,6 +45,9 @@ class ModelCache:
         self._cond = threading.Condition(threading.RLock())
         self._in_use: Counter[str] = Counter()
         self._threads: list[threading.Thread] = []
+        # The model of the task started last: protected from prefetch evictions even
+        # after an early release (get_model releases at once), until the next acquire.
+        self._current: str | None = None
         self.hits = self.misses = self.loads = self.evictions = 0
 
     # -- state ----------------------------------------------------------------
@@ -58,7 +62,8 @@ class ModelCache:
     @property
     def free_mb(self) -> float:
         with self._cond:
-            return self.decider.free_mb()
+            # the backend's real free memory wins when it is lower (CUDA, other processes)
+            return min(self.decider.free_mb(), self.backend.free_mb())
 
     @property
     def hit_rate(self) -> float:
@@ -107,6 +112,7 @@ class ModelCache:
                     if count and not loaded_here:
                         self.hits += 1
                     self._in_use[model] += 1
+                    self._current = model
                     self.decider.on_used(model, time.monotonic())
                     return self.backend.get(model)
                 if model in self.decider.loading:  # a prefetch or another thread is on it
@@ -130,7 +136,10 @@ class ModelCache:
         """Start loading the next queued tasks' models in the background; return their names."""
         with self._cond:
             actions = self.decider.prefetch(
-                queued, self._running(), self.lookahead, time.monotonic()
+                queued,
+                self._running() | ({self._current} - {None}),
+                self.lookahead,
+                time.monotonic(),
             )
             self._evict([a.name for a in actions if isinstance(a, Evict)])
             loads = [a for a in actions if isinstance(a, Load)]
@@ -159,8 +168,18 @@ class ModelCache:
             self.decider.clear()
             self.backend.clear()
             self._in_use.clear()
+            self._current = None
             self.hits = self.misses = self.loads = self.evictions = 0
         self._changed()
+
+    @contextmanager
+    def using(self, model: str, queued: Sequence[str | None] = ()) -> Iterator[Any]:
+        """``with cache.using("m") as m:``, acquire for the block, release after."""
+        obj = self.acquire(model, queued)
+        try:
+            yield obj
+        finally:
+            self.release(model)
 
     def run(self, exec_ms: float) -> None:
         self.backend.run(exec_ms)

@@ -163,3 +163,20 @@ def test_preload_and_clear() -> None:
     cache.clear()
     assert cache.resident() == {} and cache.host_resident() == {} and cache.free_mb == 100
     assert cache.loads == 0 and changes
+
+
+def test_prefetch_spares_current_model_after_early_release() -> None:
+    """get_model releases at once; the task's model must still survive a prefetch."""
+    cache = make(scale=0.0)
+    cache.decider.sizes["e"] = cache._sizes["e"] = 80.0
+    for m in ("a", "b", "c"):
+        use(cache, m)  # c is the running task's model, already released
+    assert cache.prefetch(["e"]) == []  # a + b free only 70 MB: c would have to go
+    assert set(cache.resident()) == {"a", "b", "c"} and cache.evictions == 0
+
+
+def test_using_context_manager() -> None:
+    cache = make()
+    with cache.using("a") as m:
+        assert m == EmulatedModel("a", 40.0) and cache._running() == {"a"}
+    assert cache._running() == set()
