@@ -1,0 +1,241 @@
+"""Simulated GPU workers: a FIFO queue, the real cache decider, timed loads and runs.
+
+Each worker runs exactly the cache code the real workers run
+(:class:`~compass_celery.cache.decisions.CacheDecider`) and executes its
+``Load``/``Evict`` actions with load times from the workload (host-RAM tier at
+``host_load_mb_per_s``, storage at ``load_mb_per_s``, one load at a time).
+Celery-default mode is one shared FIFO queue from which idle workers take the
+next ready task, the way prefetch-one Celery workers pull from a broker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..cache.decisions import CacheDecider, Evict
+from ..cache.errors import CacheFullError
+from ..planner.types import ClusterView, WorkerView
+from ..workload import WorkerSpec
+from .engine import Engine
+
+MS_PER_S = 1000.0
+KB_PER_MB = 1000.0
+PREFETCH_LOOKAHEAD = 3  # queued tasks whose models are prefetched, as in the authors' code
+
+
+@dataclass(eq=False)
+class SimTask:
+    """One task of one job on its way through the cluster."""
+
+    job: Any
+    node: str
+    model: str | None
+    exec_ms: float
+    inputs: list[tuple[str, float]] = field(default_factory=list)  # (producer worker, KB)
+    ready_at: float = 0.0
+    expected_ms: float = 0.0
+    seen: bool = False
+
+
+class SimWorker:
+    """One worker: FIFO queue, one task at a time, loads overlapped with runs by prefetch."""
+
+    def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
+                 cache_policy: str, cluster: SimCluster) -> None:
+        self.spec, self.engine, self.cluster = spec, engine, cluster
+        self.name = spec.name
+        self.index = 0  # position in the cluster's snapshot, set by SimCluster
+        self.sizes = sizes
+        self.decider = CacheDecider(spec.gpu_mem_mb, cache_policy, sizes=sizes)
+        self.prefetching = cache_policy != "lru"
+        self.host: set[str] = set()
+        self.queue: deque[SimTask] = deque()
+        self.running: SimTask | None = None
+        self.backlog_ms = 0.0  # expected run time of queued + running tasks
+        self.pending_ms = 0.0  # planned here, not yet sent
+        self.load_free_at = 0.0
+        self.wake_at = -1.0
+        self.loads = self.hits = self.misses = 0
+        self._view: WorkerView | None = None
+
+    # -- bookkeeping --------------------------------------------------------
+    def touch(self) -> None:
+        self._view = None
+        self.cluster.dirty.add(self.index)
+
+    def view(self) -> WorkerView:
+        if self._view is None:
+            s, d = self.spec, self.decider
+            self._view = WorkerView(
+                name=s.name, queue=s.name, gpu_total_mb=s.gpu_mem_mb, gpu_free_mb=d.free_mb(),
+                resident=frozenset(d.resident), host_resident=frozenset(self.host),
+                backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
+                load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
+                net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0))
+        return self._view
+
+    def add_pending(self, ms: float) -> None:
+        self.pending_ms += ms
+        self.touch()
+
+    # -- queue --------------------------------------------------------------
+    def enqueue(self, task: SimTask) -> None:
+        """Accept a task; its remote inputs travel with the message at network speed."""
+        now = self.engine.now
+        kb = sum(k for where, k in task.inputs if where != self.name)
+        task.ready_at = now + kb / KB_PER_MB / self.spec.net_mb_per_s * MS_PER_S
+        task.expected_ms = task.exec_ms / self.spec.speed
+        self.backlog_ms += task.expected_ms
+        self.queue.append(task)
+        self.touch()
+        if self.running is None:
+            self.try_start()
+        elif self.prefetching:
+            self._apply(self.decider.prefetch(self._queued(), running=self.running.model,
+                                              lookahead=PREFETCH_LOOKAHEAD, now=now))
+
+    def _queued(self, skip: int = 0) -> list[str | None]:
+        return [t.model for i, t in enumerate(self.queue) if i >= skip]
+
+    def try_start(self) -> None:
+        """Start the head task if its model is resident and its inputs have arrived."""
+        if self.running is not None or not self.queue:
+            return
+        now = self.engine.now
+        task = self.queue[0]
+        model = task.model
+        if model is not None:
+            if not task.seen:
+                task.seen = True
+                if model in self.decider.resident:
+                    self.hits += 1
+                else:
+                    self.misses += 1
+            if model not in self.decider.resident:
+                if model not in self.decider.loading:
+                    try:
+                        actions = self.decider.on_need(model, queued=self._queued(1), now=now)
+                    except CacheFullError:
+                        if not self.decider.loading:  # nothing will free memory: give up
+                            self.queue.popleft()
+                            self.backlog_ms -= task.expected_ms
+                            self.touch()
+                            self.cluster.on_failed(task, self)
+                            if not self.queue:
+                                self.cluster.on_idle(self)
+                            self.try_start()
+                        return
+                    self._apply(actions)
+                return  # the load's completion calls try_start again
+        if task.ready_at > now:
+            if self.wake_at != task.ready_at:
+                self.wake_at = task.ready_at
+                self.engine.at(task.ready_at, self.try_start)
+            return
+        self.queue.popleft()
+        self.running = task
+        if model is not None:
+            self.decider.on_used(model, now)
+        self.engine.after(task.expected_ms, self._finish, task)
+        if self.prefetching:
+            self._apply(self.decider.prefetch(self._queued(), running=model,
+                                              lookahead=PREFETCH_LOOKAHEAD, now=now))
+        self.touch()
+
+    def _finish(self, task: SimTask) -> None:
+        self.running = None
+        self.backlog_ms -= task.expected_ms
+        self.touch()
+        self.cluster.on_done(task, self)
+        if not self.queue:
+            self.cluster.on_idle(self)
+        self.try_start()
+
+    # -- model loads --------------------------------------------------------
+    def _apply(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, Evict):
+                self.host.add(action.name)
+                continue
+            s = self.spec
+            bw = s.host_load_mb_per_s if action.name in self.host else s.load_mb_per_s
+            start = max(self.engine.now, self.load_free_at)
+            self.load_free_at = start + action.size_mb / bw * MS_PER_S
+            self.loads += 1
+            self.engine.at(self.load_free_at, self._loaded, action.name)
+        if actions:
+            self.touch()
+
+    def _loaded(self, name: str) -> None:
+        running = self.running.model if self.running else None
+        extra = self.decider.on_loaded(name, now=self.engine.now, queued=self._queued(),
+                                       protect=[running] if running else [])
+        self.host.discard(name)
+        self._apply(extra)
+        self.touch()
+        self.try_start()
+
+
+class SimCluster:
+    """The workers, the shared queue (celery-default) and a cached snapshot for planning."""
+
+    def __init__(self, specs: tuple[WorkerSpec, ...], engine: Engine, sizes: Mapping[str, float],
+                 *, shared: bool, on_done: Callable[[SimTask, SimWorker], None],
+                 on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0) -> None:
+        self.engine, self.sizes, self.shared = engine, dict(sizes), shared
+        self.on_done, self.on_failed = on_done, on_failed
+        self.dirty: set[int] = set()
+        self.refresh_ms = refresh_ms
+        self._built_at = 0.0
+        policy = "lru" if shared else "lookahead"
+        ordered = sorted(specs, key=lambda s: s.name)
+        self.workers = [SimWorker(s, engine, sizes, policy, self) for s in ordered]
+        self.by_name = {w.name: w for w in self.workers}
+        for i, w in enumerate(self.workers):
+            w.index = i
+        self.shared_queue: deque[SimTask] = deque()
+        self.idle: deque[SimWorker] = deque(self.workers) if shared else deque()
+        self._views = [w.view() for w in self.workers]
+        self.dirty.clear()
+        self._snapshot: ClusterView | None = None
+
+    def snapshot(self) -> ClusterView:
+        """A consistent ClusterView; only workers that changed are re-read.
+
+        The same object is returned while nothing changed, or for ``refresh_ms``
+        after the last rebuild (workers publish state at most that often), so the
+        planner's per-snapshot column cache is reused; ``now`` is the build time.
+        """
+        stale = self.engine.now - self._built_at >= self.refresh_ms
+        if self._snapshot is None or (self.dirty and stale):
+            self._built_at = self.engine.now
+            for i in self.dirty:
+                self._views[i] = self.workers[i].view()
+            self.dirty.clear()
+            self._snapshot = ClusterView(tuple(self._views), self.sizes, self.engine.now)
+        return self._snapshot
+
+    def send(self, task: SimTask, worker: str) -> None:
+        """Route a ready task: to a worker's own queue, or ``"*"`` to the shared queue."""
+        if worker != "*":
+            self.by_name[worker].enqueue(task)
+        elif self.idle:
+            self.idle.popleft().enqueue(task)
+        else:
+            self.shared_queue.append(task)
+
+    def on_idle(self, worker: SimWorker) -> None:
+        if not self.shared:
+            return
+        if self.shared_queue:
+            worker.enqueue(self.shared_queue.popleft())
+        else:
+            self.idle.append(worker)
+
+    def totals(self) -> tuple[int, int, int]:
+        """(hits, misses, loads) summed over workers."""
+        ws = self.workers
+        return (sum(w.hits for w in ws), sum(w.misses for w in ws), sum(w.loads for w in ws))

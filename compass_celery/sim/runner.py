@@ -1,0 +1,165 @@
+"""Replay a workload's job stream on a simulated cluster under each policy, side by side.
+
+Semantics follow the real system: a job is planned at arrival by the policy against
+the cluster's current snapshot; only its sources are sent then, and the rest are
+recorded as pending work on their planned workers. When a task finishes, each
+successor whose inputs are all done is re-placed (compass only, through
+``planner.adjust.reassign``) and sent. Results use the benchmark's JSON shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..planner import PlanningError, get_policy
+from ..planner.adjust import DEFAULT_MOVE_FACTOR, reassign
+from ..planner.types import DagSpec
+from ..workload import Workload, job_stream
+from .cluster import SimCluster, SimTask, SimWorker
+from .engine import Engine
+from .stats import summarize
+
+
+@dataclass(eq=False)
+class Job:
+    """One job in flight: its plan and which of its tasks are done where."""
+
+    index: int
+    dag: DagSpec
+    arrival: float
+    planned: dict[str, str] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)
+    finish: dict[str, float] = field(default_factory=dict)
+    where: dict[str, str] = field(default_factory=dict)
+    end: float | None = None
+    failed: bool = False
+
+
+class Simulation:
+    """One policy on one cluster over one job stream."""
+
+    def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
+                 workers: int | None = None, count_pending: bool = True,
+                 refresh_ms: float = 0.0) -> None:
+        opts = {"count_pending": count_pending} if policy == "compass" else {}
+        self.policy = get_policy(policy, seed=workload.seed, **opts)
+        self.adjusts = policy == "compass"
+        self.workload, self.stream = workload, stream
+        specs = workload.cluster.workers if workers is None else \
+            workload.cluster.scaled(workers).workers
+        self.engine = Engine()
+        self.cluster = SimCluster(specs, self.engine, workload.models,
+                                  shared=policy == "celery-default",
+                                  on_done=self._done, on_failed=self._failed,
+                                  refresh_ms=refresh_ms)
+        self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
+        self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
+        self.jobs: list[Job] = []
+        self.moved = 0
+
+    def run(self) -> list[Job]:
+        for i, (t, name) in enumerate(self.stream):
+            job = Job(i, self.workload.dags[name], t)
+            self.jobs.append(job)
+            self.engine.at(t, self._arrive, job)
+        self.engine.run()
+        return self.jobs
+
+    def _speed(self, worker: str) -> float:
+        return self.cluster.by_name[worker].spec.speed if worker != "*" else 1.0
+
+    def _arrive(self, job: Job) -> None:
+        dag = job.dag
+        try:
+            plan = self.policy.plan(dag, self.cluster.snapshot())
+        except PlanningError:
+            job.failed = True
+            return
+        preds = self.preds[dag.name]
+        for node, placement in plan.placements.items():
+            job.planned[node] = placement.worker
+            job.waiting[node] = len(preds[node])
+            if preds[node] and placement.worker != "*":
+                ms = dag.nodes[node].exec_ms / self._speed(placement.worker)
+                self.cluster.by_name[placement.worker].add_pending(ms)
+        for node in dag.nodes:
+            if not preds[node]:
+                self._send(job, node, job.planned[node])
+
+    def _send(self, job: Job, node: str, target: str) -> None:
+        spec = job.dag.nodes[node]
+        preds = self.preds[job.dag.name][node]
+        planned = job.planned[node]
+        if preds and planned != "*":
+            self.cluster.by_name[planned].add_pending(-spec.exec_ms / self._speed(planned))
+        inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
+        self.cluster.send(SimTask(job, node, spec.model, spec.exec_ms, inputs), target)
+
+    def _done(self, task: SimTask, worker: SimWorker) -> None:
+        job, now = task.job, self.engine.now
+        job.finish[task.node] = now
+        job.where[task.node] = worker.name
+        if len(job.finish) == len(job.dag.nodes):
+            job.end = now
+        if job.failed:
+            return
+        for succ in self.succs[job.dag.name][task.node]:
+            job.waiting[succ] -= 1
+            if job.waiting[succ] == 0:
+                self._send(job, succ, self._target(job, succ))
+
+    def _target(self, job: Job, node: str) -> str:
+        planned = job.planned[node]
+        if not self.adjusts or planned == "*":
+            return planned
+        spec, worker = job.dag.nodes[node], self.cluster.by_name[planned]
+        if worker.backlog_ms <= DEFAULT_MOVE_FACTOR * spec.exec_ms / worker.spec.speed:
+            return planned  # reassign's own first rule keeps it; skip building a snapshot
+        preds = self.preds[job.dag.name][node]
+        inputs: dict[str, float] = {}
+        for p in preds:
+            inputs[job.where[p]] = inputs.get(job.where[p], 0.0) + job.dag.nodes[p].output_kb
+        moved = reassign(spec, planned, self.cluster.snapshot(), inputs,
+                         is_join=len(preds) > 1)
+        if moved is None:
+            return planned
+        self.moved += 1
+        return moved.worker
+
+    def _failed(self, task: SimTask, worker: SimWorker) -> None:
+        task.job.failed = True
+
+
+def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
+             rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
+             warmup_frac: float = 0.1, refresh_ms: float = 0.0) -> dict[str, Any]:
+    """Every policy on the same cluster and job stream; the DESIGN.md result shape.
+
+    ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
+    periodically); 0 gives every plan the exact current state.
+    """
+    stream = job_stream(workload, rate=rate, jobs=jobs)
+    out: dict[str, Any] = {}
+    for name in policies:
+        started = time.perf_counter()
+        sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
+                         refresh_ms=refresh_ms)
+        finished = sim.run()
+        out[name] = summarize(finished, sim.cluster, warmup_frac)
+        out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
+        out[name]["reassigned"] = sim.moved
+    return {"workload": workload.name, "policies": out}
+
+
+def compare_count_pending(workload: Workload, *, workers: int | None = None,
+                          rate: float | None = None, jobs: int | None = None,
+                          warmup_frac: float = 0.1, refresh_ms: float = 0.0) -> dict[str, Any]:
+    """Compass with pending (planned-not-sent) work counted in backlog, and without."""
+    kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
+          "refresh_ms": refresh_ms}
+    on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
+    off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
+    return {"workload": workload.name, "count_pending": {"on": on, "off": off}}
