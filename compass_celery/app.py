@@ -17,6 +17,7 @@ from typing import Any
 from celery import Celery, signals
 
 from . import settings as settings_mod
+from .eager import install_task_class
 from .placement import Decision, decide
 from .planner import get_policy
 from .planner.base import Policy
@@ -59,6 +60,7 @@ class Compass:
         from .worker import install_worker_steps
 
         install_worker_steps(app)
+        install_task_class(app)
         self._connect_signals()
 
     # -- settings and collaborators ------------------------------------------------
@@ -68,14 +70,6 @@ class Compass:
         for key, value in CELERY_DEFAULTS.items():
             if key not in changed:
                 conf[key] = value
-        for key in ("task_serializer", "result_serializer"):
-            if conf.get(key) == "pickle":
-                raise settings_mod.SettingsError(
-                    f"{key}='pickle' is refused by compass-celery: messages cross trust "
-                    "boundaries through Redis; use 'json'")
-        if "pickle" in (conf.get("accept_content") or []):
-            raise settings_mod.SettingsError(
-                "accept_content includes 'pickle', which compass-celery refuses; use ['json']")
         routes = conf.get("task_routes")
         routes = list(routes) if isinstance(routes, (list, tuple)) else (
             [routes] if routes else [])
@@ -84,7 +78,16 @@ class Compass:
 
     @cached_property
     def settings(self) -> dict[str, Any]:
-        return settings_mod.resolve(self.app.conf)
+        conf = self.app.conf
+        for key in ("task_serializer", "result_serializer"):
+            if conf.get(key) == "pickle":
+                raise settings_mod.SettingsError(
+                    f"{key}='pickle' is refused by compass-celery: messages cross trust "
+                    "boundaries through Redis; use 'json'")
+        if "pickle" in (conf.get("accept_content") or []):
+            raise settings_mod.SettingsError(
+                "accept_content includes 'pickle', which compass-celery refuses; use ['json']")
+        return settings_mod.resolve(conf)
 
     @property
     def eager(self) -> bool:
@@ -151,7 +154,7 @@ class Compass:
         """Where a task this process sent (or ran eagerly) was placed, and why."""
         return self.decisions.get(task_id)
 
-    def _remember(self, task_id: str, decision: Decision) -> None:
+    def remember(self, task_id: str, decision: Decision) -> None:
         self.decisions[task_id] = decision
         while len(self.decisions) > MAX_DECISIONS:
             self.decisions.popitem(last=False)
@@ -178,34 +181,32 @@ class Compass:
             return
         headers["compass"] = decision.as_header()
         if headers.get("id"):
-            self._remember(headers["id"], decision)
+            self.remember(headers["id"], decision)
 
     def _task_prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
                      **kw: Any) -> None:
         task = task or sender
         if not self._ours(task):
             return
-        request = task.request
-        if request.is_eager:
-            self._place_eagerly(task, task_id or "", request)
-            return
-        if self.worker_runtime is not None:
-            self.worker_runtime.task_started(task, request)
+        if not task.request.is_eager and self.worker_runtime is not None:
+            self.worker_runtime.task_started(task, task.request)
 
-    def _place_eagerly(self, task: Any, task_id: str, request: Any) -> None:
+    def place_eagerly(self, task: Any, options: dict[str, Any]) -> Decision | None:
+        """Eager mode's placement (routers are not called there), charged like the router's."""
         snapshot = self.reader.get()
-        options = {"compass": (request.headers or {}).get("compass_call")}
-        demand = resolve_demand(task.name, task, options if options["compass"] else None,
-                                snapshot.profiles, self.settings["default_exec_ms"])
+        demand = resolve_demand(task.name, task, options, snapshot.profiles,
+                                self.settings["default_exec_ms"])
         if demand is None:
-            return
+            return None
         decision = decide(demand, snapshot, self.policy, self.model_sizes(), self.shared_queue)
-        if decision.charge_ms:
-            self.store.charge(decision.worker, decision.charge_ms)
-            self.reader.note_charge(decision.worker, decision.charge_ms)
-        self._remember(task_id, decision)
-        request.compass = decision.as_header()
+        self._charge_local(decision, +1)
         self.on_routed(decision)
+        return decision
+
+    def _charge_local(self, decision: Decision, sign: int) -> None:
+        if decision.charge_ms:
+            self.store.charge(decision.worker, sign * decision.charge_ms)
+            self.reader.note_charge(decision.worker, sign * decision.charge_ms)
 
     def _task_postrun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
                       state: str | None = None, **kw: Any) -> None:
@@ -213,12 +214,9 @@ class Compass:
         if not self._ours(task):
             return
         request = task.request
-        decision = Decision.from_header(getattr(request, "compass", None))
         if request.is_eager:
-            if decision and decision.charge_ms:
-                self.store.charge(decision.worker, -decision.charge_ms)
-                self.reader.note_charge(decision.worker, -decision.charge_ms)
             return
+        decision = Decision.from_header(getattr(request, "compass", None))
         if self.worker_runtime is not None:
             self.worker_runtime.task_finished(task, request, decision, state)
 

@@ -20,60 +20,68 @@ from compass_celery import Compass
 from compass_celery.cache import current_cache
 
 #: The models of ../shared/workloads/edge-vision.json, sizes in MB.
-EDGE_MODELS = {"detector": 250.0, "captioner": 950.0, "translator": 300.0,
-               "embedder": 420.0, "classifier": 100.0, "ocr": 600.0}
+EDGE_MODELS = {
+    "detector": 250.0,
+    "captioner": 950.0,
+    "translator": 300.0,
+    "embedder": 420.0,
+    "classifier": 100.0,
+    "ocr": 600.0,
+}
 
-BROKER = os.environ.get("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
-
-app = Celery("compass_emulated", broker=BROKER, backend=BROKER)
-app.conf.update(
-    compass_models=json.loads(os.environ.get("COMPASS_MODELS", "null")) or EDGE_MODELS,
-    compass_policy=os.environ.get("COMPASS_POLICY", "compass"),
-    compass_key_prefix=os.environ.get("COMPASS_KEY_PREFIX", "compass"),
-    compass_time_scale=float(os.environ.get("COMPASS_TIME_SCALE", "1.0")),
-    compass_state_refresh_s=float(os.environ.get("COMPASS_STATE_REFRESH_S", "0.1")),
-    compass_heartbeat_timeout_s=float(os.environ.get("COMPASS_HEARTBEAT_TIMEOUT_S", "3.0")),
-    compass_reconcile_s=float(os.environ.get("COMPASS_RECONCILE_S", "2.0")),
-    result_expires=3600,
-    broker_connection_retry_on_startup=True,
-)
-compass = Compass(app)
+def make_app(broker: str | None = None, *, state_url: str | None = None,
+             **conf: Any) -> Celery:
+    """A Compass app with the emulated tasks; settings from the environment unless given."""
+    env = os.environ
+    broker = broker or env.get("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
+    app = Celery("compass_emulated", broker=broker, backend=broker)
+    app.conf.update(
+        compass_redis_url=state_url or env.get("COMPASS_REDIS_URL") or None,
+        compass_models=json.loads(env.get("COMPASS_MODELS", "null")) or EDGE_MODELS,
+        compass_policy=env.get("COMPASS_POLICY", "compass"),
+        compass_key_prefix=env.get("COMPASS_KEY_PREFIX", "compass"),
+        compass_time_scale=float(env.get("COMPASS_TIME_SCALE", "1.0")),
+        compass_state_refresh_s=float(env.get("COMPASS_STATE_REFRESH_S", "0.1")),
+        compass_heartbeat_timeout_s=float(env.get("COMPASS_HEARTBEAT_TIMEOUT_S", "3.0")),
+        compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
+        result_expires=3600,
+        broker_connection_retry_on_startup=True,
+    )
+    app.conf.update(conf)
+    Compass(app)
+    _register_tasks(app)
+    return app
 
 
 def _run(self: Any, model: str | None, exec_ms: float, data: Any) -> dict[str, Any]:
-    cache = current_cache()
-    cache.run(exec_ms)
+    current_cache().run(exec_ms)
     return {"model": model, "worker": self.request.hostname or socket.gethostname(),
             "exec_ms": exec_ms, "data": data}
 
 
-@app.task(name="emulated.infer", bind=True)
-def infer(self: Any, model: str | None, exec_ms: float, data: Any = None) -> dict[str, Any]:
-    """Generic node: the caller passes ``compass={"model": ..., "exec_ms": ...}``."""
-    return _run(self, model, exec_ms, data)
+#: Declared tasks: name -> (model, expected run time in ms), as in edge-vision.
+DECLARED = {"detect": ("detector", 30), "caption": ("captioner", 120),
+            "translate": ("translator", 60), "embed": ("embedder", 40),
+            "classify": ("classifier", 15), "ocr": ("ocr", 90)}
 
 
-@app.task(name="emulated.detect", bind=True, compass_model="detector", compass_exec_ms=30)
-def detect(self: Any, data: Any = None) -> dict[str, Any]:
-    return _run(self, "detector", self.compass_exec_ms, data)
+def _register_tasks(app: Celery) -> None:
+    @app.task(name="emulated.infer", bind=True, shared=False)
+    def infer(self: Any, model: str | None, exec_ms: float, data: Any = None) -> dict:
+        """Generic node: the caller passes ``compass={"model": ..., "exec_ms": ...}``."""
+        return _run(self, model, exec_ms, data)
+
+    for short, (model, exec_ms) in DECLARED.items():
+        def body(self: Any, data: Any = None) -> dict:
+            return _run(self, self.compass_model, self.compass_exec_ms, data)
+
+        app.task(name=f"emulated.{short}", bind=True, shared=False, compass_model=model,
+                 compass_exec_ms=exec_ms)(body)
+
+    @app.task(name="emulated.plain", shared=False)
+    def plain(x: int) -> int:
+        """A task without compass options: routed exactly as Celery would."""
+        return x * 2
 
 
-@app.task(name="emulated.caption", bind=True, compass_model="captioner", compass_exec_ms=120)
-def caption(self: Any, data: Any = None) -> dict[str, Any]:
-    return _run(self, "captioner", self.compass_exec_ms, data)
-
-
-@app.task(name="emulated.translate", bind=True, compass_model="translator", compass_exec_ms=60)
-def translate(self: Any, data: Any = None) -> dict[str, Any]:
-    return _run(self, "translator", self.compass_exec_ms, data)
-
-
-@app.task(name="emulated.embed", bind=True, compass_model="embedder", compass_exec_ms=40)
-def embed(self: Any, data: Any = None) -> dict[str, Any]:
-    return _run(self, "embedder", self.compass_exec_ms, data)
-
-
-@app.task(name="emulated.plain")
-def plain(x: int) -> int:
-    """A task without compass options: routed exactly as Celery would."""
-    return x * 2
+app = make_app()

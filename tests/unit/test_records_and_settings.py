@@ -1,0 +1,137 @@
+"""Worker records, settings and task demands: bad input is named, never crashes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import pytest
+from celery import Celery
+from hypothesis import given
+from hypothesis import strategies as st
+
+from compass_celery import Compass
+from compass_celery.planner import PlanningError
+from compass_celery.planner.types import WorkerView
+from compass_celery.profiles import TaskDeclarationError, resolve_demand
+from compass_celery.records import RecordError, decode_record, encode_record
+from compass_celery.settings import SettingsError, resolve
+from compass_celery.state import MemoryStateStore, SnapshotReader
+
+GOOD = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
+                  resident=frozenset({"a"}), heartbeat=100.0)
+
+
+def test_record_round_trip():
+    assert decode_record(encode_record(GOOD), field_name="w1") == GOOD
+
+
+@pytest.mark.parametrize("raw, message", [
+    (b"{not json", "not valid JSON"),
+    (b"[1, 2]", "expected a JSON object"),
+    (json.dumps({"name": "w1"}), "'queue'"),
+    (json.dumps({"name": "w1", "queue": "q"}), "missing field 'gpu_total_mb'"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "gpu_free_mb": "lots"}), "gpu_free_mb"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "speed": 0}), "'speed' must be > 0"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "resident": "a"}), "'resident'"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "name": "w2"}), "different worker"),
+    (b"\xff\xfe", "not UTF-8"),
+])
+def test_garbled_records_are_named(raw, message):
+    with pytest.raises(RecordError, match=message) as info:
+        decode_record(raw, field_name="w1")
+    assert "w1" in str(info.value)
+
+
+@given(st.recursive(st.none() | st.booleans() | st.floats() | st.integers() | st.text(),
+                    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20))
+def test_record_decoder_only_raises_record_error(value):
+    with contextlib.suppress(RecordError):
+        decode_record(json.dumps(value), field_name="w")
+
+
+def test_snapshot_skips_garbage_and_dead_workers():
+    store = MemoryStateStore()
+    store.publish(GOOD)
+    store.publish(WorkerView(name="old", queue="q", gpu_total_mb=1, gpu_free_mb=1,
+                             heartbeat=1.0))
+    store.records["junk"] = "{{"
+    snap = store.snapshot(now=101.0, heartbeat_timeout_s=5.0)
+    assert [w.name for w in snap.workers] == ["w1"]
+    assert any("junk" in s for s in snap.skipped)
+    assert any("old" in s and "dead" in s for s in snap.skipped)
+
+
+def test_reader_applies_own_charges_to_cached_snapshot():
+    store = MemoryStateStore()
+    store.publish(GOOD)
+    reader = SnapshotReader(store, ttl_s=60, heartbeat_timeout_s=1e12, clock=lambda: 100.0)
+    assert reader.get().workers[0].backlog_ms == 0
+    store.charge("w1", 50)
+    reader.note_charge("w1", 50)
+    assert reader.get().workers[0].backlog_ms == 50
+    assert reader.reads == 1  # served from the local snapshot
+
+
+def test_backlog_never_goes_negative():
+    store = MemoryStateStore()
+    store.publish(GOOD)
+    store.charge("w1", 10)
+    store.charge("w1", -30)
+    assert store.snapshot(100.0, 5).workers[0].backlog_ms == 0
+
+
+@pytest.mark.parametrize("conf, message", [
+    ({"compass_heartbeat_timeout_s": -1}, "compass_heartbeat_timeout_s must be >="),
+    ({"compass_policy": 3}, "compass_policy must be str"),
+    ({"compass_models": {"m": -5}}, r"compass_models\['m'\]"),
+    ({"compass_move_factor": float("nan")}, "finite"),
+])
+def test_bad_settings_are_named(conf, message):
+    with pytest.raises(SettingsError, match=message):
+        resolve(conf)
+
+
+def test_unknown_policy_is_named():
+    app = Celery("p")
+    app.conf.compass_policy = "fastest"
+    with pytest.raises(PlanningError, match="unknown policy 'fastest'"):
+        _ = Compass(app).policy
+
+
+def test_pickle_is_refused():
+    app = Celery("pk")
+    app.conf.accept_content = ["json", "pickle"]
+    with pytest.raises(SettingsError, match="pickle"):
+        _ = Compass(app).settings
+
+
+class Declared:
+    name = "t"
+    compass_model = "m"
+    compass_exec_ms = 20
+
+
+def test_demand_resolution_order():
+    learned = {"t|m": 55.0, "u|m": 70.0}
+    assert resolve_demand("t", Declared, None, learned, 100).exec_source == "declared"
+    call = resolve_demand("t", Declared, {"compass": {"exec_ms": 5}}, learned, 100)
+    assert (call.exec_ms, call.exec_source) == (5, "call")
+
+    class Undeclared:
+        compass_model = "m"
+
+    assert resolve_demand("u", Undeclared, None, learned, 100).exec_ms == 70.0
+    assert resolve_demand("v", Undeclared, None, learned, 100).exec_source == "default"
+    assert resolve_demand("plain", object(), None, learned, 100) is None
+
+
+@pytest.mark.parametrize("call, message", [
+    ({"exec_ms": -1}, "exec_ms must be >= 0"),
+    ({"exec_ms": float("inf")}, "finite"),
+    ({"model": ""}, "model must be a non-empty string"),
+    ({"modle": "x"}, "unknown compass call option"),
+])
+def test_bad_demands_are_named(call, message):
+    with pytest.raises(TaskDeclarationError, match=message):
+        resolve_demand("t", Declared, {"compass": call}, {}, 100)
