@@ -11,8 +11,8 @@ from .choose import choose
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Estimate, Walk
 
-# Collocating a job's tasks keeps outputs in the worker's memory and the plan easy to
-# follow; accept up to this many ms of estimated finish for it.
+# Collocating a task with a predecessor keeps that output in the worker's memory (and the
+# transfer estimate is the least reliable term); accept up to this many ms of finish for it.
 DEFAULT_COLLOCATE_SLACK_MS = 2.0
 
 
@@ -45,10 +45,12 @@ class CompassPolicy:
         return Plan(self.name, {n: out[n] for n in dag.nodes})
 
     def _collocate(self, walk: Walk, name: str, est: Estimate, best: int) -> int | None:
-        """A predecessor's worker whose finish is within the slack of the best, if any."""
+        """The worker of a predecessor with output to hand over, if its finish is within
+        the slack of the best (no output, nothing gained by collocating)."""
         if self.collocate_slack_ms is None:
             return None
-        homes = sorted({walk.worker[p] for p in walk.preds[name]} - {best})
+        preds = walk.preds[name]
+        homes = sorted({walk.worker[p] for p in preds if walk.dag.nodes[p].output_kb} - {best})
         homes = [h for h in homes if est.mask[h]]
         if not homes:
             return None

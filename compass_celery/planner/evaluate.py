@@ -3,7 +3,8 @@
 Used to compare policies fairly: each policy's plan reports its own beliefs (HEFT
 ignores loads), while :func:`evaluate` says what the full model expects to happen if
 every task runs where the plan put it. Tasks sharing a worker run in order of their
-planned start (ties by topological position), and never before their inputs.
+planned (start, finish), ties by topological position, and never before their inputs;
+for a plan that respects precedence this replays the policy's own placement order.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: b
             raise PlanningError(f"plan puts task {name!r} on unknown worker {worker!r}")
     waiting = {n: len(walk.preds[n]) for n in dag.nodes}
 
-    heap = [(plan.placements[n].start_ms, topo[n], n) for n, k in waiting.items() if k == 0]
+    heap = [(_when(plan, n), topo[n], n) for n, k in waiting.items() if k == 0]
     heapq.heapify(heap)
     out: dict[str, Placement] = {}
     while heap:
@@ -39,5 +40,11 @@ def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: b
         for s in walk.succs[name]:
             waiting[s] -= 1
             if waiting[s] == 0:
-                heapq.heappush(heap, (plan.placements[s].start_ms, topo[s], s))
+                heapq.heappush(heap, (_when(plan, s), topo[s], s))
     return Plan(plan.policy, {n: out[n] for n in dag.nodes})
+
+
+def _when(plan: Plan, task: str) -> tuple[float, float]:
+    """Order on a worker: a zero-length task that starts with another ran before it."""
+    p = plan.placements[task]
+    return (p.start_ms, p.finish_ms)

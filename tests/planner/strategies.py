@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import strategies as st
 
 from compass_celery.planner import ClusterView, DagSpec, TaskSpec, WorkerView
@@ -90,3 +92,30 @@ def free_of_costs(cluster: ClusterView) -> ClusterView:
 def without_outputs(dag: DagSpec) -> DagSpec:
     nodes = {n: TaskSpec(t.name, t.model, t.exec_ms, 0.0) for n, t in dag.nodes.items()}
     return DagSpec(nodes, dag.edges, dag.name)
+
+
+def random_instance(rng: random.Random, *, max_nodes: int = 8) -> tuple[DagSpec, ClusterView]:
+    """A seeded (not hypothesis-driven) DAG and cluster, for statements about averages."""
+    models = {m: rng.uniform(50.0, SMALLEST_GPU_MB) for m in MODEL_NAMES}
+    workers = []
+    for i in range(rng.randint(2, 6)):
+        total = rng.choice((SMALLEST_GPU_MB, 8000.0, 16000.0))
+        workers.append(
+            worker(
+                f"w{i}",
+                gpu_total_mb=total,
+                gpu_free_mb=rng.uniform(0.0, total),
+                resident=frozenset(rng.sample(MODEL_NAMES, rng.randint(0, 3))),
+                backlog_ms=rng.uniform(0.0, 2000.0),
+                speed=rng.choice((0.5, 1.0, 2.0)),
+                load_mb_per_s=rng.uniform(200.0, 4000.0),
+                net_mb_per_s=rng.uniform(10.0, 2000.0),
+            )
+        )
+    names = [f"n{i}" for i in range(rng.randint(1, max_nodes))]
+    nodes = {
+        n: TaskSpec(n, rng.choice((None, *MODEL_NAMES)), rng.uniform(0, 800), rng.uniform(0, 5e4))
+        for n in names
+    }
+    edges = tuple((a, b) for i, a in enumerate(names) for b in names[i + 1 :] if rng.random() < 0.3)
+    return DagSpec(nodes, edges), ClusterView.of(workers, models)

@@ -86,7 +86,7 @@ def test_successor_collocates_within_slack_and_not_beyond() -> None:
     c = cluster(worker("a"), worker("b"))
     dag = DagSpec(
         {
-            "p": TaskSpec("p", None, 10.0, output_kb=0.0),
+            "p": TaskSpec("p", None, 10.0, output_kb=1.0),
             "q": TaskSpec("q", None, 10.0),
             "r": TaskSpec("r", None, 10.0),
         },
