@@ -21,9 +21,9 @@ from compass_celery.workload import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = Path("/work/shared/workloads/edge-vision.json")
-if not EXAMPLE.exists():
-    EXAMPLE = ROOT / "shared" / "workloads" / "edge-vision.json"
+EXAMPLE = next((p for p in (ROOT / "shared" / "workloads" / "edge-vision.json",
+                             Path("/work/shared/workloads/edge-vision.json"))
+                if p.exists()), ROOT / "dags" / "edge-vision.json")
 FILES = sorted((ROOT / "dags").glob("*.json"))
 
 BASE = {
@@ -201,3 +201,11 @@ def test_mutated_section_raises_only_workload_errors(section, data):
     target[path[-1]] = data.draw(json_values)
     with contextlib.suppress(WorkloadError):
         job_stream(parse_workload(obj), jobs=5)
+
+
+def test_packaged_copy_matches_shared_example():
+    shared = Path("/work/shared/workloads/edge-vision.json")
+    if not shared.exists():
+        pytest.skip("no shared example to compare with")
+    assert json.loads(shared.read_text()) == json.loads((ROOT / "dags" / "edge-vision.json")
+                                                         .read_text())

@@ -14,9 +14,9 @@ from compass_celery.sim.engine import Engine
 from compass_celery.workload import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
-EDGE = Path("/work/shared/workloads/edge-vision.json")
-if not EDGE.exists():
-    EDGE = ROOT / "shared" / "workloads" / "edge-vision.json"
+EDGE = next((p for p in (ROOT / "shared" / "workloads" / "edge-vision.json",
+                          Path("/work/shared/workloads/edge-vision.json"))
+             if p.exists()), ROOT / "dags" / "edge-vision.json")
 ALL = list(POLICIES)
 
 
