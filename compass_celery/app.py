@@ -184,12 +184,12 @@ class Compass:
             self.remember(headers["id"], decision)
 
     def _task_prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
-                     **kw: Any) -> None:
+                     args: Any = None, **kw: Any) -> None:
         task = task or sender
         if not self._ours(task):
             return
         if not task.request.is_eager and self.worker_runtime is not None:
-            self.worker_runtime.task_started(task, task.request)
+            self.worker_runtime.task_started(task, task.request, args)
 
     def place_eagerly(self, task: Any, options: dict[str, Any]) -> Decision | None:
         """Eager mode's placement (routers are not called there), charged like the router's."""
@@ -209,7 +209,7 @@ class Compass:
             self.reader.note_charge(decision.worker, sign * decision.charge_ms)
 
     def _task_postrun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
-                      state: str | None = None, **kw: Any) -> None:
+                      state: str | None = None, retval: Any = None, **kw: Any) -> None:
         task = task or sender
         if not self._ours(task):
             return
@@ -218,7 +218,7 @@ class Compass:
             return
         decision = Decision.from_header(getattr(request, "compass", None))
         if self.worker_runtime is not None:
-            self.worker_runtime.task_finished(task, request, decision, state)
+            self.worker_runtime.task_finished(task, request, decision, state, retval)
 
     def _task_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
         if self.worker_runtime is not None and request is not None:

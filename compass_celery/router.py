@@ -34,6 +34,8 @@ class CompassRouter:
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
                  task: Any = None, **kw: Any) -> dict[str, Any] | None:
+        if options.get("queue") is not None:
+            return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         c = self.compass
         task = task if task is not None else c.app.tasks.get(name)
         try:

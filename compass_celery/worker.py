@@ -22,6 +22,7 @@ import click
 from celery import Celery, bootsteps
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
+from .jobs import JOB_HEADER, JobError, JobRuntime
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
@@ -98,6 +99,9 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         self._running: dict[str, tuple[Decision | None, float]] = {}
+        self._timing: dict[str, dict[str, float]] = {}
+        self.jobs = (JobRuntime(compass, name)
+                     if getattr(compass.store, "client", None) is not None else None)
         self._lock = threading.Lock()
         self._state_down = False
 
@@ -214,13 +218,19 @@ class WorkerRuntime:
                              if d.worker == self.name)
 
     # -- task hooks (called from Compass's signal handlers) -------------------------
-    def task_started(self, task: Any, request: Any) -> None:
+    def task_started(self, task: Any, request: Any, args: Any = None) -> None:
         decision = Decision.from_header(getattr(request, "compass", None))
         model = decision.model if decision else None
         if model is None:
             demand = resolve_demand(task.name, task, None, {}, 0.0)
             model = demand.model if demand else None
-        queued: list[str | None] = []
+        started = time.monotonic()
+        job = getattr(request, JOB_HEADER, None)
+        if isinstance(job, dict) and self.jobs is not None:
+            try:
+                self.jobs.resolve_inputs(job, args)
+            except JobError as exc:
+                self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
         if model is not None:
             try:
                 queued = [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
@@ -228,28 +238,52 @@ class WorkerRuntime:
                 queued = []
             self.cache.acquire(model, queued)
             self.cache.prefetch(queued)
+        loaded = time.monotonic()
         with self._lock:
-            self._running[request.id] = (decision, time.monotonic())
+            self._running[request.id] = (decision, loaded)
+            self._timing[request.id] = {"started": time.time(),
+                                        "load_ms": self._ms(loaded - started)}
+
+    def _ms(self, seconds: float) -> float:
+        """Real seconds as workload milliseconds."""
+        return 1000 * seconds / self.cfg["time_scale"]
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
-                      state: str | None) -> None:
+                      state: str | None, retval: Any = None) -> None:
         with self._lock:
             started = self._running.pop(request.id, (None, None))[1]
+            timing = self._timing.pop(request.id, {})
         if decision is not None and decision.model is not None:
             self.cache.release(decision.model)
         elif (demand := resolve_demand(task.name, task, None, {}, 0.0)) and demand.model:
             self.cache.release(demand.model)
+        run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         try:
             if decision is not None and decision.worker == self.name and decision.charge_ms:
                 self.compass.store.charge(self.name, -decision.charge_ms)
             if started is not None and state == "SUCCESS":
-                ms = 1000 * (time.monotonic() - started) / self.cfg["time_scale"]
                 model = decision.model if decision else getattr(task, "compass_model", None)
-                self.compass.store.record_run(profile_key(task.name, model), ms,
+                self.compass.store.record_run(profile_key(task.name, model), run_ms,
                                               self.cfg["ewma_alpha"])
+            job = getattr(request, JOB_HEADER, None)
+            if isinstance(job, dict) and self.jobs is not None:
+                self._job_finished(job, request, state, retval, timing, run_ms)
         except StateUnavailable as exc:
             logger.warning("compass: bookkeeping skipped, %s", exc)
         self._wake.set()
+
+    def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
+                      timing: dict[str, float], run_ms: float) -> None:
+        assert self.jobs is not None
+        if state == "SUCCESS":
+            sent = float(job.get("sent") or timing.get("started", 0.0))
+            timing = {**timing, "run_ms": run_ms, "finished": time.time(),
+                      "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
+            self.jobs.on_success(job, request.id, retval, timing)
+        elif state == "FAILURE":
+            exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
+            self.jobs.fail(job, request.id, exc, "task failed after its retries",
+                           task=request.task)
 
     def task_revoked(self, request: Any) -> None:
         decision = Decision.from_header(getattr(request, "compass", None)

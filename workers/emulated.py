@@ -59,6 +59,13 @@ def _run(self: Any, model: str | None, exec_ms: float, data: Any) -> dict[str, A
             "exec_ms": exec_ms, "data": data}
 
 
+def _lineage(inputs: Any) -> Any:
+    """What reached a node: the data of its inputs, kept small and checkable in tests."""
+    if isinstance(inputs, list):
+        return [_lineage(i) for i in inputs]
+    return inputs.get("data") if isinstance(inputs, dict) else inputs
+
+
 #: Declared tasks: name -> (model, expected run time in ms), as in edge-vision.
 DECLARED = {"detect": ("detector", 30), "caption": ("captioner", 120),
             "translate": ("translator", 60), "embed": ("embedder", 40),
@@ -70,6 +77,11 @@ def _register_tasks(app: Celery) -> None:
     def infer(self: Any, model: str | None, exec_ms: float, data: Any = None) -> dict:
         """Generic node: the caller passes ``compass={"model": ..., "exec_ms": ...}``."""
         return _run(self, model, exec_ms, data)
+
+    @app.task(name="emulated.step", bind=True, shared=False)
+    def step(self: Any, inputs: Any, model: str | None, exec_ms: float) -> dict:
+        """A DAG node after others: ``inputs`` is its predecessors' output(s)."""
+        return _run(self, model, exec_ms, _lineage(inputs))
 
     for short, (model, exec_ms) in DECLARED.items():
         def body(self: Any, data: Any = None) -> dict:

@@ -1,0 +1,137 @@
+"""``Dag``: a multi-model ML job built from Celery signatures, one model per node.
+
+Inputs: a node with one predecessor receives that predecessor's result as its
+first positional argument (like a chain). A join receives a list of its
+predecessors' results, in the order the predecessors were given in ``after=``
+(or the order of ``edge`` calls), as its first positional argument. Source
+nodes get only their own arguments. ``get()`` on the job handle returns a dict
+``{sink node: result}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from celery import Celery
+from celery.canvas import Signature
+
+from .dag_validation import DagValidationError, validate_dag
+from .planner.types import DagSpec, TaskSpec
+from .profiles import TaskDeclarationError, resolve_demand
+
+if TYPE_CHECKING:
+    from .jobs import JobHandle
+
+
+@dataclass
+class Node:
+    """One DAG node: a signature, the model it needs, and its estimates."""
+
+    name: str
+    signature: Signature
+    model: str | None
+    exec_ms: float
+    output_kb: float
+    preds: list[str] = field(default_factory=list)
+
+
+class Dag:
+    """Build, validate and submit a job DAG on a Compass-enabled app."""
+
+    def __init__(self, app: Celery, name: str = "dag") -> None:
+        if not hasattr(app, "compass"):
+            raise DagValidationError("Dag needs an app with Compass(app) installed")
+        self.app, self.name = app, name
+        self.nodes: dict[str, Node] = {}
+
+    def node(self, name: str, sig: Signature, *, after: Iterable[str | Node] = (),
+             model: str | None = None, exec_ms: float | None = None,
+             output_kb: float | None = None) -> Node:
+        """Add node ``name`` running ``sig`` after the given predecessors."""
+        if not isinstance(name, str) or not name:
+            raise DagValidationError(f"DAG {self.name!r}: node names must be non-empty strings")
+        if name in self.nodes:
+            raise DagValidationError(f"DAG {self.name!r}: duplicate node name {name!r}")
+        if not isinstance(sig, Signature):
+            raise DagValidationError(f"DAG {self.name!r}: node {name!r} needs a Celery "
+                                     f"signature (task.s(...)), got {type(sig).__name__}")
+        task = self.app.tasks.get(sig.task)
+        if task is None:
+            raise DagValidationError(f"DAG {self.name!r}: node {name!r} names unknown task "
+                                     f"{sig.task!r}")
+        call = {k: v for k, v in (("model", model), ("exec_ms", exec_ms),
+                                  ("output_kb", output_kb)) if v is not None}
+        call.update((sig.options or {}).get("compass") or {})
+        c = self.app.compass
+        try:
+            demand = resolve_demand(sig.task, task, {"compass": call}, {},
+                                    c.settings["default_exec_ms"])
+        except TaskDeclarationError as exc:
+            raise DagValidationError(f"DAG {self.name!r}: node {name!r}: {exc}") from None
+        node = Node(name, sig, demand.model if demand else None,
+                    demand.exec_ms if demand else c.settings["default_exec_ms"],
+                    demand.output_kb if demand else 0.0)
+        self.nodes[name] = node
+        for pred in after:
+            self.edge(pred, name)
+        return node
+
+    def edge(self, pred: str | Node, succ: str | Node) -> None:
+        a = pred.name if isinstance(pred, Node) else pred
+        b = succ.name if isinstance(succ, Node) else succ
+        for end in (a, b):
+            if end not in self.nodes:
+                raise DagValidationError(f"DAG {self.name!r}: edge {a!r} -> {b!r} refers to "
+                                         f"missing node {end!r}")
+        if a in self.nodes[b].preds:
+            raise DagValidationError(f"DAG {self.name!r}: duplicate edge {a!r} -> {b!r}")
+        self.nodes[b].preds.append(a)
+
+    def spec(self) -> DagSpec:
+        """The planner's view of this DAG (validated)."""
+        spec = DagSpec(
+            nodes={n.name: TaskSpec(n.name, n.model, n.exec_ms, n.output_kb)
+                   for n in self.nodes.values()},
+            edges=tuple((p, n.name) for n in self.nodes.values() for p in n.preds),
+            name=self.name)
+        c = self.app.compass
+        return validate_dag(spec, known_models=c.model_sizes(),
+                            max_nodes=c.settings["max_dag_nodes"])
+
+    def apply_async(self, *, timeout_s: float | None = None) -> JobHandle:
+        """Plan the whole job, send its sources, and return a handle at once."""
+        from .jobs import submit
+
+        return submit(self, timeout_s=timeout_s)
+
+    @classmethod
+    def from_spec(cls, app: Celery, spec: DagSpec, task: str = "emulated.infer",
+                  step_task: str = "emulated.step", args: Mapping[str, Any] | None = None
+                  ) -> Dag:
+        """A Dag of a workload template (bench, dags/): sources run ``task(model, exec_ms,
+        data)``, other nodes ``step_task(inputs, model, exec_ms)``."""
+        dag = cls(app, spec.name)
+        for name in spec.topological_order():
+            t = spec.nodes[name]
+            if spec.preds(name):
+                sig = app.signature(step_task, args=(t.model, t.exec_ms))
+            else:
+                sig = app.signature(task, args=(t.model, t.exec_ms, (args or {}).get(name)))
+            dag.node(name, sig, after=spec.preds(name), model=t.model, exec_ms=t.exec_ms,
+                     output_kb=t.output_kb)
+        return dag
+
+    @classmethod
+    def from_file(cls, app: Celery, path: str | Path, dag_name: str,
+                  task: str = "emulated.infer", step_task: str = "emulated.step") -> Dag:
+        """Load DAG template ``dag_name`` from a workload file (JSON or YAML)."""
+        from .workload import load_workload
+
+        workload = load_workload(path)
+        if dag_name not in workload.dags:
+            raise DagValidationError(f"{path}: no DAG named {dag_name!r}; it has "
+                                     f"{sorted(workload.dags)}")
+        return cls.from_spec(app, workload.dags[dag_name], task, step_task)

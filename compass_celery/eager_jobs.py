@@ -1,0 +1,68 @@
+"""Eager mode for DAGs: run every node inline in topological order, with a recorded plan.
+
+Same inputs shape and same results as the Redis runtime; no Redis is opened.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .jobs import JobFailed
+from .planner.types import ClusterView, DagSpec
+
+if TYPE_CHECKING:
+    from .dag import Dag
+
+
+class EagerJobHandle:
+    """The result of an eagerly run DAG, with the same surface as :class:`JobHandle`."""
+
+    def __init__(self, job_id: str, plan: dict[str, Any], results: dict[str, Any],
+                 sinks: list[str], error: dict[str, Any] | None) -> None:
+        self.id, self.plan, self.results, self.sinks, self.error = (
+            job_id, plan, results, sinks, error)
+        self.status = "FAILURE" if error else "SUCCESS"
+
+    def ready(self) -> bool:
+        return True
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
+        if self.error is not None:
+            if propagate:
+                raise JobFailed(self.error)
+            return {}
+        return {n: self.results[n] for n in self.sinks}
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        return {n: {"planned": p, "worker": p, "moved": False} for n, p in self.plan.items()}
+
+
+def run_eagerly(dag: Dag, spec: DagSpec) -> EagerJobHandle:
+    import uuid
+
+    c = dag.app.compass
+    snapshot = c.reader.get()
+    plan: dict[str, Any] = {}
+    if snapshot.workers:
+        cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
+        plan = {n: p.worker for n, p in c.policy.plan(spec, cluster).placements.items()}
+    results: dict[str, Any] = {}
+    job_id = uuid.uuid4().hex
+    for name in spec.topological_order():
+        node = dag.nodes[name]
+        sig = node.signature
+        args = list(sig.args or ())
+        if node.preds:
+            inputs = [results[p] for p in node.preds]
+            args.insert(0, inputs[0] if len(inputs) == 1 else inputs)
+        task = dag.app.tasks[sig.task]
+        res = task.apply(args=args, kwargs=dict(sig.kwargs or {}),
+                         compass={k: v for k, v in (("model", node.model),
+                                                   ("exec_ms", node.exec_ms)) if v is not None})
+        if res.failed():
+            exc = res.result
+            return EagerJobHandle(job_id, plan, results, spec.sinks(), {
+                "job": job_id, "node": name, "task": sig.task, "worker": plan.get(name),
+                "exc_type": type(exc).__name__, "exc": str(exc)})
+        results[name] = res.result
+    return EagerJobHandle(job_id, plan, results, spec.sinks(), None)

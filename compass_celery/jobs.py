@@ -1,0 +1,427 @@
+"""Job runtime: submit a planned DAG, release successors exactly once, fail cleanly.
+
+The job, its plan and its progress live in Redis under ``{prefix}:job:{id}``.
+Only sources are sent at submission. When a node succeeds, its worker runs
+``complete.lua`` (record the output, decrement each successor's count of
+missing inputs, return those that reached zero), so a successor is sent
+exactly once even when two predecessors finish together on different workers.
+Before sending, the adjustment phase re-checks the successor's placement
+against fresh state. A failure runs ``fail.lua`` once, revokes the siblings and
+wakes the waiters. Keys expire after ``compass_job_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from .placement import Decision
+from .planner.adjust import reassign
+from .planner.types import ClusterView, DagSpec, Placement, TaskSpec
+from .state import StateUnavailable, _script
+
+if TYPE_CHECKING:
+    from .app import Compass
+    from .dag import Dag
+
+logger = logging.getLogger("compass_celery.jobs")
+
+INPUT_REF = "__compass_inputs__"
+JOB_HEADER = "compass_job"
+
+
+class JobError(RuntimeError):
+    """Base of job outcomes that are not a result."""
+
+
+class JobFailed(JobError):
+    """A node failed after its retries; names the node, task, worker and exception."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        super().__init__(f"job {info.get('job')} failed at node {info.get('node')!r} "
+                         f"(task {info.get('task')}, worker {info.get('worker')}): "
+                         f"{info.get('exc_type')}: {info.get('exc')}")
+
+
+class JobTimeout(JobError, TimeoutError):
+    """The job did not finish in time."""
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    job: str
+    outputs: str
+    left: str
+    done: str
+    info: str
+    tasks: str
+
+    @classmethod
+    def of(cls, prefix: str, job_id: str) -> JobKeys:
+        base = f"{prefix}:job:{job_id}"
+        return cls(base, f"{base}:out", f"{base}:left", f"{base}:done", f"{base}:info",
+                   f"{base}:tasks")
+
+    def all(self) -> list[str]:
+        """In the order complete.lua expects its KEYS."""
+        return [self.job, self.outputs, self.left, self.done, self.info, self.tasks]
+
+
+class OutputCache:
+    """Bounded in-memory cache of recent node outputs on a worker (LRU by count)."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def put(self, job: str, node: str, value: Any) -> None:
+        self._items[(job, node)] = value
+        self._items.move_to_end((job, node))
+        while len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+
+    def get(self, job: str, node: str) -> tuple[bool, Any]:
+        key = (job, node)
+        if key in self._items:
+            self.hits += 1
+            return True, self._items[key]
+        self.misses += 1
+        return False, None
+
+
+# -- submission ------------------------------------------------------------------------
+def _node_json(dag: Dag, spec: DagSpec) -> dict[str, Any]:
+    out = {}
+    for name, node in dag.nodes.items():
+        sig = node.signature
+        out[name] = {"task": sig.task, "args": list(sig.args or ()), "kwargs": dict(sig.kwargs
+                     or {}), "model": node.model, "exec_ms": node.exec_ms,
+                     "output_kb": node.output_kb, "preds": list(node.preds),
+                     "succs": spec.succs(name)}
+    return out
+
+
+def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
+    """Plan ``dag`` and start it; eager apps run it inline (see :mod:`eager_jobs`)."""
+    c = dag.app.compass
+    spec = dag.spec()
+    if c.eager:
+        from .eager_jobs import run_eagerly
+
+        return run_eagerly(dag, spec)
+    cfg = c.settings
+    job_id = uuid.uuid4().hex
+    keys = JobKeys.of(cfg["key_prefix"], job_id)
+    try:
+        snapshot = c.reader.get()
+    except StateUnavailable:
+        snapshot = None
+    live = snapshot.workers if snapshot else ()
+    if live:
+        largest = max(w.gpu_total_mb for w in live)
+        sizes = c.model_sizes()
+        for n in spec.nodes.values():
+            if n.model is not None and sizes.get(n.model, 0) > largest:
+                from .dag_validation import DagValidationError
+
+                raise DagValidationError(
+                    f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
+                    f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
+                    f"(largest {largest:.0f} MB)")
+        cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at)
+        plan = c.policy.plan(spec, cluster).placements
+    else:
+        plan = {}
+    nodes = _node_json(dag, spec)
+    timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
+    now = time.time()
+    body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
+            "nodes": json.dumps(nodes), "plan": json.dumps({k: _placement_json(p)
+                                                            for k, p in plan.items()}),
+            "created": now, "deadline": now + timeout, "policy": c.policy.name}
+    client = c.store.client
+    pipe = client.pipeline()
+    pipe.hset(keys.job, mapping=body)
+    left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
+    if left:
+        pipe.hset(keys.left, mapping=left)
+    for key in keys.all():
+        pipe.expire(key, int(cfg["job_ttl_s"]))
+    pipe.execute()
+    for name, node in nodes.items():
+        if node["preds"] and name in plan and plan[name].worker != "*":
+            c.store.add_pending(plan[name].worker, plan[name].run_ms)
+    handle = JobHandle(c, job_id)
+    for name in spec.sources():
+        send_node(c, job_id, name, nodes[name], plan.get(name), None, moved_from=None)
+    return handle
+
+
+def _placement_json(p: Placement) -> dict[str, Any]:
+    return {"worker": p.worker, "queue": p.queue, "start_ms": p.start_ms,
+            "finish_ms": p.finish_ms, "load_ms": p.load_ms, "run_ms": p.run_ms,
+            "reason": p.reason}
+
+
+def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
+              placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
+              moved_from: str | None) -> str:
+    """Publish one node's task to its worker's queue (explicit queue: the router stays out)."""
+    p = _placement_json(placement) if isinstance(placement, Placement) else placement
+    if not p or p.get("worker") in (None, "*"):
+        queue, worker, charge = c.shared_queue, "*", 0.0
+    else:
+        queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
+    decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
+                        policy=c.policy.name, charge_ms=charge,
+                        est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
+                        load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
+                        reason=(p or {}).get("reason", "no live worker: shared queue"),
+                        fallback=worker == "*")
+    args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
+    task_id = uuid.uuid4().hex
+    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from}
+    if charge:
+        c.store.charge(worker, charge)
+    keys = JobKeys.of(c.settings["key_prefix"], job_id)
+    pipe = c.store.client.pipeline()
+    pipe.hset(keys.tasks, name, task_id)
+    pipe.expire(keys.tasks, int(c.settings["job_ttl_s"]))
+    pipe.execute()
+    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+                    task_id=task_id, headers={"compass": decision.as_header(),
+                                              JOB_HEADER: header})
+    c.remember(task_id, decision)
+    return task_id
+
+
+# -- completion (runs on the worker that finished a node) ------------------------------
+class JobRuntime:
+    """Worker-side job bookkeeping: inputs in, outputs out, successors on."""
+
+    def __init__(self, compass: Compass, worker_name: str) -> None:
+        self.c, self.name = compass, worker_name
+        self.outputs = OutputCache()
+        client = compass.store.client
+        self._complete = client.register_script(_script("complete"))
+        self._fail = client.register_script(_script("fail"))
+
+    def keys(self, job_id: str) -> JobKeys:
+        return JobKeys.of(self.c.settings["key_prefix"], job_id)
+
+    def resolve_inputs(self, job: dict[str, Any], args: Any) -> None:
+        """Replace the input reference (first arg) in place with the predecessors' outputs."""
+        if not isinstance(args, list) or not args or not isinstance(args[0], dict) \
+                or INPUT_REF not in args[0]:
+            return
+        ref = args[0][INPUT_REF]
+        preds, job_id = ref["preds"], job["id"]
+        values: dict[str, Any] = {}
+        missing = []
+        for p in preds:
+            hit, value = self.outputs.get(job_id, p)
+            if hit:
+                values[p] = value
+            else:
+                missing.append(p)
+        if missing:
+            raw = self.c.store.client.hmget(self.keys(job_id).outputs, missing)
+            for p, r in zip(missing, raw, strict=True):
+                if r is None:
+                    raise JobError(f"job {job_id}: output of {p!r} is gone (expired?)")
+                values[p] = json.loads(r)
+        args[0] = values[preds[0]] if ref.get("single") else [values[p] for p in preds]
+
+    def on_success(self, job: dict[str, Any], task_id: str, retval: Any,
+                   timing: dict[str, float]) -> list[str]:
+        """Record the node's output and send the successors it released."""
+        job_id, node = job["id"], job["node"]
+        keys = self.keys(job_id)
+        client = self.c.store.client
+        cfg = self.c.settings
+        try:
+            output = json.dumps(retval)
+        except (TypeError, ValueError) as exc:
+            self.fail(job, task_id, exc, "output is not JSON-serialisable")
+            return []
+        if len(output) > cfg["max_output_kb"] * 1024:
+            self.fail(job, task_id, ValueError(
+                f"output is {len(output) / 1024:.0f} KB, over compass_max_output_kb="
+                f"{cfg['max_output_kb']}"), "output too large")
+            return []
+        raw_job = client.hmget(keys.job, ["nodes", "plan", "deadline", "state"])
+        if raw_job[0] is None:
+            logger.warning("compass: job %s is unknown or expired; result of %r dropped",
+                           job_id, node)
+            return []
+        nodes, plan = json.loads(raw_job[0]), json.loads(raw_job[1])
+        if float(raw_job[2]) < time.time():
+            self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out")
+            return []
+        info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
+                "planned": (plan.get(node) or {}).get("worker"), **timing}
+        succs = nodes[node]["succs"]
+        result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
+                                                       json.dumps(info), *succs])
+        status = result[0].decode() if isinstance(result[0], bytes) else result[0]
+        if status in ("duplicate", "missing", "late"):
+            logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node, status)
+            return []
+        self.outputs.put(job_id, node, retval)
+        ready = [r.decode() if isinstance(r, bytes) else r for r in result[1:]]
+        sent = []
+        for succ in ready:
+            sent.append(self._send_successor(job_id, succ, nodes, plan, keys))
+        return sent
+
+    def _send_successor(self, job_id: str, succ: str, nodes: dict[str, Any],
+                        plan: dict[str, Any], keys: JobKeys) -> str:
+        c, node = self.c, nodes[succ]
+        planned = plan.get(succ)
+        placement: Any = planned
+        moved_from = None
+        if planned and planned["worker"] != "*":
+            c.store.add_pending(planned["worker"], -planned["run_ms"])
+        try:
+            snapshot = c.reader.get()
+        except StateUnavailable:
+            snapshot = None
+        if snapshot is not None and snapshot.workers and c.policy.name == "compass":
+            where = self._input_locations(keys, node["preds"], nodes)
+            spec = TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"])
+            cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
+            better = reassign(spec, planned["worker"] if planned else "", cluster, where,
+                              factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1)
+            if better is not None:
+                moved_from = planned["worker"] if planned else None
+                placement = better
+                from .signals import task_reassigned
+
+                task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
+                                     new=better.worker)
+        ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
+        return send_node(c, job_id, succ, node, placement, ref, moved_from)
+
+    def _input_locations(self, keys: JobKeys, preds: list[str],
+                         nodes: dict[str, Any]) -> dict[str, float]:
+        where: dict[str, float] = {}
+        for p, raw in zip(preds, self.c.store.client.hmget(keys.info, preds), strict=True):
+            worker = json.loads(raw).get("worker") if raw else self.name
+            where[worker] = where.get(worker, 0.0) + float(nodes[p]["output_kb"])
+        return where
+
+    def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
+             task: str | None = None) -> str:
+        """Fail the job once (fail.lua), revoke its outstanding tasks, release pending."""
+        return fail_job(self.c, job["id"], {
+            "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
+            "worker": self.name,
+            "exc_type": type(exc).__name__, "exc": str(exc)[:2000], "why": why})
+
+
+def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:
+    keys = JobKeys.of(c.settings["key_prefix"], job_id)
+    client = c.store.client
+    script = client.register_script(_script("fail"))
+    state = script(keys=[keys.job, keys.done], args=[json.dumps(error),
+                                                     int(c.settings["job_ttl_s"])])
+    state = state.decode() if isinstance(state, bytes) else state
+    if state != "FAILURE":
+        return state
+    logger.warning("compass: job %s failed at %r: %s", job_id, error.get("node"),
+                   error.get("exc"))
+    plan_raw = client.hget(keys.job, "plan")
+    done = {k.decode() for k in client.hkeys(keys.outputs)}
+    sent = {k.decode(): v.decode() for k, v in client.hgetall(keys.tasks).items()}
+    left = {k.decode(): int(v) for k, v in client.hgetall(keys.left).items()}
+    plan = json.loads(plan_raw or "{}")
+    for node, count in left.items():  # planned successors that will never be sent
+        p = plan.get(node)
+        if count > 0 and p and p["worker"] != "*" and node not in done:
+            c.store.add_pending(p["worker"], -p["run_ms"])
+    revoke = [t for n, t in sent.items() if n not in done and t != error.get("task_id")]
+    if revoke:
+        c.app.control.revoke(revoke)
+    return state
+
+
+# -- the handle ------------------------------------------------------------------------
+class JobHandle:
+    """Like an AsyncResult for a whole job: ``get()``, ``status``, ``placement()``."""
+
+    def __init__(self, compass: Compass, job_id: str) -> None:
+        self.c, self.id = compass, job_id
+        self.keys = JobKeys.of(compass.settings["key_prefix"], job_id)
+
+    @property
+    def client(self) -> Any:
+        return self.c.store.client
+
+    @property
+    def status(self) -> str:
+        state = self.client.hget(self.keys.job, "state")
+        return state.decode() if state else "UNKNOWN"
+
+    def ready(self) -> bool:
+        return self.status in ("SUCCESS", "FAILURE")
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the job ends (or ``timeout``); fail it when its deadline passes."""
+        deadline_raw = self.client.hget(self.keys.job, "deadline")
+        if deadline_raw is None:
+            raise JobError(f"job {self.id} is unknown or expired")
+        deadline = float(deadline_raw)
+        until = deadline if timeout is None else min(deadline, time.time() + timeout)
+        while True:
+            state = self.status
+            if state in ("SUCCESS", "FAILURE"):
+                return state
+            left = until - time.time()
+            if left <= 0:
+                if time.time() >= deadline:
+                    fail_job(self.c, self.id, {"job": self.id, "node": None, "task": None,
+                                               "worker": None, "exc_type": "JobTimeout",
+                                               "exc": "job deadline passed"})
+                    continue
+                raise JobTimeout(f"job {self.id} not finished within {timeout}s "
+                                 f"(state {state})")
+            popped = self.client.blpop([self.keys.done], timeout=max(0.01, min(left, 1.0)))
+            if popped is not None:
+                self.client.rpush(self.keys.done, popped[1])  # leave it for other waiters
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
+        """The sink results ``{node: result}``; raises JobFailed / JobTimeout."""
+        state = self.wait(timeout)
+        if state == "FAILURE":
+            error = json.loads(self.client.hget(self.keys.job, "error") or "{}")
+            if propagate:
+                raise JobFailed(error)
+            return {}
+        nodes = json.loads(self.client.hget(self.keys.job, "nodes"))
+        sinks = [n for n, v in nodes.items() if not v["succs"]]
+        raw = self.client.hmget(self.keys.outputs, sinks)
+        return {n: json.loads(r) if r is not None else None for n, r in zip(sinks, raw,
+                                                                             strict=True)}
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        raw = self.client.hget(self.keys.job, "error")
+        return json.loads(raw) if raw else None
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Per node: planned worker, where it ran, whether it moved, its timings."""
+        plan = json.loads(self.client.hget(self.keys.job, "plan") or "{}")
+        info = {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.info).items()}
+        nodes = json.loads(self.client.hget(self.keys.job, "nodes") or "{}")
+        return {n: {"planned": (plan.get(n) or {}).get("worker"), **info.get(n, {}),
+                    "moved": bool(info.get(n, {}).get("moved_from"))} for n in nodes}
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id}>"

@@ -1,0 +1,86 @@
+"""Worker app for the job-runtime tests: small arithmetic tasks that log each run."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+from celery import Celery
+
+from compass_celery import Compass
+from compass_celery.cache import current_cache
+
+BROKER = os.environ.get("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
+MODELS = {"big": 3000.0, "small": 50.0}
+
+
+def make_app(broker: str = BROKER, **conf: Any) -> Celery:
+    app = Celery("jobapp", broker=broker, backend=broker)
+    app.conf.update(compass_models=MODELS, compass_state_refresh_s=0.05,
+                    compass_heartbeat_timeout_s=3.0, compass_reconcile_s=1.0,
+                    broker_connection_retry_on_startup=True, **conf)
+    Compass(app)
+    log = redis.Redis.from_url(broker)
+
+    def ran(task: Any) -> None:
+        job = getattr(task.request, "compass_job", None) or {}
+        log.rpush("ran", f"{job.get('id')}:{job.get('node')}:{task.request.hostname}")
+
+    @app.task(name="j.src", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
+    def src(self: Any, x: int) -> int:
+        ran(self)
+        return x
+
+    @app.task(name="j.add", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
+    def add(self: Any, inp: int, k: int) -> int:
+        ran(self)
+        return inp + k
+
+    @app.task(name="j.collect", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=5)
+    def collect(self: Any, inputs: list[int]) -> list[int]:
+        ran(self)
+        return list(inputs)
+
+    @app.task(name="j.sum1", bind=True, shared=False, compass_model="small", compass_exec_ms=2)
+    def sum1(self: Any, inputs: Any = None) -> int:
+        ran(self)
+        if inputs is None:
+            return 1
+        return (sum(inputs) if isinstance(inputs, list) else inputs) + 1
+
+    @app.task(name="j.boom", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
+    def boom(self: Any, inp: Any) -> None:
+        ran(self)
+        raise ValueError(f"boom on {inp}")
+
+    @app.task(name="j.heavy", bind=True, shared=False, compass_model="big", compass_exec_ms=300)
+    def heavy(self: Any, x: Any = None) -> Any:
+        ran(self)
+        current_cache().run(self.compass_exec_ms)
+        return x
+
+    @app.task(name="j.slow", bind=True, shared=False, compass_model="big",
+              compass_exec_ms=1000)
+    def slow(self: Any) -> None:
+        current_cache().run(1000)
+
+    @app.task(name="j.light", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=100)
+    def light(self: Any, inp: Any) -> Any:
+        ran(self)
+        current_cache().run(100)
+        return inp
+
+    @app.task(name="j.wait", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
+    def wait(self: Any, inp: Any, seconds: float) -> Any:
+        ran(self)
+        time.sleep(seconds)
+        return inp
+
+    return app
+
+
+app = make_app()

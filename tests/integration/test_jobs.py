@@ -1,0 +1,169 @@
+"""Job DAGs on a real Redis with real worker processes."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+
+import pytest
+import redis
+
+from compass_celery.dag import Dag
+from compass_celery.jobs import JobFailed
+from compass_celery.local import wait_until
+from compass_celery.testing import worker_logs
+from tests.integration.jobapp import make_app
+
+pytestmark = pytest.mark.redis
+GPU = ["--compass-emulate-gpu-mb", "4000"]
+
+
+@pytest.fixture
+def cluster(compass_redis_url, compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url}
+    ws = [compass_workers("tests.integration.jobapp", "a@jobs", *GPU, "--compass-preload",
+                          "big,small", env=env),
+          compass_workers("tests.integration.jobapp", "b@jobs", *GPU, "--compass-preload",
+                          "small", env=env)]
+    app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
+    store = app.compass.store
+    try:
+        wait_until(lambda: len(store.snapshot(time.time(), 3.0).workers) == 2, 30,
+                   "two job workers")
+    except TimeoutError:
+        raise AssertionError(worker_logs(ws)) from None
+    app.log = redis.Redis.from_url(compass_redis_url)
+    app.workers = ws
+    return app
+
+
+def runs(app, job_id=None) -> Counter:
+    entries = [e.decode().split(":") for e in app.log.lrange("ran", 0, -1)]
+    return Counter(f"{j}:{n}" for j, n, _ in entries if job_id is None or j == job_id)
+
+
+def test_linear_chain(cluster):
+    app = cluster
+    dag = Dag(app, "chain")
+    a = dag.node("a", app.tasks["j.src"].s(1))
+    b = dag.node("b", app.tasks["j.add"].s(2), after=[a])
+    dag.node("c", app.tasks["j.add"].s(3), after=[b])
+    job = dag.apply_async()
+    assert job.get(timeout=30) == {"c": 6}, worker_logs(app.workers)
+    assert runs(app, job.id) == Counter({f"{job.id}:a": 1, f"{job.id}:b": 1,
+                                         f"{job.id}:c": 1})
+    where = job.placement()
+    assert set(where) == {"a", "b", "c"}
+    assert all(w["worker"] in ("a@jobs", "b@jobs") for w in where.values())
+    assert all("run_ms" in w and "queued_ms" in w for w in where.values())
+
+
+def test_fan_out_fan_in_keeps_predecessor_order(cluster):
+    app = cluster
+    dag = Dag(app, "diamond")
+    a = dag.node("a", app.tasks["j.src"].s(10))
+    b = dag.node("b", app.tasks["j.add"].s(1), after=[a])
+    c = dag.node("c", app.tasks["j.add"].s(2), after=[a])
+    e = dag.node("e", app.tasks["j.add"].s(3), after=[a])
+    dag.node("d", app.tasks["j.collect"].s(), after=[e, b, c])
+    job = dag.apply_async()
+    assert job.get(timeout=30) == {"d": [13, 11, 12]}
+    assert sum(runs(app, job.id).values()) == 5
+
+
+def test_random_20_node_dag(cluster):
+    app = cluster
+    rng = random.Random(5)
+    dag = Dag(app, "random20")
+    preds: dict[int, list[int]] = {}
+    for i in range(20):
+        preds[i] = sorted(rng.sample(range(i), k=min(i, rng.randint(0, 3))))
+        dag.node(f"n{i}", app.tasks["j.sum1"].s(), after=[f"n{p}" for p in preds[i]])
+    expected: dict[int, int] = {}
+    for i in range(20):
+        ins = [expected[p] for p in preds[i]]
+        expected[i] = 1 if not ins else (ins[0] if len(ins) == 1 else sum(ins)) + 1
+    sinks = [i for i in range(20) if not any(i in preds[j] for j in range(20))]
+    job = dag.apply_async()
+    assert job.get(timeout=60) == {f"n{i}": expected[i] for i in sinks}
+    assert runs(app, job.id) == Counter({f"{job.id}:n{i}": 1 for i in range(20)})
+
+
+def test_join_race_sends_join_exactly_once(cluster):
+    app = cluster
+    jobs = []
+    for _ in range(25):
+        dag = Dag(app, "race")
+        a = dag.node("a", app.tasks["j.src"].s(1))
+        b = dag.node("b", app.tasks["j.add"].s(1), after=[a])
+        c = dag.node("c", app.tasks["j.add"].s(2), after=[a])
+        dag.node("d", app.tasks["j.collect"].s(), after=[b, c])
+        jobs.append(dag.apply_async())
+    for job in jobs:
+        assert job.get(timeout=60) == {"d": [2, 3]}
+    counts = runs(app)
+    for job in jobs:
+        assert counts[f"{job.id}:d"] == 1
+    # the two branches really ran on both workers in some jobs (the race happened)
+    split = [j for j in jobs if len({v["worker"] for n, v in j.placement().items()
+                                     if n in "bc"}) == 2]
+    assert split, "no job ran its branches on different workers"
+
+
+def test_successor_moves_when_planned_worker_is_made_busy(cluster):
+    app = cluster
+    dag = Dag(app, "move")
+    h = dag.node("h", app.tasks["j.heavy"].s(7), output_kb=500)
+    dag.node("l", app.tasks["j.light"].s(), after=[h])
+    job = dag.apply_async()
+    assert job.placement()["l"]["planned"] == "a@jobs"  # collocated with its input
+    # while h runs on a@jobs (the only worker holding "big"), give it 2 s more work
+    busy = [app.tasks["j.slow"].delay() for _ in range(2)]
+    assert [app.compass.placement(r.id).worker for r in busy] == ["a@jobs", "a@jobs"]
+    assert job.get(timeout=30) == {"l": 7}
+    where = job.placement()["l"]
+    assert where["moved"] and where["moved_from"] == "a@jobs"
+    assert where["worker"] == "b@jobs"
+    for r in busy:
+        r.get(timeout=30)
+
+
+def test_successor_stays_when_planned_worker_is_not_busy(cluster):
+    app = cluster
+    dag = Dag(app, "stay")
+    h = dag.node("h", app.tasks["j.heavy"].s(8), output_kb=500)
+    dag.node("l", app.tasks["j.light"].s(), after=[h])
+    job = dag.apply_async()
+    assert job.get(timeout=30) == {"l": 8}
+    where = job.placement()["l"]
+    assert not where["moved"] and where["worker"] == where["planned"] == "a@jobs"
+
+
+def test_failing_middle_task_fails_job_and_nothing_runs_after(cluster):
+    app = cluster
+    dag = Dag(app, "failing")
+    a = dag.node("a", app.tasks["j.src"].s(1))
+    b = dag.node("b", app.tasks["j.boom"].s(), after=[a])
+    dag.node("c", app.tasks["j.add"].s(1), after=[b])
+    job = dag.apply_async()
+    with pytest.raises(JobFailed) as info:
+        job.get(timeout=30)
+    err = info.value.info
+    assert err["node"] == "b" and err["task"] == "j.boom"
+    assert err["worker"] in ("a@jobs", "b@jobs")
+    assert err["exc_type"] == "ValueError" and "boom on 1" in err["exc"]
+    assert "node 'b'" in str(info.value) and "ValueError" in str(info.value)
+    time.sleep(0.5)
+    assert f"{job.id}:c" not in runs(app, job.id)
+    assert job.status == "FAILURE"
+
+
+def test_job_timeout_fails_the_job(cluster):
+    app = cluster
+    dag = Dag(app, "slowjob")
+    a = dag.node("a", app.tasks["j.src"].s(1))
+    dag.node("b", app.tasks["j.wait"].s(3.0), after=[a])
+    job = dag.apply_async(timeout_s=0.5)
+    with pytest.raises(JobFailed, match="deadline"):
+        job.get(timeout=10)
