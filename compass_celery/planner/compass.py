@@ -49,13 +49,17 @@ class CompassPolicy:
         the slack of the best (no output, nothing gained by collocating)."""
         if self.collocate_slack_ms is None:
             return None
-        preds = walk.preds[name]
-        homes = sorted({walk.worker[p] for p in preds if walk.dag.nodes[p].output_kb} - {best})
-        homes = [h for h in homes if est.mask[h]]
-        if not homes:
-            return None
-        j = min(homes, key=lambda h: (float(est.finish[h]), float(walk.avail[h]), h))
-        return j if est.finish[j] <= est.finish[best] + self.collocate_slack_ms else None
+        fin = est.finish
+        limit = float(fin[best]) + self.collocate_slack_ms
+        pick: tuple[float, float, int] | None = None
+        for p in walk.preds[name]:
+            h = walk.worker[p]
+            if h == best or not walk.dag.nodes[p].output_kb or not est.mask[h]:
+                continue
+            key = (float(fin[h]), float(walk.avail[h]), h)
+            if key[0] <= limit and (pick is None or key < pick):
+                pick = key
+        return None if pick is None else pick[2]
 
 
 def _reason(walk: Walk, name: str, est: Estimate, i: int) -> str:

@@ -46,9 +46,12 @@ class WorkerArrays:
     net_mb_per_s: np.ndarray
     positions: np.ndarray  # 0..n-1
     ms_per_kb: np.ndarray  # transfer cost of one KB of input, from net_mb_per_s
+    ms_per_mb: np.ndarray  # load cost of one MB of model from storage
+    host_ms_per_mb: np.ndarray  # load cost of one MB of model from host RAM
     models: dict[str, int]  # model name -> column of the resident matrices
     resident: np.ndarray  # bool (workers, models): model in GPU memory
     host_resident: np.ndarray  # bool (workers, models): model in host RAM
+    host_models: list[bool]  # per model: in host RAM anywhere at all
 
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -70,11 +73,12 @@ class WorkerArrays:
         cols = self._fetch.get(model)
         if cols is None:
             j = self.models[model]
-            fetch = fetch_ms(
-                size_mb, self.host_resident[:, j], self.load_mb_per_s, self.host_load_mb_per_s
-            )
-            res = self.resident[:, j]
-            cols = (np.where(res, 0.0, fetch), np.where(res, 0.0, fetch * EVICTION_PENALTY))
+            per_mb = self.ms_per_mb
+            if self.host_models[j]:
+                per_mb = np.where(self.host_resident[:, j], self.host_ms_per_mb, per_mb)
+            fetch = size_mb * per_mb
+            fit = np.where(self.resident[:, j], 0.0, fetch)
+            cols = (fit, fit * EVICTION_PENALTY)
             self._fetch[model] = cols
         return cols
 
@@ -115,18 +119,8 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
     flat = chain.from_iterable(map(_row, workers))
     table = np.fromiter(flat, dtype=float, count=n * len(_FIELDS)).reshape(n, len(_FIELDS))
     models = {m: j for j, m in enumerate(cluster.model_sizes_mb)}
-    resident = np.zeros((n, len(models)), dtype=bool)
-    host = np.zeros((n, len(models)), dtype=bool)
-    for matrix, attr in ((resident, "resident"), (host, "host_resident")):
-        rows: list[int] = []
-        cols: list[int] = []
-        for i, w in enumerate(workers):
-            for m in getattr(w, attr):
-                j = models.get(m)
-                if j is not None:
-                    rows.append(i)
-                    cols.append(j)
-        matrix[rows, cols] = True
+    resident = _membership(workers, "resident", models)
+    host = _membership(workers, "host_resident", models)
     names = tuple(w.name for w in workers)
     columns = {f: np.ascontiguousarray(table[:, k]) for k, f in enumerate(_FIELDS)}
     return WorkerArrays(
@@ -137,9 +131,26 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         models=models,
         resident=resident,
         host_resident=host,
+        host_models=host.any(axis=0).tolist(),
         ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
+        ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
+        host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
         **columns,
     )
+
+
+def _membership(workers: Sequence[WorkerView], attr: str, models: dict[str, int]) -> np.ndarray:
+    """Bool matrix (workers, models) from each worker's set ``attr``; comprehensions, not
+    appends, because this is the one pass over all workers per snapshot."""
+    sets = [getattr(w, attr) for w in workers]
+    out = np.zeros((len(sets), len(models)), dtype=bool)
+    cols = [models.get(m, -1) for s in sets for m in s]
+    if cols:
+        rows = np.repeat(np.arange(len(sets)), [len(s) for s in sets])
+        c = np.array(cols)
+        known = c >= 0
+        out[rows[known], c[known]] = True
+    return out
 
 
 def queue_wait_ms(available_ms: np.ndarray, ready_ms: np.ndarray) -> np.ndarray:
@@ -154,7 +165,8 @@ def fetch_ms(
     host_load_mb_per_s: np.ndarray,
 ) -> np.ndarray:
     """ms to copy the model to the GPU: from host RAM if it is there, else from storage."""
-    return np.where(host_resident, size_mb / host_load_mb_per_s, size_mb / load_mb_per_s) * MS_PER_S
+    per_mb = np.where(host_resident, MS_PER_S / host_load_mb_per_s, MS_PER_S / load_mb_per_s)
+    return size_mb * per_mb
 
 
 def load_from_fetch_ms(
@@ -228,7 +240,7 @@ def scalar_costs(
         load = 0.0
     else:
         bw = worker.host_load_mb_per_s if host_resident else worker.load_mb_per_s
-        load = size_mb / bw * MS_PER_S
+        load = size_mb * (MS_PER_S / bw)
         load = load * EVICTION_PENALTY if size_mb > free_mb else load
     run = exec_ms / worker.speed
     start = max(available_ms, ready)

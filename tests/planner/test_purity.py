@@ -63,4 +63,4 @@ def test_plan_timing_bench_runs(capsys) -> None:  # type: ignore[no-untyped-def]
 
     assert main(["--workers", "4,64", "--reps", "5"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert len(lines) == 5 and lines[0].split()[:2] == ["workers", "case"]
+    assert len(lines) == 9 and lines[0].split()[:3] == ["workers", "case", "snapshot"]
