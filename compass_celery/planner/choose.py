@@ -11,8 +11,12 @@ import math
 
 import numpy as np
 
-from .cost import WorkerArrays, is_finite_nonneg
+from .cost import WorkerArrays
 from .types import ClusterView, DagSpec, PlanningError, TaskSpec
+
+
+def is_finite_nonneg(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x) and x >= 0
 
 
 def check_task(task: TaskSpec, cluster: ClusterView) -> float:

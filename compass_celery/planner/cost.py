@@ -10,7 +10,6 @@ Units: ms, MB, MB/s; task outputs in KB (1 MB = 1000 KB).
 
 from __future__ import annotations
 
-import math
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,6 +97,7 @@ _FIELDS = (
     "net_mb_per_s",
 )
 _row = attrgetter(*_FIELDS)
+# Memo by snapshot identity (snapshots are immutable values); entries leave with them.
 _CACHE: dict[int, tuple[weakref.ref[ClusterView], WorkerArrays]] = {}
 
 
@@ -245,7 +245,3 @@ def scalar_costs(
     run = exec_ms / worker.speed
     start = max(available_ms, ready)
     return Costs(ready, start - ready, load, transfer, run, start, start + load + run)
-
-
-def is_finite_nonneg(x: float) -> bool:
-    return isinstance(x, int | float) and math.isfinite(x) and x >= 0
