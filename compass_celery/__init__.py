@@ -2,11 +2,22 @@
 
 ``Compass(app)`` installs everything on a Celery app; tasks declare the model
 they need with ``@app.task(compass_model="name", compass_exec_ms=120)``.
+Names load lazily so that ``compass_celery.planner`` (pure) never pulls in Celery.
 """
 
-from .app import Compass
-from .cache import get_model
-from .placement import Decision, PlacementError
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Compass", "Decision", "PlacementError", "get_model"]
+
+_EXPORTS = {"Compass": "app", "Dag": "dag", "get_model": "cache", "Decision": "placement",
+            "PlacementError": "placement", "JobFailed": "jobs", "JobTimeout": "jobs"}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module 'compass_celery' has no attribute {name!r}")

@@ -88,6 +88,135 @@ def demo(redis_url: str | None, n_workers: int, n_tasks: int) -> None:
     sys.exit(run_demo(redis_url, n_workers, n_tasks, echo=click.echo))
 
 
+def _load(path: str) -> Any:
+    from .workload import WorkloadError, load_workload
+
+    try:
+        return load_workload(path)
+    except WorkloadError as exc:
+        raise click.ClickException(f"bad workload {path}: {exc}") from None
+    except OSError as exc:
+        raise click.ClickException(f"cannot read workload {path}: {exc}") from None
+
+
+def _policies(text: str | None, default: list[str]) -> list[str]:
+    from .planner import POLICIES
+
+    names = [p.strip() for p in text.split(",") if p.strip()] if text else list(default)
+    bad = [p for p in names if p not in POLICIES]
+    if bad:
+        raise click.BadParameter(f"unknown policy {bad[0]!r}; known: {', '.join(POLICIES)}",
+                                 param_hint="--policies")
+    return names
+
+
+def _floats(text: str | None, what: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected numbers separated by commas, got {text!r}",
+                                 param_hint=what) from None
+
+
+def result_table(result: dict[str, Any]) -> str:
+    rows = []
+    for name, r in result["policies"].items():
+        lat = r["latency_ms"]
+        rows.append([name, r["jobs"], r["completed"], r["failed"], r["lost"],
+                     f"{lat['mean']:.1f}", f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
+                     f"{lat['p99']:.1f}", f"{r['cache_hit_rate']:.3f}", r["model_loads"],
+                     f"{r['throughput_jobs_per_s']:.2f}"])
+    return _table([[str(x) for x in r] for r in rows],
+                  ["policy", "jobs", "done", "failed", "lost", "mean ms", "p50", "p95", "p99",
+                   "hit rate", "loads", "jobs/s"])
+
+
+@compass_command.command(help="Real Redis-backed Celery cluster of emulated-GPU workers; "
+                         "every policy side by side on the same arrivals.")
+@click.option("--workload", "workload_path", required=True, help="workload file (JSON/YAML)")
+@click.option("--policies", default=None, help="comma-separated subset (default: all)")
+@click.option("--json", "json_out", default=None, help="write the result object here")
+@click.option("--plot", "plot_out", default=None, help="write latency CDFs and bars (PNG)")
+@click.option("--rate", type=click.FloatRange(min=1e-6), default=None, help="jobs per second")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None, help="job count")
+@click.option("--time-scale", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
+              help="real seconds per workload second (emulated sleeps and arrival gaps)")
+@click.option("--warmup-frac", type=click.FloatRange(0, 0.9), default=0.1, show_default=True)
+@click.option("--redis", "redis_url", default=None, help="use this Redis (default: private)")
+@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None,
+              help="override the cluster's worker count")
+@click.option("--sweep-rate", default=None, help="comma-separated rates: latency against load")
+@click.option("--min-workers", "slo_ms", type=click.FloatRange(min=0), default=None,
+              help="smallest worker count keeping p99 under this SLO (ms), per policy")
+@click.option("--kill-worker-after", type=click.FloatRange(min=0), default=None,
+              help="SIGKILL one worker this many real seconds into each policy's run")
+@click.option("--restart-redis-after", type=click.FloatRange(min=0), default=None,
+              help="restart the private Redis this many real seconds into each run")
+@click.option("--quiet", is_flag=True, help="no progress bar")
+def bench(workload_path: str, policies: str | None, json_out: str | None,
+          plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
+          warmup_frac: float, redis_url: str | None, n_workers: int | None,
+          sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
+          restart_redis_after: float | None, quiet: bool) -> None:
+    from .bench.runner import POLICIES, BenchOptions
+    from .bench.suite import run_suite
+
+    workload = _load(workload_path)
+    opts = BenchOptions(policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
+                        time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
+                        workers=n_workers, kill_worker_after=kill_worker_after,
+                        restart_redis_after=restart_redis_after, progress=not quiet)
+    try:
+        result = run_suite(workload, opts, sweep=_floats(sweep_rate, "--sweep-rate"),
+                           slo_ms=slo_ms, echo=click.echo)
+    except ConnectionError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"\n{workload.name}: emulated GPU timings, time scale {time_scale}, "
+               f"latency in workload ms (first {warmup_frac:.0%} of jobs left out)")
+    click.echo(result_table(result))
+    _write_outputs(result, json_out, plot_out)
+
+
+@compass_command.command(help="Discrete-event simulation of the same planner on any cluster "
+                         "size.")
+@click.option("--workload", "workload_path", required=True)
+@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None)
+@click.option("--policies", default=None)
+@click.option("--rate", type=click.FloatRange(min=1e-6), default=None)
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
+@click.option("--json", "json_out", default=None)
+def simulate(workload_path: str, n_workers: int | None, policies: str | None,
+             rate: float | None, n_jobs: int | None, json_out: str | None) -> None:
+    from .bench.runner import POLICIES
+    from .sim.runner import simulate as run_sim
+
+    workload = _load(workload_path)
+    result = run_sim(workload, _policies(policies, POLICIES), workers=n_workers, rate=rate,
+                     jobs=n_jobs)
+    click.echo(f"{workload.name}: simulated, {n_workers or len(workload.cluster.workers)} "
+               "workers, latency in workload ms")
+    click.echo(result_table(result))
+    _write_outputs(result, json_out, None)
+
+
+def _write_outputs(result: dict[str, Any], json_out: str | None, plot_out: str | None) -> None:
+    import json
+
+    if json_out:
+        slim = {**result, "policies": {k: {f: v for f, v in r.items() if f != "latencies_ms"}
+                                       for k, r in result["policies"].items()}}
+        with open(json_out, "w") as fh:
+            json.dump(slim, fh, indent=2)
+        click.echo(f"wrote {json_out}")
+    if plot_out:
+        from .bench.plot import plot_result
+
+        plot_result(result, plot_out)
+        click.echo(f"wrote {plot_out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the ``compass-celery`` console script."""
     compass_command.main(args=argv, prog_name="compass-celery", standalone_mode=True)

@@ -50,6 +50,8 @@ OPTIONS: dict[str, Option] = {
                   "(default: cuda when present, else cpu)"),
     "emulate_gpu_mb": Option(None, (int, float, type(None)),
                              "emulate a GPU of this capacity instead of using torch", "MB", 1.0),
+    "emulate_host_mb": Option(0.0, (int, float), "host-RAM tier of an emulated GPU (evicted "
+                              "models reload at host_load_mb_per_s); 0 = none", "MB", 0.0),
     "load_mb_per_s": Option(1500.0, (int, float), "model load bandwidth (emulated GPU; "
                             "initial estimate for a real one)", "MB/s", 1e-6),
     "host_load_mb_per_s": Option(12000.0, (int, float), "host RAM to GPU bandwidth", "MB/s",

@@ -37,6 +37,7 @@ logger = logging.getLogger("compass_celery.worker")
 WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "gpu": (str, "device to run models on: cuda, cuda:N or cpu"),
     "emulate_gpu_mb": (float, "emulate a GPU of this many MB instead of using torch"),
+    "emulate_host_mb": (float, "host-RAM tier of the emulated GPU, MB (default none)"),
     "load_mb_per_s": (float, "model load bandwidth of the (emulated) GPU, MB/s"),
     "speed": (float, "speed factor of this worker's GPU"),
     "preload": (str, "comma-separated models to load at start"),
@@ -110,7 +111,8 @@ class WorkerRuntime:
         cfg, sizes = self.cfg, self.compass.model_sizes()
         if cfg["emulate_gpu_mb"]:
             backend: Any = EmulatedBackend(cfg["emulate_gpu_mb"], cfg["load_mb_per_s"],
-                                           cfg["host_load_mb_per_s"], cfg["time_scale"])
+                                           cfg["host_load_mb_per_s"], cfg["time_scale"],
+                                           host_capacity_mb=cfg["emulate_host_mb"])
         elif (device := cfg["gpu"] or _default_device()) is None:
             logger.warning("compass: torch is not installed; worker %s can only run tasks "
                            "that need no model (pip install 'compass-celery[torch]')", self.name)

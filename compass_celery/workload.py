@@ -27,7 +27,7 @@ MAX_WORKERS = 100_000
 MAX_JOBS = 10_000_000
 TOP_FIELDS = ("name", "description", "models", "dags", "mix", "cluster", "arrivals", "seed")
 WORKER_FIELDS = ("name", "count", "gpu_mem_mb", "load_mb_per_s", "net_mb_per_s", "speed",
-                 "host_load_mb_per_s")
+                 "host_load_mb_per_s", "host_mem_mb")
 ARRIVAL_FIELDS = ("process", "rate_per_s", "jobs", "seed", "on_s", "off_s", "times_ms")
 DEFAULTS = {"load_mb_per_s": 1500.0, "net_mb_per_s": 1000.0, "speed": 1.0,
             "host_load_mb_per_s": 12000.0}
@@ -47,6 +47,9 @@ class WorkerSpec:
     net_mb_per_s: float = 1000.0
     speed: float = 1.0
     host_load_mb_per_s: float = 12000.0
+    # Host-RAM tier for evicted models (reloaded at host_load_mb_per_s); 0 = none, so
+    # every load costs size / load_mb_per_s, as in the paper's setup.
+    host_mem_mb: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -154,7 +157,8 @@ def _worker(raw: Mapping[str, Any], path: str, name: str) -> WorkerSpec:
         raise WorkloadError(f"{path}.gpu_mem_mb: missing")
     vals = {k: _num(raw.get(k, DEFAULTS.get(k)), f"{path}.{k}", positive=True)
             for k in ("gpu_mem_mb", *DEFAULTS)}
-    return WorkerSpec(name=name, **vals)
+    host = _num(raw.get("host_mem_mb", 0.0), f"{path}.host_mem_mb", minimum=0.0)
+    return WorkerSpec(name=name, host_mem_mb=host, **vals)
 
 
 def _cluster(raw: Any) -> ClusterSpec:

@@ -10,7 +10,7 @@ next ready task, the way prefetch-one Celery workers pull from a broker.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +51,7 @@ class SimWorker:
         self.sizes = sizes
         self.decider = CacheDecider(spec.gpu_mem_mb, cache_policy, sizes=sizes)
         self.prefetching = cache_policy != "lru"
-        self.host: set[str] = set()
+        self.host: OrderedDict[str, float] = OrderedDict()
         self.queue: deque[SimTask] = deque()
         self.running: SimTask | None = None
         self.backlog_ms = 0.0  # expected run time of queued + running tasks
@@ -158,7 +158,7 @@ class SimWorker:
     def _apply(self, actions: list[Any]) -> None:
         for action in actions:
             if isinstance(action, Evict):
-                self.host.add(action.name)
+                self._to_host(action.name)
                 continue
             s = self.spec
             bw = s.host_load_mb_per_s if action.name in self.host else s.load_mb_per_s
@@ -169,11 +169,21 @@ class SimWorker:
         if actions:
             self.touch()
 
+    def _to_host(self, name: str) -> None:
+        """Keep an evicted model in the host-RAM tier, LRU within ``host_mem_mb``."""
+        size = self.sizes.get(name, 0.0)
+        if size > self.spec.host_mem_mb:
+            return
+        self.host[name] = size
+        self.host.move_to_end(name)
+        while sum(self.host.values()) > self.spec.host_mem_mb:
+            self.host.popitem(last=False)
+
     def _loaded(self, name: str) -> None:
         running = self.running.model if self.running else None
         extra = self.decider.on_loaded(name, now=self.engine.now, queued=self._queued(),
                                        protect=[running] if running else [])
-        self.host.discard(name)
+        self.host.pop(name, None)
         self._apply(extra)
         self.touch()
         self.try_start()

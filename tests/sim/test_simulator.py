@@ -20,14 +20,15 @@ EDGE = next((p for p in (ROOT / "shared" / "workloads" / "edge-vision.json",
 ALL = list(POLICIES)
 
 
-def tiny(times_ms, *, workers=1, dags=None, gpu_mb=1000.0):
+def tiny(times_ms, *, workers=1, dags=None, gpu_mb=1000.0, host_mb=0.0):
     """One 150 MB model (100 ms to load at 1500 MB/s), 30 ms tasks, explicit arrivals."""
     return parse_workload({
         "name": "tiny",
         "models": {"m": 150, "n": 600},
         "dags": dags or {"one": {"nodes": {"a": {"model": "m", "exec_ms": 30}}}},
         "cluster": {"workers": workers, "gpu_mem_mb": gpu_mb, "load_mb_per_s": 1500,
-                    "net_mb_per_s": 1000, "host_load_mb_per_s": 15000},
+                    "net_mb_per_s": 1000, "host_load_mb_per_s": 15000,
+                    "host_mem_mb": host_mb},
         "arrivals": {"process": "explicit", "times_ms": times_ms},
     })
 
@@ -63,10 +64,14 @@ def test_eviction_reload_comes_from_host_ram():
                               "b": {"model": "n", "exec_ms": 30},
                               "c": {"model": "m", "exec_ms": 30}},
                     "edges": [["a", "b"], ["b", "c"]]}}
-    r = stats(simulate(tiny([0], dags=dags, gpu_mb=700), ["compass"], warmup_frac=0), "compass")
+    r = stats(simulate(tiny([0], dags=dags, gpu_mb=700, host_mb=1000), ["compass"],
+                       warmup_frac=0), "compass")
     # load m 100, run 30, evict m and load n 400, run 30, reload m from host RAM 10, run 30
     assert r["latency_ms"]["mean"] == pytest.approx(600)
     assert r["model_loads"] == 3 and r["cache_hit_rate"] == 0.0
+    # without a host tier (the default) the reload costs the full load time again
+    r = stats(simulate(tiny([0], dags=dags, gpu_mb=700), ["compass"], warmup_frac=0), "compass")
+    assert r["latency_ms"]["mean"] == pytest.approx(690)
 
 
 def test_celery_default_shares_one_queue_across_workers():
