@@ -40,6 +40,10 @@ CELERY_DEFAULTS = {
     "task_serializer": "json",
     "result_serializer": "json",
     "accept_content": ["json"],
+    # Redis transport: an unacked message comes back after this many seconds. It must
+    # exceed the longest task (or the task runs twice); compass re-places the in-flight
+    # task of a dead worker at heartbeat timeout, so this bounds only shared-queue tasks.
+    "broker_transport_options": {"visibility_timeout": 3600},
 }
 
 

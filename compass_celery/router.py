@@ -34,9 +34,15 @@ class CompassRouter:
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
                  task: Any = None, **kw: Any) -> dict[str, Any] | None:
+        c = self.compass
+        if "origin" in options and self._pinned_to_worker(options):
+            # A re-send built from a request (Task.retry: signature_from_request carries
+            # 'origin' and copies the old worker's queue); re-place it instead of pinning
+            # the retry to a worker that may be busy or gone.
+            for key in ("queue", "exchange", "routing_key"):
+                options.pop(key, None)
         if options.get("queue") is not None:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
-        c = self.compass
         task = task if task is not None else c.app.tasks.get(name)
         try:
             snapshot = c.reader.get()
@@ -62,6 +68,11 @@ class CompassRouter:
         self._local.pending = decision
         c.on_routed(decision)
         return {"queue": decision.queue}
+
+    def _pinned_to_worker(self, options: dict[str, Any]) -> bool:
+        queue = options.get("queue")
+        name = getattr(queue, "name", queue) or options.get("routing_key") or ""
+        return isinstance(name, str) and name.startswith(self.compass.settings["queue_prefix"])
 
     def _fallback(self, demand: Any, why: str) -> Decision:
         self.fallbacks += 1

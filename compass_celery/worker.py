@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 from celery import Celery, bootsteps
+from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from .jobs import JOB_HEADER, JobError, JobRuntime
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
+from .recovery import mark_alive, recover
 from .state import StateUnavailable
 
 if TYPE_CHECKING:
@@ -146,8 +148,13 @@ class WorkerRuntime:
             self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
         except StateUnavailable as exc:
             logger.warning("compass: %s", exc)
-        for target, label in ((self._publish_loop, "publisher"),
-                              (self._reconcile_loop, "reconciler")):
+        if self.jobs is not None:
+            with contextlib.suppress(StateUnavailable, RedisError):
+                mark_alive(self.compass, self.queue)
+        loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
+        if self.jobs is not None:  # Redis-backed: watch for dead peers
+            loops.append((self._watchdog_loop, "watchdog"))
+        for target, label in loops:
             t = threading.Thread(target=target, name=f"compass-{label}", daemon=True)
             t.start()
             self._threads.append(t)
@@ -197,6 +204,16 @@ class WorkerRuntime:
                 continue
             except Exception:  # never let bookkeeping kill the worker
                 logger.exception("compass: backlog reconciliation failed")
+
+    def _watchdog_loop(self) -> None:
+        interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
+        while not self._stopping.wait(interval):
+            try:
+                recover(self.compass, self.name)
+            except (StateUnavailable, RedisError):
+                continue  # Redis away: the publisher logs it once
+            except Exception:  # never let recovery kill the worker
+                logger.exception("compass: dead-worker recovery failed")
 
     # -- queue inspection ---------------------------------------------------------------
     def queued_decisions(self, limit: int = -1) -> list[Decision]:

@@ -18,9 +18,11 @@ MODELS = {"big": 3000.0, "small": 50.0}
 
 def make_app(broker: str = BROKER, **conf: Any) -> Celery:
     app = Celery("jobapp", broker=broker, backend=broker)
+    timeout = float(os.environ.get("COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S", "3.0"))
     app.conf.update(compass_models=MODELS, compass_state_refresh_s=0.05,
-                    compass_heartbeat_timeout_s=3.0, compass_reconcile_s=1.0,
-                    broker_connection_retry_on_startup=True, **conf)
+                    compass_heartbeat_timeout_s=timeout, compass_reconcile_s=1.0,
+                    broker_connection_retry_on_startup=True)
+    app.conf.update(conf)
     Compass(app)
     log = redis.Redis.from_url(broker)
 
@@ -79,6 +81,17 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         ran(self)
         time.sleep(seconds)
         return inp
+
+    @app.task(name="j.flaky", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=5, max_retries=5)
+    def flaky(self: Any, x: Any) -> Any:
+        log.rpush("flaky", f"{self.request.hostname}|"
+                           f"{(self.request.delivery_info or {}).get('routing_key')}")
+        if self.request.retries < 2:
+            # look very busy, so a re-placed retry goes to the other worker
+            app.compass.store.charge(self.request.hostname, 100_000)
+            raise self.retry(countdown=0)
+        return x
 
     return app
 
