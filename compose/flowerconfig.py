@@ -1,0 +1,34 @@
+# Flower configuration for compass-celery (Flower executes this file as Python).
+#
+#   celery -A proj flower --conf=compose/flowerconfig.py
+#
+# Flower sets every top-level name that matches one of its options and ignores
+# the rest, so helper names start with an underscore.
+#
+# What this adds to Flower:
+# * /metrics (Flower serves the default Prometheus registry there) gains the
+#   compass_worker_* / compass_state_up gauges, read from the Compass state in
+#   Redis at each scrape.
+# * format_task appends "where and why" Compass placed each task to its kwargs,
+#   looked up by task id in the decision log that producers write with
+#   compass_celery.monitoring.install_decision_log(app). Flower never sees the
+#   message's `compass` header itself.
+#
+# The signal counters (compass_tasks_placed_total, compass_model_loads_total, ...)
+# are not here: Celery signals fire in the process that places or loads, never in
+# Flower. Scrape them from the workers and producers (serve_metrics).
+import os as _os
+
+from compass_celery.monitoring import configure_flower as _configure
+
+_redis_url = (_os.environ.get("COMPASS_REDIS_URL") or _os.environ.get("CELERY_BROKER_URL")
+              or _os.environ.get("COMPASS_BROKER_URL") or "redis://127.0.0.1:6379/0")
+
+format_task = _configure(
+    _redis_url,
+    prefix=_os.environ.get("COMPASS_KEY_PREFIX", "compass"),
+    heartbeat_timeout_s=float(_os.environ.get("COMPASS_HEARTBEAT_TIMEOUT_S", "5")),
+)
+
+# Show kwargs (which carry the placement note) and the routing key in the task list.
+tasks_columns = "name,uuid,state,received,runtime,worker,routing_key,kwargs"

@@ -1,0 +1,207 @@
+"""Monitoring: signal metrics, the state collector, the decision log, Flower's hooks.
+
+prometheus_client and flower are in the ``test`` extra: a missing one fails here.
+"""
+
+from __future__ import annotations
+
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from celery import Celery
+from prometheus_client import CollectorRegistry
+
+from compass_celery import monitoring, signals
+from compass_celery.placement import Decision
+from compass_celery.planner.types import WorkerView
+from compass_celery.state import MemoryStateStore, StateUnavailable
+
+ROOT = Path(__file__).resolve().parents[2]
+DECISION = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",
+                    policy="compass", charge_ms=120.0, est_finish_ms=180.0, wait_ms=60.0,
+                    run_ms=120.0, reason="captioner resident")
+
+
+@pytest.fixture
+def metrics() -> Any:
+    m = monitoring.install_metrics(CollectorRegistry())
+    yield m
+    m.disconnect()
+
+
+def value(m: Any, name: str, **labels: str) -> float:
+    return m.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_signals_move_counters_and_histograms(metrics: Any) -> None:
+    signals.task_placed.send(sender=None, decision=DECISION)
+    signals.task_placed.send(sender=None, decision=Decision(
+        task="t", model=None, worker="*", queue="compass.shared", policy="compass",
+        charge_ms=0.0, reason="no live compass worker known", fallback=True))
+    signals.task_reassigned.send(sender=None, job_id="j", node="n", old="gpu0", new="gpu1")
+    signals.model_loaded.send(sender="gpu0", model="captioner", size_mb=950.0,
+                              declared_mb=950.0, ms=640.0)
+    signals.model_evicted.send(sender="gpu0", model="ocr")
+    placed = "compass_tasks_placed_total"
+    assert value(metrics, placed, policy="compass", worker="gpu0", fallback="false") == 1
+    assert value(metrics, placed, policy="compass", worker="*", fallback="true") == 1
+    assert value(metrics, "compass_tasks_reassigned_total") == 1
+    assert value(metrics, "compass_model_loads_total", worker="gpu0", model="captioner") == 1
+    assert value(metrics, "compass_model_evictions_total", worker="gpu0", model="ocr") == 1
+    # fallbacks carry no estimate, so only the real placement is observed
+    assert value(metrics, "compass_placement_estimated_finish_ms_count") == 1
+    assert value(metrics, "compass_placement_estimated_finish_ms_sum") == 180.0
+    assert value(metrics, "compass_model_load_ms_bucket", le="1000.0") == 1
+    assert value(metrics, "compass_model_load_ms_bucket", le="500.0") == 0
+
+
+def test_install_is_idempotent_and_disconnect_stops_counting() -> None:
+    reg = CollectorRegistry()
+    m = monitoring.install_metrics(reg)
+    assert monitoring.install_metrics(reg) is m  # no duplicate-timeseries error
+    m.disconnect()
+    signals.task_placed.send(sender=None, decision=DECISION)
+    assert value(m, "compass_tasks_placed_total", policy="compass", worker="gpu0",
+                 fallback="false") == 0
+
+
+def test_a_bad_signal_payload_does_not_reach_the_sender(metrics: Any) -> None:
+    signals.model_loaded.send(sender="gpu0", model="m", ms="not a number")  # logged by celery
+    assert value(metrics, "compass_model_loads_total", worker="gpu0", model="m") == 1
+
+
+def _view(name: str, now: float, **kw: Any) -> WorkerView:
+    fields = dict(name=name, queue=f"compass.w.{name}", gpu_total_mb=16000.0,
+                  gpu_free_mb=15050.0, resident=frozenset({"captioner"}), heartbeat=now - 1.0,
+                  device="emulated")
+    fields.update(kw)
+    return WorkerView(**fields)
+
+
+def test_state_collector_exports_live_workers() -> None:
+    now = time.time()
+    store = MemoryStateStore()
+    store.publish(_view("gpu0", now))
+    store.publish(_view("old", now, heartbeat=now - 60))  # dead: skipped, not exported
+    store.charge("gpu0", 250.0)
+    store.add_pending("gpu0", 40.0)
+    reg = CollectorRegistry()
+    reg.register(monitoring.CompassStateCollector(store, 5.0, clock=lambda: now))
+    get = reg.get_sample_value
+    assert get("compass_state_up") == 1
+    assert get("compass_workers_live") == 1
+    assert get("compass_worker_records_skipped") == 1
+    assert get("compass_worker_backlog_ms", {"worker": "gpu0"}) == 250.0
+    assert get("compass_worker_pending_ms", {"worker": "gpu0"}) == 40.0
+    assert get("compass_worker_gpu_free_mb", {"worker": "gpu0"}) == 15050.0
+    assert get("compass_worker_gpu_total_mb", {"worker": "gpu0"}) == 16000.0
+    assert get("compass_worker_resident_models", {"worker": "gpu0"}) == 1
+    assert get("compass_worker_heartbeat_age_s", {"worker": "gpu0"}) == pytest.approx(1.0)
+    assert get("compass_worker_info", {"worker": "gpu0", "queue": "compass.w.gpu0",
+                                       "device": "emulated"}) == 1
+    assert get("compass_worker_backlog_ms", {"worker": "old"}) is None
+
+
+def test_state_collector_reports_down_instead_of_failing_the_scrape() -> None:
+    class Down(MemoryStateStore):
+        def snapshot(self, now: float, heartbeat_timeout_s: float) -> Any:
+            raise StateUnavailable("Redis at redis://x unavailable")
+
+    reg = CollectorRegistry()
+    reg.register(monitoring.CompassStateCollector(Down(), 5.0))
+    assert reg.get_sample_value("compass_state_up") == 0
+
+
+class FlowerTask:
+    """The fields of celery.events.state.Task that format_task touches."""
+
+    def __init__(self, uuid: str, kwargs: str | None = "{}", routing_key: str | None = None):
+        self.uuid, self.kwargs, self.routing_key = uuid, kwargs, routing_key
+
+
+def test_format_task_names_worker_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    log = monitoring.DecisionLog(None)
+    log.record("abc", DECISION)
+    monkeypatch.setitem(monitoring._FLOWER, "log", log)
+    out = monitoring.format_task(FlowerTask("abc", kwargs="{'x': 1}"))
+    assert isinstance(out.kwargs, str)
+    assert out.kwargs.startswith("{'x': 1}")
+    assert "worker gpu0" in out.kwargs and "captioner resident" in out.kwargs
+    assert "est. finish 180 ms" in out.kwargs
+    unknown = monitoring.format_task(FlowerTask("zzz", kwargs=None, routing_key="compass.w.b"))
+    assert unknown.kwargs == "[compass: queue compass.w.b (no decision recorded)]"
+    assert monitoring.format_task(FlowerTask("zzz")).kwargs == "{}"
+    assert monitoring.format_task(object()) is not None  # odd input: unchanged, no raise
+
+
+def test_memory_decision_log_is_capped() -> None:
+    log = monitoring.DecisionLog(None, cap=2)
+    for i in range(3):
+        log.record(str(i), DECISION)
+    assert log.get("0") is None and log.get("2") == DECISION
+
+
+@pytest.mark.redis
+def test_redis_decision_log_from_publish_and_cap(compass_redis_url: str) -> None:
+    app = Celery("mon", broker=compass_redis_url)
+    app.conf.compass_key_prefix = "montest"
+    from compass_celery import Compass
+
+    Compass(app)
+    log = monitoring.install_decision_log(app, cap=3)
+    from celery import signals as celery_signals
+
+    for i in range(5):  # what kombu would publish: the header set by Compass, the task id
+        celery_signals.before_task_publish.send(
+            sender="t.caption", headers={"id": f"id{i}", "compass": DECISION.as_header()})
+    try:
+        assert log.get("id4") == DECISION and log.get("id1") is None
+        import redis
+
+        r = redis.Redis.from_url(compass_redis_url)
+        assert r.hlen("montest:placements") == 3 and r.zcard("montest:placements:order") == 3
+    finally:
+        celery_signals.before_task_publish.disconnect(dispatch_uid=f"compass-decisions-{id(app)}")
+
+
+def test_redis_decision_log_pauses_when_redis_is_away() -> None:
+    log = monitoring.DecisionLog("redis://127.0.0.1:1/0")
+    t0 = time.monotonic()
+    log.record("a", DECISION)
+    assert log.get("a") is None  # paused: no second connection attempt
+    assert time.monotonic() - t0 < 3
+
+
+def test_flowerconfig_sets_flower_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flower.options import options
+    from prometheus_client import REGISTRY
+
+    monkeypatch.setenv("COMPASS_REDIS_URL", "redis://127.0.0.1:1/0")  # never contacted
+    monkeypatch.setattr(monitoring, "_FLOWER", {})
+    before = set(REGISTRY._collector_to_names)
+    try:
+        options.parse_config_file(str(ROOT / "compose" / "flowerconfig.py"), final=False)
+        assert isinstance(options.format_task, types.FunctionType)  # Flower's type check
+        assert options.format_task is monitoring.format_task
+        assert "kwargs" in options.tasks_columns
+        added = set(REGISTRY._collector_to_names) - before
+        assert [type(c) for c in added] == [monitoring.CompassStateCollector]
+    finally:
+        for c in set(REGISTRY._collector_to_names) - before:
+            REGISTRY.unregister(c)
+
+
+def test_compose_file_parses_and_keeps_redis_durable() -> None:
+    doc = yaml.safe_load((ROOT / "compose" / "docker-compose.yml").read_text())
+    services = doc["services"]
+    assert {"redis", "gpu0", "emulated", "flower"} <= set(services)
+    assert "--appendonly" in services["redis"]["command"]
+    gpu = services["gpu0"]
+    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["0"]
+    assert "--compass-gpu" in " ".join(gpu["command"])
+    assert "flowerconfig.py" in " ".join(services["flower"]["command"])
+    assert (ROOT / "compose" / "Dockerfile").read_text().count("FROM") == 1
