@@ -82,10 +82,15 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
               help="use this Redis instead of starting a private redis-server")
 @click.option("--workers", "n_workers", default=4, show_default=True, type=click.IntRange(2, 8))
 @click.option("--tasks", "n_tasks", default=16, show_default=True, type=click.IntRange(1, 500))
-def demo(redis_url: str | None, n_workers: int, n_tasks: int) -> None:
+@click.option("--jobs", "n_jobs", default=150, show_default=True, type=click.IntRange(0, 5000),
+              help="jobs in the side-by-side run (0 skips it)")
+@click.option("--plot", "plot_path", default="compass-demo.png", show_default=True)
+def demo(redis_url: str | None, n_workers: int, n_tasks: int, n_jobs: int,
+         plot_path: str) -> None:
     from .demo import run_demo
 
-    sys.exit(run_demo(redis_url, n_workers, n_tasks, echo=click.echo))
+    sys.exit(run_demo(redis_url, n_workers, n_tasks, echo=click.echo, side_by_side_jobs=n_jobs,
+                      plot_path=plot_path or None))
 
 
 def _load(path: str) -> Any:

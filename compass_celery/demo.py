@@ -22,7 +22,8 @@ TASKS = ["caption", "detect", "translate", "embed", "classify", "ocr"]
 
 
 def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
-             echo: Callable[[str], Any] = print, seed: int = 7) -> int:
+             echo: Callable[[str], Any] = print, seed: int = 7, side_by_side_jobs: int = 150,
+             plot_path: str | None = "compass-demo.png") -> int:
     with contextlib.ExitStack() as stack:
         if redis_url is None:
             server = stack.enter_context(RedisServer())
@@ -73,5 +74,40 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
         moved = sum(1 for r in rows if r[2] != r[3])
         echo(f"\n{len(rows)} tasks done; {moved} ran somewhere other than planned. "
              "Times are emulated GPU timings (workload ms).")
+        for w in workers:
+            w.stop()
+        if side_by_side_jobs:
+            side_by_side(redis_url, side_by_side_jobs, plot_path, echo)
         echo("shutting down workers and redis ...")
     return 0
+
+
+def side_by_side(redis_url: str, jobs: int, plot_path: str | None,
+                 echo: Callable[[str], Any]) -> dict[str, Any]:
+    """Plain Celery (shared queue, LRU caches) against Compass on the same job stream."""
+    import dags
+
+    from .bench.runner import BenchOptions, run_bench
+    from .cli import result_table
+    from .workload import load_workload
+
+    workload = load_workload(dags.path("edge-vision.json"))
+    echo(f"\nside by side: {jobs} edge-vision jobs (3 ML pipelines, 6 models, 4 GPUs of "
+         "1600 MB) under plain Celery and under Compass ...")
+    opts = BenchOptions(policies=["celery-default", "compass"], jobs=jobs, time_scale=0.5,
+                        redis_url=redis_url)
+    result = run_bench(workload, opts, echo)
+    echo("\n" + result_table(result))
+    base, comp = (result["policies"][p]["latency_ms"] for p in ("celery-default", "compass"))
+    echo(f"\ncompass: mean job latency {base['mean'] / max(comp['mean'], 1e-9):.1f}x lower, "
+         f"p99 {base['p99'] / max(comp['p99'], 1e-9):.1f}x lower than plain Celery "
+         "(emulated GPU timings, workload ms).")
+    if plot_path:
+        try:
+            from .bench.plot import plot_result
+
+            plot_result(result, plot_path)
+            echo(f"plot: {os.path.abspath(plot_path)}")
+        except RuntimeError as exc:
+            echo(f"(no plot: {exc})")
+    return result

@@ -383,6 +383,9 @@ class JobHandle:
             state = self.status
             if state in ("SUCCESS", "FAILURE"):
                 return state
+            if state == "UNKNOWN":
+                raise JobError(f"job {self.id}: its record is gone from Redis (expired after "
+                               "compass_job_ttl_s, or Redis restarted without persistence)")
             left = until - time.time()
             if left <= 0:
                 if time.time() >= deadline:

@@ -48,6 +48,8 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
         compass_heartbeat_timeout_s=float(env.get("COMPASS_HEARTBEAT_TIMEOUT_S", "3.0")),
         compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
         result_expires=3600,
+        broker_transport_options={
+            "visibility_timeout": float(env.get("COMPASS_VISIBILITY_TIMEOUT", "3600"))},
         broker_connection_retry_on_startup=True,
     )
     app.conf.update(conf)

@@ -39,7 +39,10 @@ class BenchOptions:
     workers: int | None = None
     kill_worker_after: float | None = None
     restart_redis_after: float | None = None
-    drain_timeout_s: float = 60.0
+    drain_timeout_s: float = 90.0
+    # Redis transport visibility timeout for the workers (real s): how soon plain Celery
+    # redelivers a dead worker's unacked task; the same for every policy.
+    visibility_timeout_s: float = 60.0
     progress: bool = True
     log_dir: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -108,7 +111,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
            "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
            "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
            "COMPASS_CACHE_POLICY": "lru" if policy == "celery-default" else "lookahead",
-           "COMPASS_TIME_SCALE": str(opts.time_scale), **opts.extra_env}
+           "COMPASS_TIME_SCALE": str(opts.time_scale),
+           "COMPASS_VISIBILITY_TIMEOUT": str(opts.visibility_timeout_s), **opts.extra_env}
     app = make_app(redis_url, compass_policy=policy, compass_key_prefix=prefix,
                    compass_shared_queue=f"{prefix}.shared",
                    compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
@@ -159,8 +163,9 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             _progress(opts, policy, len(stream), len(stream), outcomes)
             time.sleep(0.1)
         waiter.stopping.set()
-        if opts.progress:
+        if opts.progress and sys.stderr.isatty():
             sys.stderr.write("\n")
+        _settle_unfinished(handles, clock, echo)
         hits, misses, loads = _cache_counters(client, prefix)
         result = policy_result(outcomes, opts.warmup_frac, hits, misses, loads)
         result["breakdown_ms"] = _breakdown(handles, opts.warmup_frac, len(stream))
@@ -170,9 +175,30 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     return result
 
 
+def _settle_unfinished(handles: list[tuple[JobOutcome, Any]], clock: Callable[[], float],
+                       echo: Callable[[str], Any]) -> None:
+    """A job whose record vanished (Redis restarted without persistence) failed with a
+    clear error; only a job still RUNNING after the drain timeout counts as lost."""
+    gone = 0
+    for outcome, handle in handles:
+        if outcome.end_ms is not None:
+            continue
+        try:
+            status = handle.status
+        except Exception:
+            continue
+        if status == "UNKNOWN":
+            outcome.end_ms, outcome.failed = clock(), True
+            gone += 1
+        elif status in ("SUCCESS", "FAILURE"):
+            outcome.end_ms, outcome.failed = clock(), status == "FAILURE"
+    if gone:
+        echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
+
+
 def _progress(opts: BenchOptions, policy: str, sent: int, total: int,
               outcomes: list[JobOutcome]) -> None:
-    if not opts.progress:
+    if not opts.progress or not sys.stderr.isatty():
         return
     done = sum(1 for o in outcomes if o.end_ms is not None)
     bar = "#" * int(30 * done / max(total, 1))
