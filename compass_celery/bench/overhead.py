@@ -1,0 +1,111 @@
+"""What Compass costs on the hot path, measured against plain Celery on a real Redis.
+
+``python -m compass_celery.bench.overhead`` prints:
+- one placement decision (the router call) with 4 and 64 workers' records,
+  snapshot served from the local cache and read fresh from Redis (µs);
+- enqueue latency of a compass-routed task against a plain one (µs);
+- a 3-task no-op chain on idle workers: ``Dag`` against Celery's ``chain`` (ms),
+  and the per-hop overhead that the benchmark's lower bound adds.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..local import RedisServer, WorkerProcess, wait_until
+from ..planner.types import WorkerView
+
+
+def _stats(samples: list[float]) -> str:
+    samples = sorted(samples)
+    p99 = samples[min(len(samples) - 1, int(0.99 * len(samples)))]
+    return f"median {statistics.median(samples):8.1f}  p99 {p99:8.1f}"
+
+
+def _time(fn: Callable[[], Any], n: int, unit: float) -> list[float]:
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        out.append((time.perf_counter() - t) * unit)
+    return out
+
+
+def _fake_workers(app: Any, n: int) -> None:
+    models = list(app.compass.model_sizes())
+    now = time.time() + 3600  # fresh for the whole measurement
+    for i in range(n):
+        app.compass.store.publish(WorkerView(
+            name=f"fake{i:03d}", queue=f"fake.q{i}", gpu_total_mb=16000, gpu_free_mb=8000,
+            resident=frozenset(models[j % len(models)] for j in range(i, i + 2)),
+            heartbeat=now))
+
+
+def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
+    from workers.emulated import make_app
+
+    for n in (4, 64):
+        for ttl, label in ((60.0, "cached snapshot"), (0.0, "fresh snapshot")):
+            app = make_app(url, compass_key_prefix=f"ovh{n}", compass_snapshot_ttl_s=ttl)
+            _fake_workers(app, n)
+            router, opts = app.compass.router, {}
+            task = app.tasks["emulated.caption"]
+            router("emulated.caption", (), {}, dict(opts), task)  # warm up
+            samples = _time(lambda r=router, t=task: r("emulated.caption", (), {}, {}, t),
+                            2000 if ttl else 500, 1e6)
+            echo(f"placement decision, {n:3d} workers, {label:16s} µs: {_stats(samples)}")
+
+
+def run(echo: Callable[[str], Any] = print) -> None:
+    from celery import chain
+
+    from workers.emulated import make_app
+
+    from ..dag import Dag
+
+    with RedisServer() as server:
+        url = server.url
+        placement_cost(url, echo)
+        env = {"COMPASS_BROKER_URL": url, "COMPASS_KEY_PREFIX": "ovh"}
+        workers = [WorkerProcess("workers.emulated", f"ovh{i}@bench",
+                                 ["--compass-emulate-gpu-mb", "1600", "--compass-preload",
+                                  "detector,translator,classifier"], env=env).start()
+                   for i in range(2)]
+        try:
+            app = make_app(url, compass_key_prefix="ovh")
+            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3).workers) == 2,
+                       60, "two workers")
+            plain, infer, step = (app.tasks[f"emulated.{t}"] for t in ("plain", "infer", "step"))
+            opts = {"compass": {"model": "detector", "exec_ms": 0}}
+            plain_us = _time(lambda: plain.apply_async((1,)), 300, 1e6)
+            compass_us = _time(lambda: infer.apply_async(("detector", 0, None), **opts), 300,
+                               1e6)
+            echo(f"enqueue, plain Celery route        µs: {_stats(plain_us)}")
+            echo(f"enqueue, compass route             µs: {_stats(compass_us)}")
+            echo(f"added enqueue latency (median)     µs: "
+                 f"{statistics.median(compass_us) - statistics.median(plain_us):8.1f}")
+            time.sleep(1.0)
+            dag = Dag(app, "noop3")
+            a = dag.node("a", infer.s("detector", 0, None), model="detector", exec_ms=0)
+            b = dag.node("b", step.s("translator", 0), after=[a], model="translator", exec_ms=0)
+            dag.node("c", step.s("classifier", 0), after=[b], model="classifier", exec_ms=0)
+            celery_ms = _time(lambda: chain(plain.s(1), plain.s(), plain.s()).apply_async()
+                              .get(timeout=10), 60, 1e3)
+            dag_ms = _time(lambda: dag.apply_async().get(timeout=10), 60, 1e3)
+            echo(f"3-task no-op chain, Celery chain   ms: {_stats(celery_ms)}")
+            echo(f"3-task no-op chain, compass Dag    ms: {_stats(dag_ms)}")
+            echo(f"compass hop overhead (Dag / 3)     ms: {statistics.median(dag_ms) / 3:8.2f}")
+        finally:
+            for w in workers:
+                w.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    os.environ.setdefault("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
+    run()
+    sys.exit(0)

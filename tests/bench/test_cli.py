@@ -1,0 +1,88 @@
+"""The compass-celery command line: bench, simulate, status, and their errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import dags
+from compass_celery.cli import compass_command
+
+RESULT_FIELDS = {"jobs", "completed", "failed", "lost", "latency_ms", "cache_hit_rate",
+                 "model_loads", "throughput_jobs_per_s"}
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(compass_command, list(args), catch_exceptions=False)
+
+
+def test_malformed_workload_names_the_field(tmp_path):
+    bad = json.loads(dags.path("edge-vision.json").read_text())
+    bad["dags"]["document"]["nodes"]["ocr"]["exec_ms"] = "fast"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    for command in ("bench", "simulate"):
+        result = run(command, "--workload", str(path))
+        assert result.exit_code != 0
+        assert "dags.document.nodes.ocr.exec_ms" in result.output
+
+
+def test_missing_workload_file_is_a_clear_error(tmp_path):
+    result = run("simulate", "--workload", str(tmp_path / "nope.json"))
+    assert result.exit_code != 0 and "nope.json" in result.output
+
+
+def test_unknown_policy_is_rejected():
+    result = run("simulate", "--workload", str(dags.path("edge-vision.json")),
+                 "--policies", "compass,fastest")
+    assert result.exit_code != 0 and "unknown policy 'fastest'" in result.output
+
+
+def test_unreachable_redis_is_a_clear_error():
+    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+                 "redis://127.0.0.1:1/0", "--jobs", "2")
+    assert result.exit_code != 0 and "cannot reach Redis at redis://127.0.0.1:1/0" in \
+        result.output
+
+
+def test_simulate_writes_the_design_json(tmp_path):
+    out = tmp_path / "sim.json"
+    result = run("simulate", "--workload", str(dags.path("edge-vision.json")), "--jobs", "60",
+                 "--policies", "celery-default,compass", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert data["workload"] == "edge-vision"
+    for name in ("celery-default", "compass"):
+        assert RESULT_FIELDS <= set(data["policies"][name])
+        assert data["policies"][name]["jobs"] == 60 and data["policies"][name]["lost"] == 0
+
+
+@pytest.mark.redis
+def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path):
+    out = tmp_path / "bench.json"
+    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+                 compass_redis_url, "--policies", "celery-default,compass", "--jobs", "16",
+                 "--time-scale", "0.3", "--json", str(out), "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "emulated GPU timings" in result.output
+    data = json.loads(out.read_text())
+    assert data["emulated_gpu"] is True and data["time_scale"] == 0.3
+    for name in ("celery-default", "compass"):
+        r = data["policies"][name]
+        assert RESULT_FIELDS <= set(r)
+        assert (r["jobs"], r["completed"], r["failed"], r["lost"]) == (16, 16, 0, 0)
+        assert r["latency_ms"]["p50"] > 0 and r["model_loads"] > 0
+        assert set(r["breakdown_ms"]) == {"queued_ms", "load_ms", "run_ms"}
+
+
+@pytest.mark.redis
+def test_status_lists_workers_and_skips_garbage(compass_redis_url):
+    client = redis.Redis.from_url(compass_redis_url)
+    client.hset("compass:workers", "junk@x", b"not json")
+    result = run("status", "--redis", compass_redis_url)
+    assert result.exit_code == 0, result.output
+    assert "0 live compass worker(s)" in result.output
+    assert "junk@x" in result.output and "not valid JSON" in result.output
