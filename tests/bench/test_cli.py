@@ -56,7 +56,7 @@ def test_simulate_writes_the_design_json(tmp_path):
     data = json.loads(out.read_text())
     assert data["workload"] == "edge-vision"
     for name in ("celery-default", "compass"):
-        assert RESULT_FIELDS <= set(data["policies"][name])
+        assert set(data["policies"][name]) >= RESULT_FIELDS
         assert data["policies"][name]["jobs"] == 60 and data["policies"][name]["lost"] == 0
 
 
@@ -72,7 +72,7 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
     assert data["emulated_gpu"] is True and data["time_scale"] == 0.3
     for name in ("celery-default", "compass"):
         r = data["policies"][name]
-        assert RESULT_FIELDS <= set(r)
+        assert set(r) >= RESULT_FIELDS
         assert (r["jobs"], r["completed"], r["failed"], r["lost"]) == (16, 16, 0, 0)
         assert r["latency_ms"]["p50"] > 0 and r["model_loads"] > 0
         assert set(r["breakdown_ms"]) == {"queued_ms", "load_ms", "run_ms"}
