@@ -7,40 +7,20 @@ topological position, so the order is always a valid topological order.
 
 from __future__ import annotations
 
-from collections import deque
-
 import numpy as np
 
 from .cost import WorkerArrays
-from .types import DagSpec, PlanningError
+from .types import DagSpec
 
 
 def successors(dag: DagSpec) -> dict[str, list[str]]:
     """Successor lists in edge order (one pass, unlike ``DagSpec.succs`` per node)."""
-    succs: dict[str, list[str]] = {n: [] for n in dag.nodes}
-    for a, b in dag.edges:
-        succs[a].append(b)
-    return succs
+    return dag.successor_lists()
 
 
 def topo_order(dag: DagSpec, succs: dict[str, list[str]]) -> list[str]:
-    """``DagSpec.topological_order`` in O(V + E): Kahn, ties by declaration order."""
-    indeg = dict.fromkeys(dag.nodes, 0)
-    for _, b in dag.edges:
-        indeg[b] += 1
-    ready = deque(n for n, d in indeg.items() if d == 0)
-    order: list[str] = []
-    while ready:
-        n = ready.popleft()
-        order.append(n)
-        for s in succs[n]:
-            indeg[s] -= 1
-            if indeg[s] == 0:
-                ready.append(s)
-    if len(order) != len(dag.nodes):
-        stuck = sorted(n for n, d in indeg.items() if d > 0)
-        raise PlanningError(f"DAG {dag.name!r} has a cycle through {stuck}")
-    return order
+    """``DagSpec.topological_order``: Kahn in O(V + E), ties by declaration order."""
+    return dag.topological_order()
 
 
 def upward_rank(

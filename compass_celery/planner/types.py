@@ -7,6 +7,7 @@ router, the worker side, the benchmark and the simulator.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -73,17 +74,25 @@ class DagSpec:
         origins = {a for a, _ in self.edges}
         return [n for n in self.nodes if n not in origins]
 
+    def successor_lists(self) -> dict[str, list[str]]:
+        """Successors of every node in edge order, in one pass over the edges."""
+        succs: dict[str, list[str]] = {n: [] for n in self.nodes}
+        for a, b in self.edges:
+            succs[a].append(b)
+        return succs
+
     def topological_order(self) -> list[str]:
-        """Kahn's algorithm, ties broken by node declaration order."""
-        indeg = {n: 0 for n in self.nodes}
+        """Kahn's algorithm in O(V + E), ties broken by node declaration order."""
+        succs = self.successor_lists()
+        indeg = dict.fromkeys(self.nodes, 0)
         for _, b in self.edges:
             indeg[b] += 1
+        ready = deque(n for n, d in indeg.items() if d == 0)
         order: list[str] = []
-        ready = [n for n in self.nodes if indeg[n] == 0]
         while ready:
-            n = ready.pop(0)
+            n = ready.popleft()
             order.append(n)
-            for s in self.succs(n):
+            for s in succs[n]:
                 indeg[s] -= 1
                 if indeg[s] == 0:
                     ready.append(s)
