@@ -174,6 +174,7 @@ class Compass:
         signals.task_prerun.connect(self._task_prerun, weak=False)
         signals.task_postrun.connect(self._task_postrun, weak=False)
         signals.task_revoked.connect(self._task_revoked, weak=False)
+        signals.task_received.connect(self._task_received, weak=False)
 
     def _ours(self, task: Any) -> bool:
         return task is not None and getattr(task, "app", None) is self.app
@@ -223,6 +224,12 @@ class Compass:
         decision = Decision.from_header(getattr(request, "compass", None))
         if self.worker_runtime is not None:
             self.worker_runtime.task_finished(task, request, decision, state, retval)
+
+    def _task_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        """A job task arriving after its job failed is revoked before it runs (closes the
+        race between the worker fetching it and the broadcast revoke)."""
+        if self.worker_runtime is not None and request is not None:
+            self.worker_runtime.task_received(request)
 
     def _task_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
         if self.worker_runtime is not None and request is not None:

@@ -159,12 +159,14 @@ def result_table(result: dict[str, Any]) -> str:
               help="SIGKILL one worker this many real seconds into each policy's run")
 @click.option("--restart-redis-after", type=click.FloatRange(min=0), default=None,
               help="restart the private Redis this many real seconds into each run")
+@click.option("--cache-policy", type=click.Choice(["lookahead", "lru", "fifo"]), default=None,
+              help="workers' eviction policy (default: lru for celery-default, else lookahead)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
           warmup_frac: float, redis_url: str | None, n_workers: int | None,
           sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
-          restart_redis_after: float | None, quiet: bool) -> None:
+          restart_redis_after: float | None, cache_policy: str | None, quiet: bool) -> None:
     from .bench.runner import POLICIES, BenchOptions
     from .bench.suite import run_suite
 
@@ -172,7 +174,8 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     opts = BenchOptions(policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
-                        restart_redis_after=restart_redis_after, progress=not quiet)
+                        restart_redis_after=restart_redis_after, progress=not quiet,
+                        cache_policy=cache_policy)
     try:
         result = run_suite(workload, opts, sweep=_floats(sweep_rate, "--sweep-rate"),
                            slo_ms=slo_ms, echo=click.echo)

@@ -216,6 +216,10 @@ class JobRuntime:
     def keys(self, job_id: str) -> JobKeys:
         return JobKeys.of(self.c.settings["key_prefix"], job_id)
 
+    def job_state(self, job_id: str) -> str:
+        state = self.c.store.client.hget(self.keys(job_id).job, "state")
+        return state.decode() if state else "UNKNOWN"
+
     def resolve_inputs(self, job: dict[str, Any], args: Any) -> None:
         """Replace the input reference (first arg) in place with the predecessors' outputs."""
         if not isinstance(args, list) or not args or not isinstance(args[0], dict) \

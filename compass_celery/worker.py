@@ -304,6 +304,21 @@ class WorkerRuntime:
             self.jobs.fail(job, request.id, exc, "task failed after its retries",
                            task=request.task)
 
+    def task_received(self, request: Any) -> None:
+        job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
+        if not isinstance(job, dict) or self.jobs is None:
+            return
+        try:
+            state = self.jobs.job_state(job.get("id", ""))
+        except (StateUnavailable, RedisError):
+            return  # run it; a late completion is ignored if the job has ended
+        if state in ("FAILURE", "UNKNOWN"):
+            from celery.worker import state as worker_state
+
+            logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
+                           state.lower(), job.get("node"))
+            worker_state.revoked.add(request.id)
+
     def task_revoked(self, request: Any) -> None:
         decision = Decision.from_header(getattr(request, "compass", None)
                                         or (getattr(request, "_request_dict", {}) or {}).get(

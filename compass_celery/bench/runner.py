@@ -43,6 +43,8 @@ class BenchOptions:
     # Redis transport visibility timeout for the workers (real s): how soon plain Celery
     # redelivers a dead worker's unacked task; the same for every policy.
     visibility_timeout_s: float = 60.0
+    # Workers' eviction policy; None = LRU for celery-default (plain Celery), else lookahead.
+    cache_policy: str | None = None
     progress: bool = True
     log_dir: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
@@ -110,7 +112,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     env = {"COMPASS_BROKER_URL": redis_url, "COMPASS_MODELS": json.dumps(workload.models),
            "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
            "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
-           "COMPASS_CACHE_POLICY": "lru" if policy == "celery-default" else "lookahead",
+           "COMPASS_CACHE_POLICY": opts.cache_policy or (
+               "lru" if policy == "celery-default" else "lookahead"),
            "COMPASS_TIME_SCALE": str(opts.time_scale),
            "COMPASS_VISIBILITY_TIMEOUT": str(opts.visibility_timeout_s), **opts.extra_env}
     app = make_app(redis_url, compass_policy=policy, compass_key_prefix=prefix,

@@ -167,3 +167,32 @@ def test_job_timeout_fails_the_job(cluster):
     job = dag.apply_async(timeout_s=0.5)
     with pytest.raises(JobFailed, match="deadline"):
         job.get(timeout=10)
+
+
+def test_failure_revokes_queued_sibling_branches(compass_redis_url, compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url}
+    w = compass_workers("tests.integration.jobapp", "solo@jobs", *GPU, "--compass-preload",
+                        "big,small", env=env)
+    app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
+    wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,
+               "one job worker")
+    app.log = redis.Redis.from_url(compass_redis_url)
+    dag = Dag(app, "revoke")
+    a = dag.node("a", app.tasks["j.src"].s(1))
+    dag.node("b", app.tasks["j.boom"].s(), after=[a])     # sent first, fails
+    c = dag.node("c", app.tasks["j.wait"].s(0.5), after=[a])  # queued behind b
+    dag.node("d", app.tasks["j.add"].s(1), after=[c])
+    job = dag.apply_async()
+    with pytest.raises(JobFailed, match="node 'b'"):
+        job.get(timeout=30)
+    time.sleep(1.5)
+    ran = runs(app, job.id)
+    assert f"{job.id}:c" not in ran and f"{job.id}:d" not in ran, (ran, w.log()[-2000:])
+
+
+def test_backlog_reconciles_to_what_the_queue_holds(cluster):
+    app = cluster
+    store = app.compass.store
+    store.charge("b@jobs", 50_000)  # a drifted estimate (e.g. a lost decrement)
+    wait_until(lambda: {w.name: w.backlog_ms for w in store.snapshot(time.time(), 3.0)
+                        .workers}["b@jobs"] < 1000, 10, "the reconciler to correct the backlog")
