@@ -50,7 +50,7 @@ class RedisServer:
     milliseconds, and can be killed and restarted to test outages.
     """
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self, port: int | None = None, args: Sequence[str] = ()) -> None:
         self.binary = shutil.which("redis-server")
         if self.binary is None:
             raise LocalRedisError(
@@ -59,6 +59,7 @@ class RedisServer:
         self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="compass-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self.args = list(args)  # extra redis-server options, e.g. --requirepass, --user
 
     @property
     def url(self) -> str:
@@ -68,7 +69,7 @@ class RedisServer:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
-             "--loglevel", "warning"],
+             "--loglevel", "warning", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(self.ping, 10, f"redis-server on port {self.port}")
         return self
@@ -79,7 +80,7 @@ class RedisServer:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                return s.recv(16).startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 

@@ -22,6 +22,8 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
     app.conf.update(compass_models=MODELS, compass_state_refresh_s=0.05,
                     compass_heartbeat_timeout_s=timeout, compass_reconcile_s=1.0,
                     broker_connection_retry_on_startup=True)
+    if os.environ.get("COMPASS_JOBAPP_MAX_OUTPUT_KB"):
+        app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
     app.conf.update(conf)
     Compass(app)
     log = redis.Redis.from_url(broker)
@@ -81,6 +83,11 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         ran(self)
         time.sleep(seconds)
         return inp
+
+    @app.task(name="j.big", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
+    def big(self: Any, inp: Any, kb: int) -> str:
+        ran(self)
+        return "x" * (kb * 1024)
 
     @app.task(name="j.flaky", bind=True, shared=False, compass_model="small",
               compass_exec_ms=5, max_retries=5)

@@ -1,0 +1,114 @@
+"""Redis AUTH and ACL users for broker and state; the celery subcommand; output limits."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from compass_celery.dag import Dag
+from compass_celery.jobs import JobFailed
+from compass_celery.local import RedisServer, wait_until
+from compass_celery.testing import worker_logs
+from tests.integration.jobapp import make_app
+
+pytestmark = pytest.mark.redis
+GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "small"]
+
+
+def test_acl_user_and_password_work_for_broker_and_state(compass_redis_server,
+                                                         compass_workers):
+    acl = ["--requirepass", "admin-secret", "--user", "compass", "on", ">s3cret", "~*", "&*",
+           "+@all"]
+    with RedisServer(args=acl) as server:
+        url = f"redis://compass:s3cret@127.0.0.1:{server.port}/0"
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis.from_url(f"redis://compass:wrong@127.0.0.1:{server.port}/0").ping()
+        w = compass_workers("tests.integration.jobapp", "acl@sec", *GPU,
+                            env={"COMPASS_BROKER_URL": url})
+        app = make_app(url, compass_snapshot_ttl_s=0.0)
+        assert app.compass.redis_url == url  # state defaults to the (authenticated) broker
+        try:
+            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
+                       30, "the worker to publish through the ACL user")
+        except TimeoutError:
+            raise AssertionError(worker_logs([w])) from None
+        res = app.tasks["j.add"].delay(1, 2)
+        assert res.get(timeout=20) == 3
+        assert app.compass.placement(res.id).worker == "acl@sec"
+
+
+def test_celery_compass_subcommand(compass_redis_url, compass_workers):
+    w = compass_workers("tests.integration.jobapp", "cli@sec", *GPU,
+                        env={"COMPASS_BROKER_URL": compass_redis_url})
+    app = make_app(compass_redis_url)
+    wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,
+               "a worker")
+    out = subprocess.run(
+        [sys.executable, "-m", "celery", "-A", "tests.integration.jobapp", "compass", "status",
+         "--settings"], capture_output=True, text=True, timeout=60,
+        env={**os.environ, "COMPASS_BROKER_URL": compass_redis_url})
+    assert out.returncode == 0, out.stderr + worker_logs([w])
+    assert "1 live compass worker(s)" in out.stdout
+    assert "cli@sec" in out.stdout and "small" in out.stdout
+    assert "compass_heartbeat_timeout_s" in out.stdout
+
+
+def test_output_over_the_limit_fails_the_job_by_name(compass_redis_url, compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_JOBAPP_MAX_OUTPUT_KB": "64"}
+    w = compass_workers("tests.integration.jobapp", "big@sec", *GPU, env=env)
+    app = make_app(compass_redis_url)
+    wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,
+               "a worker")
+    dag = Dag(app, "bigout")
+    a = dag.node("a", app.tasks["j.src"].s(1))
+    b = dag.node("b", app.tasks["j.big"].s(200), after=[a])
+    dag.node("c", app.tasks["j.add"].s(1), after=[b])
+    with pytest.raises(JobFailed, match="node 'b'.*over compass_max_output_kb=64"):
+        dag.apply_async().get(timeout=20)
+    assert "over compass_max_output_kb" in w.log()
+
+
+def test_tls_rediss_urls_work_for_broker_and_state(tmp_path, compass_workers):
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1", "-addext",
+         "subjectAltName=IP:127.0.0.1"], capture_output=True)
+    assert made.returncode == 0, made.stderr
+    server = RedisServer(args=["--port", "0", "--tls-port", "{port}", "--tls-cert-file",
+                               str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file",
+                               str(cert), "--tls-auth-clients", "no"])
+    server.args = [a.replace("{port}", str(server.port)) for a in server.args]
+    url = (f"rediss://127.0.0.1:{server.port}/0?ssl_cert_reqs=required"
+           f"&ssl_ca_certs={cert}")
+    server.proc = subprocess.Popen(
+        [server.binary, "--save", "", "--appendonly", "no", "--dir", server.dir, *server.args],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _tls_ping(url), 10, "redis-server with TLS")
+        w = compass_workers("tests.integration.jobapp", "tls@sec", *GPU,
+                            env={"COMPASS_BROKER_URL": url})
+        app = make_app(url, compass_snapshot_ttl_s=0.0)
+        assert app.compass.redis_url.startswith("rediss://")
+        try:
+            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
+                       30, "the worker to publish over TLS")
+        except TimeoutError:
+            raise AssertionError(worker_logs([w])) from None
+        res = app.tasks["j.add"].delay(2, 3)
+        assert res.get(timeout=20) == 5
+        assert app.compass.placement(res.id).worker == "tls@sec"
+    finally:
+        server.stop()
+
+
+def _tls_ping(url: str) -> bool:
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
