@@ -60,12 +60,16 @@ def current_cache() -> ModelCache:
 def get_model(name: str) -> Any:
     """The resident model ``name`` from this process's cache (loaded on a miss).
 
-    The model is released at once, but the cache keeps treating it as the running
-    task's model (prefetch never evicts it) until the next acquire, which is enough
-    for the one-task-at-a-time pools Compass GPU workers use. Threads sharing one
-    cache should use ``current_cache().using(name)`` instead.
+    Inside a task the worker runtime has already acquired the task's model, so it is
+    returned as it is, without counting a second hit. Otherwise it is acquired (a
+    hit or a miss) and released at once, but the cache keeps treating it as the
+    running task's model (prefetch never evicts it) until the next acquire, which is
+    enough for the one-task-at-a-time pools Compass GPU workers use. Threads sharing
+    one cache should use ``current_cache().using(name)`` instead.
     """
     cache = current_cache()
+    if cache.held(name):  # held until released: resident and safe from eviction
+        return cache.backend.get(name)
     model = cache.acquire(name)
     cache.release(name)
     return model

@@ -125,6 +125,11 @@ class ModelCache:
                 )
                 self._execute(actions, queued, retry=True)
 
+    def held(self, model: str) -> bool:
+        """Whether ``model`` is acquired and not yet released (so it is resident)."""
+        with self._cond:
+            return self._in_use[model] > 0
+
     def release(self, model: str) -> None:
         with self._cond:
             if self._in_use[model] > 0:
