@@ -22,7 +22,7 @@ from .placement import Decision, decide
 from .planner import get_policy
 from .planner.base import Policy
 from .planner.types import WorkerView
-from .profiles import profile_key, resolve_demand
+from .profiles import resolve_demand
 from .router import CompassRouter
 from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore
 
@@ -234,6 +234,3 @@ class Compass:
     def _task_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
         if self.worker_runtime is not None and request is not None:
             self.worker_runtime.task_revoked(request)
-
-    def learned_key(self, task: str, model: str | None) -> str:
-        return profile_key(task, model)

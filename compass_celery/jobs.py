@@ -16,13 +16,11 @@ import json
 import logging
 import time
 import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .placement import Decision
-from .planner.adjust import reassign
-from .planner.types import ClusterView, DagSpec, Placement, TaskSpec
+from .planner.types import ClusterView, DagSpec, Placement
 from .state import StateUnavailable, _script
 
 if TYPE_CHECKING:
@@ -71,29 +69,6 @@ class JobKeys:
     def all(self) -> list[str]:
         """In the order complete.lua expects its KEYS."""
         return [self.job, self.outputs, self.left, self.done, self.info, self.tasks]
-
-
-class OutputCache:
-    """Bounded in-memory cache of recent node outputs on a worker (LRU by count)."""
-
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.hits = self.misses = 0
-
-    def put(self, job: str, node: str, value: Any) -> None:
-        self._items[(job, node)] = value
-        self._items.move_to_end((job, node))
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def get(self, job: str, node: str) -> tuple[bool, Any]:
-        key = (job, node)
-        if key in self._items:
-            self.hits += 1
-            return True, self._items[key]
-        self.misses += 1
-        return False, None
 
 
 # -- submission ------------------------------------------------------------------------
@@ -200,134 +175,6 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
                                               JOB_HEADER: header})
     c.remember(task_id, decision)
     return task_id
-
-
-# -- completion (runs on the worker that finished a node) ------------------------------
-class JobRuntime:
-    """Worker-side job bookkeeping: inputs in, outputs out, successors on."""
-
-    def __init__(self, compass: Compass, worker_name: str) -> None:
-        self.c, self.name = compass, worker_name
-        self.outputs = OutputCache()
-        client = compass.store.client
-        self._complete = client.register_script(_script("complete"))
-        self._fail = client.register_script(_script("fail"))
-
-    def keys(self, job_id: str) -> JobKeys:
-        return JobKeys.of(self.c.settings["key_prefix"], job_id)
-
-    def job_state(self, job_id: str) -> str:
-        state = self.c.store.client.hget(self.keys(job_id).job, "state")
-        return state.decode() if state else "UNKNOWN"
-
-    def resolve_inputs(self, job: dict[str, Any], args: Any) -> None:
-        """Replace the input reference (first arg) in place with the predecessors' outputs."""
-        if not isinstance(args, list) or not args or not isinstance(args[0], dict) \
-                or INPUT_REF not in args[0]:
-            return
-        ref = args[0][INPUT_REF]
-        preds, job_id = ref["preds"], job["id"]
-        values: dict[str, Any] = {}
-        missing = []
-        for p in preds:
-            hit, value = self.outputs.get(job_id, p)
-            if hit:
-                values[p] = value
-            else:
-                missing.append(p)
-        if missing:
-            raw = self.c.store.client.hmget(self.keys(job_id).outputs, missing)
-            for p, r in zip(missing, raw, strict=True):
-                if r is None:
-                    raise JobError(f"job {job_id}: output of {p!r} is gone (expired?)")
-                values[p] = json.loads(r)
-        args[0] = values[preds[0]] if ref.get("single") else [values[p] for p in preds]
-
-    def on_success(self, job: dict[str, Any], task_id: str, retval: Any,
-                   timing: dict[str, float]) -> list[str]:
-        """Record the node's output and send the successors it released."""
-        job_id, node = job["id"], job["node"]
-        keys = self.keys(job_id)
-        client = self.c.store.client
-        cfg = self.c.settings
-        try:
-            output = json.dumps(retval)
-        except (TypeError, ValueError) as exc:
-            self.fail(job, task_id, exc, "output is not JSON-serialisable")
-            return []
-        if len(output) > cfg["max_output_kb"] * 1024:
-            self.fail(job, task_id, ValueError(
-                f"output is {len(output) / 1024:.0f} KB, over compass_max_output_kb="
-                f"{cfg['max_output_kb']}"), "output too large")
-            return []
-        raw_job = client.hmget(keys.job, ["nodes", "plan", "deadline", "state"])
-        if raw_job[0] is None:
-            logger.warning("compass: job %s is unknown or expired; result of %r dropped",
-                           job_id, node)
-            return []
-        nodes, plan = json.loads(raw_job[0]), json.loads(raw_job[1])
-        if float(raw_job[2]) < time.time():
-            self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out")
-            return []
-        info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
-                "planned": (plan.get(node) or {}).get("worker"), **timing}
-        succs = nodes[node]["succs"]
-        result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
-                                                       json.dumps(info), *succs])
-        status = result[0].decode() if isinstance(result[0], bytes) else result[0]
-        if status in ("duplicate", "missing", "late"):
-            logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node, status)
-            return []
-        self.outputs.put(job_id, node, retval)
-        ready = [r.decode() if isinstance(r, bytes) else r for r in result[1:]]
-        sent = []
-        for succ in ready:
-            sent.append(self._send_successor(job_id, succ, nodes, plan, keys))
-        return sent
-
-    def _send_successor(self, job_id: str, succ: str, nodes: dict[str, Any],
-                        plan: dict[str, Any], keys: JobKeys) -> str:
-        c, node = self.c, nodes[succ]
-        planned = plan.get(succ)
-        placement: Any = planned
-        moved_from = None
-        if planned and planned["worker"] != "*":
-            c.store.add_pending(planned["worker"], -planned["run_ms"])
-        try:
-            snapshot = c.reader.get()
-        except StateUnavailable:
-            snapshot = None
-        if snapshot is not None and snapshot.workers and c.policy.name == "compass":
-            where = self._input_locations(keys, node["preds"], nodes)
-            spec = TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"])
-            cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
-            better = reassign(spec, planned["worker"] if planned else "", cluster, where,
-                              factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1)
-            if better is not None:
-                moved_from = planned["worker"] if planned else None
-                placement = better
-                from .signals import task_reassigned
-
-                task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
-                                     new=better.worker)
-        ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        return send_node(c, job_id, succ, node, placement, ref, moved_from)
-
-    def _input_locations(self, keys: JobKeys, preds: list[str],
-                         nodes: dict[str, Any]) -> dict[str, float]:
-        where: dict[str, float] = {}
-        for p, raw in zip(preds, self.c.store.client.hmget(keys.info, preds), strict=True):
-            worker = json.loads(raw).get("worker") if raw else self.name
-            where[worker] = where.get(worker, 0.0) + float(nodes[p]["output_kb"])
-        return where
-
-    def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
-             task: str | None = None) -> str:
-        """Fail the job once (fail.lua), revoke its outstanding tasks, release pending."""
-        return fail_job(self.c, job["id"], {
-            "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
-            "worker": self.name,
-            "exc_type": type(exc).__name__, "exc": str(exc)[:2000], "why": why})
 
 
 def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:

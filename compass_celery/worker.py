@@ -23,7 +23,8 @@ from celery import Celery, bootsteps
 from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
-from .jobs import JOB_HEADER, JobError, JobRuntime
+from .job_runtime import JobRuntime
+from .jobs import JOB_HEADER, JobError
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
