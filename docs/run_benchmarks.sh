@@ -45,3 +45,7 @@ for cp in lru lookahead; do
   run compass-celery bench --workload dags/edge-vision.json --jobs 200 --policies jsq,compass \
       --cache-policy "$cp" --quiet --json "$out/cache-$cp.json" | tee "$out/cache-$cp.txt"
 done
+# 9. latency against load
+run compass-celery bench --workload dags/edge-vision.json --policies celery-default,hash,compass \
+    --jobs 150 --sweep-rate 3,6,9,12 --quiet --json "$out/sweep.json" --plot "$out/sweep.png" \
+    | tee "$out/sweep.txt"
