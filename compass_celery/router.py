@@ -65,6 +65,8 @@ class CompassRouter:
                     c.reader.note_charge(decision.worker, decision.charge_ms)
                 except StateUnavailable as exc:
                     decision = self._fallback(demand, f"state unavailable ({exc})")
+        if not decision.fallback:
+            self._warned.clear()  # healthy again: warn afresh on the next outage
         self._local.pending = decision
         c.on_routed(decision)
         return {"queue": decision.queue}

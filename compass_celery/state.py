@@ -239,13 +239,24 @@ class SnapshotReader:
         self._snap: Snapshot | None = None
         self._reported: set[str] = set()
         self.reads = 0
+        # After a failed read, fail fast for this long instead of paying a connect
+        # timeout on every enqueue while Redis is away.
+        self.retry_after_s = 1.0
+        self._down_until, self._down_why = 0.0, ""
 
     def get(self) -> Snapshot:
         now = self.clock()
         with self._lock:
             if self._snap is not None and now - self._snap.taken_at <= self.ttl_s:
                 return self._snap
-        snap = self.store.snapshot(now, self.timeout_s)
+            if now < self._down_until:  # failed moments ago: fail fast, don't wait again
+                raise StateUnavailable(self._down_why)
+        try:
+            snap = self.store.snapshot(now, self.timeout_s)
+        except StateUnavailable as exc:
+            with self._lock:
+                self._down_until, self._down_why = now + self.retry_after_s, str(exc)
+            raise
         self.reads += 1
         for why in snap.skipped:
             if why not in self._reported:

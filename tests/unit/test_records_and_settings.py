@@ -135,3 +135,34 @@ def test_demand_resolution_order():
 def test_bad_demands_are_named(call, message):
     with pytest.raises(TaskDeclarationError, match=message):
         resolve_demand("t", Declared, {"compass": call}, {}, 100)
+
+
+class FlakyStore(MemoryStateStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.down = True
+
+    def snapshot(self, now, heartbeat_timeout_s):
+        self.calls += 1
+        if self.down:
+            from compass_celery.state import StateUnavailable
+
+            raise StateUnavailable("Redis at redis://x unavailable: refused")
+        return super().snapshot(now, heartbeat_timeout_s)
+
+
+def test_reader_fails_fast_while_state_is_down_then_recovers():
+    from compass_celery.state import StateUnavailable
+
+    now = [100.0]
+    store = FlakyStore()
+    store.publish(GOOD)
+    reader = SnapshotReader(store, ttl_s=0.0, heartbeat_timeout_s=1e12, clock=lambda: now[0])
+    for _ in range(5):
+        with pytest.raises(StateUnavailable, match="refused"):
+            reader.get()
+    assert store.calls == 1  # one real attempt; the other four failed fast
+    store.down = False
+    now[0] += reader.retry_after_s + 0.01
+    assert [w.name for w in reader.get().workers] == ["w1"]
