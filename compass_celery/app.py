@@ -11,7 +11,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Iterable
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from celery import Celery, signals
@@ -24,11 +24,11 @@ from .planner.base import Policy
 from .planner.types import WorkerView
 from .profiles import resolve_demand
 from .router import CompassRouter
-from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore
+from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore, connect
 
 logger = logging.getLogger("compass_celery")
 
-REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://")
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 MAX_DECISIONS = 10_000
 
 # Celery settings Compass needs for an honest backlog and safe redelivery; a value
@@ -109,7 +109,10 @@ class Compass:
     def store(self) -> StateStore:
         if self._store is None:
             url = None if self.eager else self.redis_url
-            self._store = (RedisStateStore(url, self.settings["key_prefix"]) if url
+            master = self.settings["sentinel_master"] or (
+                self.app.conf.broker_transport_options or {}).get("master_name")
+            self._store = (RedisStateStore(url, self.settings["key_prefix"],
+                                           partial(connect, master_name=master)) if url
                            else MemoryStateStore())
         return self._store
 

@@ -29,6 +29,8 @@ class Option:
 OPTIONS: dict[str, Option] = {
     "redis_url": Option(None, (str, type(None)), "Redis for worker state and jobs; "
                         "defaults to the broker URL when that is Redis"),
+    "sentinel_master": Option(None, (str, type(None)), "master name for a sentinel:// "
+                              "state URL (default: broker_transport_options['master_name'])"),
     "key_prefix": Option("compass", str, "prefix of every Redis key, so apps can share a Redis"),
     "policy": Option("compass", str, "placement policy (compass, heft, jsq, round-robin, "
                      "random, hash, celery-default)"),

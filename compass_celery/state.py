@@ -142,8 +142,9 @@ def _script(name: str) -> str:
     return resources.files("compass_celery").joinpath(f"lua/{name}.lua").read_text()
 
 
-def connect(url: str, **kwargs: Any) -> Any:
-    """A redis client for ``url`` (redis://, rediss:// with TLS, unix://), short timeouts.
+def connect(url: str, *, master_name: str | None = None, **kwargs: Any) -> Any:
+    """A redis client for ``url``: redis://, rediss:// (TLS), unix://, or Celery's
+    ``sentinel://host:port;sentinel://host2:port`` form (the master named ``master_name``).
 
     Short socket timeouts keep an enqueue from hanging when Redis is away: the
     router then falls back to the shared queue instead.
@@ -153,7 +154,30 @@ def connect(url: str, **kwargs: Any) -> Any:
     opts: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0,
                             "health_check_interval": 10}
     opts.update(kwargs)
+    if url.startswith("sentinel://"):
+        return _sentinel_master(url, master_name, opts)
     return redis.Redis.from_url(url, **opts)
+
+
+def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any]) -> Any:
+    from urllib.parse import urlparse
+
+    from redis.sentinel import Sentinel
+
+    if not master_name:
+        raise StateUnavailable(
+            f"state URL {url!r} is a Sentinel URL but names no master: set "
+            "compass_sentinel_master (or broker_transport_options['master_name'])")
+    hosts, password, db = [], None, 0
+    for part in url.split(";"):
+        u = urlparse(part.strip())
+        hosts.append((u.hostname or "127.0.0.1", u.port or 26379))
+        password = password or u.password
+        if u.path.strip("/").isdigit():
+            db = int(u.path.strip("/"))
+    timeouts = {k: opts[k] for k in ("socket_connect_timeout", "socket_timeout")}
+    sentinel = Sentinel(hosts, sentinel_kwargs=timeouts, **timeouts)
+    return sentinel.master_for(master_name, db=db, password=password, **opts)
 
 
 class RedisStateStore:

@@ -6,7 +6,6 @@ import os
 import time
 from typing import Any
 
-import redis
 from celery import Celery
 
 from compass_celery import Compass
@@ -22,11 +21,20 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
     app.conf.update(compass_models=MODELS, compass_state_refresh_s=0.05,
                     compass_heartbeat_timeout_s=timeout, compass_reconcile_s=1.0,
                     broker_connection_retry_on_startup=True)
+    if os.environ.get("COMPASS_JOBAPP_SENTINEL_MASTER"):
+        master = {"master_name": os.environ["COMPASS_JOBAPP_SENTINEL_MASTER"]}
+        app.conf.broker_transport_options = master
+        app.conf.result_backend_transport_options = master
     if os.environ.get("COMPASS_JOBAPP_MAX_OUTPUT_KB"):
         app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
     app.conf.update(conf)
     Compass(app)
-    log = redis.Redis.from_url(broker)
+
+    class _Log:  # the run log lives in the state Redis (also behind Sentinel or TLS)
+        def rpush(self, key: str, value: str) -> None:
+            app.compass.store.client.rpush(key, value)
+
+    log = _Log()
 
     def ran(task: Any) -> None:
         job = getattr(task.request, "compass_job", None) or {}

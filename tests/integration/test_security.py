@@ -12,7 +12,7 @@ import redis
 
 from compass_celery.dag import Dag
 from compass_celery.jobs import JobFailed
-from compass_celery.local import RedisServer, wait_until
+from compass_celery.local import RedisServer, free_port, wait_until
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app
 
@@ -110,5 +110,44 @@ def test_tls_rediss_urls_work_for_broker_and_state(tmp_path, compass_workers):
 def _tls_ping(url: str) -> bool:
     try:
         return bool(redis.Redis.from_url(url, socket_connect_timeout=0.5).ping())
+    except redis.RedisError:
+        return False
+
+
+def test_sentinel_urls_work_for_broker_and_state(tmp_path, compass_workers, monkeypatch):
+    with RedisServer() as master:
+        port = free_port()
+        conf = tmp_path / "sentinel.conf"
+        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+                        f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n")
+        sentinel = subprocess.Popen([master.binary, str(conf), "--sentinel"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            probe = redis.Redis(port=port, socket_connect_timeout=0.5)
+            wait_until(lambda: _sentinel_knows(probe), 10, "sentinel to see the master")
+            url = f"sentinel://127.0.0.1:{port}"
+            env = {"COMPASS_BROKER_URL": url, "COMPASS_JOBAPP_SENTINEL_MASTER": "mymaster"}
+            monkeypatch.setenv("COMPASS_JOBAPP_SENTINEL_MASTER", "mymaster")
+            w = compass_workers("tests.integration.jobapp", "sen@sec", *GPU, env=env)
+            app = make_app(url, compass_snapshot_ttl_s=0.0)
+            try:
+                wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers)
+                           == 1, 30, "the worker to publish through Sentinel")
+            except TimeoutError:
+                raise AssertionError(worker_logs([w])) from None
+            res = app.tasks["j.add"].delay(3, 4)
+            assert res.get(timeout=20) == 7
+            assert app.compass.placement(res.id).worker == "sen@sec"
+            # the state really lives on the master that Sentinel named
+            assert redis.Redis(port=master.port).hexists("compass:workers", "sen@sec")
+        finally:
+            sentinel.terminate()
+            sentinel.wait(5)
+
+
+def _sentinel_knows(probe: redis.Redis) -> bool:
+    try:
+        return probe.execute_command("SENTINEL", "get-master-addr-by-name", "mymaster") \
+            is not None
     except redis.RedisError:
         return False
