@@ -20,6 +20,23 @@ pytestmark = pytest.mark.redis
 GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "small"]
 
 
+def one_worker_round_trip(compass_workers, url: str, name: str, env: dict | None = None,
+                          how: str = "") -> object:
+    """Start one worker on ``url``, wait for its record, place and run a task on it."""
+    w = compass_workers("tests.integration.jobapp", name, *GPU,
+                        env={"COMPASS_BROKER_URL": url, **(env or {})})
+    app = make_app(url, compass_snapshot_ttl_s=0.0)
+    try:
+        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
+                   30, f"the worker to publish {how}")
+    except TimeoutError:
+        raise AssertionError(worker_logs([w])) from None
+    res = app.tasks["j.add"].delay(2, 3)
+    assert res.get(timeout=20) == 5
+    assert app.compass.placement(res.id).worker == name
+    return app
+
+
 def test_acl_user_and_password_work_for_broker_and_state(compass_redis_server,
                                                          compass_workers):
     acl = ["--requirepass", "admin-secret", "--user", "compass", "on", ">s3cret", "~*", "&*",
@@ -28,18 +45,8 @@ def test_acl_user_and_password_work_for_broker_and_state(compass_redis_server,
         url = f"redis://compass:s3cret@127.0.0.1:{server.port}/0"
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(f"redis://compass:wrong@127.0.0.1:{server.port}/0").ping()
-        w = compass_workers("tests.integration.jobapp", "acl@sec", *GPU,
-                            env={"COMPASS_BROKER_URL": url})
-        app = make_app(url, compass_snapshot_ttl_s=0.0)
+        app = one_worker_round_trip(compass_workers, url, "acl@sec", how="through an ACL user")
         assert app.compass.redis_url == url  # state defaults to the (authenticated) broker
-        try:
-            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
-                       30, "the worker to publish through the ACL user")
-        except TimeoutError:
-            raise AssertionError(worker_logs([w])) from None
-        res = app.tasks["j.add"].delay(1, 2)
-        assert res.get(timeout=20) == 3
-        assert app.compass.placement(res.id).worker == "acl@sec"
 
 
 def test_celery_compass_subcommand(compass_redis_url, compass_workers):
@@ -91,18 +98,8 @@ def test_tls_rediss_urls_work_for_broker_and_state(tmp_path, compass_workers):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: _tls_ping(url), 10, "redis-server with TLS")
-        w = compass_workers("tests.integration.jobapp", "tls@sec", *GPU,
-                            env={"COMPASS_BROKER_URL": url})
-        app = make_app(url, compass_snapshot_ttl_s=0.0)
+        app = one_worker_round_trip(compass_workers, url, "tls@sec", how="over TLS")
         assert app.compass.redis_url.startswith("rediss://")
-        try:
-            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
-                       30, "the worker to publish over TLS")
-        except TimeoutError:
-            raise AssertionError(worker_logs([w])) from None
-        res = app.tasks["j.add"].delay(2, 3)
-        assert res.get(timeout=20) == 5
-        assert app.compass.placement(res.id).worker == "tls@sec"
     finally:
         server.stop()
 
@@ -126,18 +123,9 @@ def test_sentinel_urls_work_for_broker_and_state(tmp_path, compass_workers, monk
             probe = redis.Redis(port=port, socket_connect_timeout=0.5)
             wait_until(lambda: _sentinel_knows(probe), 10, "sentinel to see the master")
             url = f"sentinel://127.0.0.1:{port}"
-            env = {"COMPASS_BROKER_URL": url, "COMPASS_JOBAPP_SENTINEL_MASTER": "mymaster"}
             monkeypatch.setenv("COMPASS_JOBAPP_SENTINEL_MASTER", "mymaster")
-            w = compass_workers("tests.integration.jobapp", "sen@sec", *GPU, env=env)
-            app = make_app(url, compass_snapshot_ttl_s=0.0)
-            try:
-                wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers)
-                           == 1, 30, "the worker to publish through Sentinel")
-            except TimeoutError:
-                raise AssertionError(worker_logs([w])) from None
-            res = app.tasks["j.add"].delay(3, 4)
-            assert res.get(timeout=20) == 7
-            assert app.compass.placement(res.id).worker == "sen@sec"
+            one_worker_round_trip(compass_workers, url, "sen@sec", how="through Sentinel",
+                                  env={"COMPASS_JOBAPP_SENTINEL_MASTER": "mymaster"})
             # the state really lives on the master that Sentinel named
             assert redis.Redis(port=master.port).hexists("compass:workers", "sen@sec")
         finally:
