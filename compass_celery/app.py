@@ -206,7 +206,8 @@ class Compass:
                                 self.settings["default_exec_ms"])
         if demand is None:
             return None
-        decision = decide(demand, snapshot, self.policy, self.model_sizes(), self.shared_queue)
+        decision = decide(demand, snapshot, self.policy, self.model_sizes(), self.shared_queue,
+                          self.settings["validate"])
         self._charge_local(decision, +1)
         self.on_routed(decision)
         return decision

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .placement import Decision
+from .planner.check import check_plan
 from .planner.types import ClusterView, DagSpec, Placement
 from .state import StateUnavailable, _script
 
@@ -111,7 +112,10 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
                     f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                     f"(largest {largest:.0f} MB)")
         cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at)
-        plan = c.policy.plan(spec, cluster).placements
+        full = c.policy.plan(spec, cluster)
+        if cfg["validate"]:
+            check_plan(full, spec, cluster)
+        plan = full.placements
     else:
         plan = {}
     nodes = _node_json(dag, spec)

@@ -14,6 +14,7 @@ from typing import Any
 
 from .planner import PlanningError
 from .planner.base import Policy
+from .planner.check import check_plan
 from .planner.types import ClusterView, DagSpec
 from .profiles import Demand
 from .state import Snapshot
@@ -62,7 +63,8 @@ def fallback(demand: Demand, shared_queue: str, policy: str, why: str) -> Decisi
 
 
 def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
-           model_sizes_mb: Mapping[str, float], shared_queue: str) -> Decision:
+           model_sizes_mb: Mapping[str, float], shared_queue: str,
+           validate: bool = False) -> Decision:
     """Plan ``demand`` as a one-node DAG against ``snapshot`` with ``policy``."""
     if demand.model is not None and demand.model not in model_sizes_mb:
         raise PlacementError(f"task {demand.task!r} needs unknown model {demand.model!r}; "
@@ -71,7 +73,10 @@ def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
         return fallback(demand, shared_queue, policy.name, "no live compass worker known")
     cluster = ClusterView.of(snapshot.workers, model_sizes_mb, snapshot.taken_at)
     try:
-        plan = policy.plan(DagSpec.single(demand.spec()), cluster)
+        dag = DagSpec.single(demand.spec())
+        plan = policy.plan(dag, cluster)
+        if validate:
+            check_plan(plan, dag, cluster)
     except PlanningError as exc:
         raise PlacementError(str(exc)) from None
     p = plan.placements[demand.task]

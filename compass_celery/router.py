@@ -56,7 +56,8 @@ class CompassRouter:
         if snapshot is None:
             decision = self._fallback(demand, why)
         else:
-            decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue)
+            decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+                              c.settings["validate"])
             if decision.fallback:
                 decision = self._fallback(demand, decision.reason)
             elif decision.charge_ms:

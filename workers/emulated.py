@@ -47,6 +47,7 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
         compass_state_refresh_s=float(env.get("COMPASS_STATE_REFRESH_S", "0.1")),
         compass_heartbeat_timeout_s=float(env.get("COMPASS_HEARTBEAT_TIMEOUT_S", "3.0")),
         compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
+        compass_validate=env.get("COMPASS_VALIDATE", "") == "1",
         result_expires=3600,
         broker_transport_options={
             "visibility_timeout": float(env.get("COMPASS_VISIBILITY_TIMEOUT", "3600"))},

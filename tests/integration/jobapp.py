@@ -20,7 +20,7 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
     timeout = float(os.environ.get("COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S", "3.0"))
     app.conf.update(compass_models=MODELS, compass_state_refresh_s=0.05,
                     compass_heartbeat_timeout_s=timeout, compass_reconcile_s=1.0,
-                    broker_connection_retry_on_startup=True)
+                    broker_connection_retry_on_startup=True, compass_validate=True)
     if os.environ.get("COMPASS_JOBAPP_SENTINEL_MASTER"):
         master = {"master_name": os.environ["COMPASS_JOBAPP_SENTINEL_MASTER"]}
         app.conf.broker_transport_options = master
