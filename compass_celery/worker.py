@@ -220,15 +220,7 @@ class WorkerRuntime:
     def queued_decisions(self, limit: int = -1) -> list[Decision]:
         """Decisions of messages waiting in this worker's own queue, next first."""
         client = getattr(self.compass.store, "client", None)
-        if client is None:
-            return []
-        raw = client.lrange(self.queue, 0, limit)
-        out = []
-        for item in reversed(raw):  # kombu LPUSHes and BRPOPs: the right end is next
-            decision = Decision.from_header(_message_headers(item).get("compass"))
-            if decision is not None:
-                out.append(decision)
-        return out
+        return [] if client is None else peek_queue(client, self.queue, limit)
 
     def queued_backlog_ms(self) -> float:
         with self._lock:
@@ -334,6 +326,21 @@ class WorkerRuntime:
         sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
         if kind in sig:
             sig[kind].send(sender=self.name, **fields)
+
+
+def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
+    """Compass decisions of the next ``limit`` messages (all when -1), next first.
+
+    kombu's Redis transport LPUSHes and BRPOPs, so the next message is the list's
+    right end: read the last ``limit`` entries and reverse them.
+    """
+    raw = client.lrange(queue, -limit if limit > 0 else 0, -1)
+    out = []
+    for item in reversed(raw):
+        decision = Decision.from_header(_message_headers(item).get("compass"))
+        if decision is not None:
+            out.append(decision)
+    return out
 
 
 def _message_headers(raw: bytes | str) -> dict[str, Any]:
