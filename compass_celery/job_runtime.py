@@ -121,24 +121,24 @@ class JobRuntime:
         result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
                                                        json.dumps(info), *succs])
         status = result[0].decode() if isinstance(result[0], bytes) else result[0]
-        if status in ("duplicate", "missing", "late"):
+        ready = [r.decode() if isinstance(r, bytes) else r for r in result[1:]]
+        if status in ("missing", "late") or (status == "duplicate" and not ready):
             logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node, status)
             return []
-        self.outputs.put(job_id, node, retval)
-        ready = [r.decode() if isinstance(r, bytes) else r for r in result[1:]]
-        sent = []
-        for succ in ready:
-            sent.append(self._send_successor(job_id, succ, nodes, plan, keys))
-        return sent
+        if status == "duplicate":
+            logger.warning("compass: completion of %s/%s is a duplicate; sending %s, released "
+                           "but never sent", job_id, node, ready)
+        else:
+            self.outputs.put(job_id, node, retval)
+        sent = [self._send_successor(job_id, succ, nodes, plan, keys) for succ in ready]
+        return [t for t in sent if t]
 
     def _send_successor(self, job_id: str, succ: str, nodes: dict[str, Any],
-                        plan: dict[str, Any], keys: JobKeys) -> str:
+                        plan: dict[str, Any], keys: JobKeys) -> str | None:
         c, node = self.c, nodes[succ]
         planned = plan.get(succ)
         placement: Any = planned
         moved_from = None
-        if planned and planned["worker"] != "*":
-            c.store.add_pending(planned["worker"], -planned["run_ms"])
         try:
             snapshot = c.reader.get()
         except StateUnavailable:
@@ -157,7 +157,10 @@ class JobRuntime:
                 task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                      new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        return send_node(c, job_id, succ, node, placement, ref, moved_from)
+        task_id = send_node(c, job_id, succ, node, placement, ref, moved_from)
+        if task_id and planned and planned["worker"] != "*":
+            c.store.add_pending(planned["worker"], -planned["run_ms"])  # no longer pending
+        return task_id
 
     def _input_locations(self, keys: JobKeys, preds: list[str],
                          nodes: dict[str, Any]) -> dict[str, float]:

@@ -151,8 +151,9 @@ def _placement_json(p: Placement) -> dict[str, Any]:
 
 def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
               placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
-              moved_from: str | None) -> str:
-    """Publish one node's task to its worker's queue (explicit queue: the router stays out)."""
+              moved_from: str | None) -> str | None:
+    """Claim node ``name`` (HSETNX in the job's sent hash) and publish its task to its
+    worker's queue (an explicit queue: the router stays out); None when already claimed."""
     p = _placement_json(placement) if isinstance(placement, Placement) else placement
     if not p or p.get("worker") in (None, "*"):
         queue, worker, charge = c.shared_queue, "*", 0.0
@@ -167,16 +168,20 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     task_id = uuid.uuid4().hex
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from}
+    keys = JobKeys.of(c.settings["key_prefix"], job_id)
+    client = c.store.client
+    if not client.hsetnx(keys.tasks, name, task_id):
+        return None  # another completion already claimed and sent this node
+    client.expire(keys.tasks, int(c.settings["job_ttl_s"]))
+    try:
+        c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+                        task_id=task_id, headers={"compass": decision.as_header(),
+                                                  JOB_HEADER: header})
+    except Exception:
+        client.hdel(keys.tasks, name)  # unclaim, so a retried completion sends it
+        raise
     if charge:
         c.store.charge(worker, charge)
-    keys = JobKeys.of(c.settings["key_prefix"], job_id)
-    pipe = c.store.client.pipeline()
-    pipe.hset(keys.tasks, name, task_id)
-    pipe.expire(keys.tasks, int(c.settings["job_ttl_s"]))
-    pipe.execute()
-    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
-                    task_id=task_id, headers={"compass": decision.as_header(),
-                                              JOB_HEADER: header})
     c.remember(task_id, decision)
     return task_id
 

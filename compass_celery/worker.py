@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("compass_celery.worker")
 
+#: Tries of a job completion against Redis before giving up (0.2 s doubling backoff).
+COMPLETION_ATTEMPTS = 6
+
 # Worker command-line flags, each overriding the compass_* setting of the same name.
 WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "gpu": (str, "device to run models on: cuda, cuda:N or cpu"),
@@ -108,6 +111,7 @@ class WorkerRuntime:
                      if getattr(compass.store, "client", None) is not None else None)
         self._lock = threading.Lock()
         self._state_down = False
+        self._last_publish_ok = 0.0
 
     # -- construction -----------------------------------------------------------
     def _make_cache(self) -> ModelCache:
@@ -188,6 +192,7 @@ class WorkerRuntime:
         if self._state_down:
             logger.warning("compass: state store back; worker %s re-published", self.name)
             self._state_down = False
+        self._last_publish_ok = time.time()
         return True
 
     def _publish_loop(self) -> None:
@@ -209,6 +214,8 @@ class WorkerRuntime:
     def _watchdog_loop(self) -> None:
         interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
         while not self._stopping.wait(interval):
+            if time.time() - self._last_publish_ok > self.cfg["heartbeat_timeout_s"] / 2:
+                continue  # we could not reach Redis lately either: peers may be fine
             try:
                 recover(self.compass, self.name)
             except (StateUnavailable, RedisError):
@@ -291,7 +298,19 @@ class WorkerRuntime:
             sent = float(job.get("sent") or timing.get("started", 0.0))
             timing = {**timing, "run_ms": run_ms, "finished": time.time(),
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
-            self.jobs.on_success(job, request.id, retval, timing)
+            # Completion is idempotent (complete.lua dedups; a duplicate resumes sending
+            # released successors; each send is claimed once), so a Redis hiccup is retried
+            # rather than left to strand the job's successors.
+            for attempt in range(COMPLETION_ATTEMPTS):
+                try:
+                    self.jobs.on_success(job, request.id, retval, timing)
+                    break
+                except (RedisError, OSError) as exc:
+                    if attempt == COMPLETION_ATTEMPTS - 1:
+                        raise
+                    logger.warning("compass: completing %s/%s failed (%s); retrying",
+                                   job.get("id"), job.get("node"), exc)
+                    time.sleep(0.2 * 2 ** attempt)
         elif state == "FAILURE":
             exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
             self.jobs.fail(job, request.id, exc, "task failed after its retries",
