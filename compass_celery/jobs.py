@@ -8,6 +8,12 @@ exactly once even when two predecessors finish together on different workers.
 Before sending, the adjustment phase re-checks the successor's placement
 against fresh state. A failure runs ``fail.lua`` once, revokes the siblings and
 wakes the waiters. Keys expire after ``compass_job_ttl_s``.
+
+Sending a node is claimed once (HSETNX in the job's sent hash) and a duplicate
+completion resumes successors released but never sent, so a completion cut off
+by a Redis timeout is finished by its retry or by a redelivery. One window stays:
+a worker that dies between claiming a node and publishing it leaves that node
+unsent; the job then fails at its deadline with a clear error, never silently.
 """
 
 from __future__ import annotations
