@@ -13,7 +13,8 @@ Sending a node is claimed once (HSETNX in the job's sent hash) and a duplicate
 completion resumes successors released but never sent, so a completion cut off
 by a Redis timeout is finished by its retry or by a redelivery. One window stays:
 a worker that dies between claiming a node and publishing it leaves that node
-unsent; the job then fails at its deadline with a clear error, never silently.
+unsent; a waiter on the job then fails it at its deadline with a clear error, and
+its records expire after the TTL: it is never waited on forever.
 """
 
 from __future__ import annotations
