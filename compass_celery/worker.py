@@ -105,7 +105,8 @@ class WorkerRuntime:
         self.cache = self._make_cache()
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._running: dict[str, tuple[Decision | None, float]] = {}
+        # task id -> (its decision, the model acquired for it, when it started running)
+        self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
         self.jobs = (JobRuntime(compass, name)
                      if getattr(compass.store, "client", None) is not None else None)
@@ -231,7 +232,7 @@ class WorkerRuntime:
 
     def queued_backlog_ms(self) -> float:
         with self._lock:
-            running = sum(d.charge_ms for d, _ in self._running.values()
+            running = sum(d.charge_ms for d, _, _ in self._running.values()
                           if d is not None and d.worker == self.name)
         return running + sum(d.charge_ms for d in self.queued_decisions()
                              if d.worker == self.name)
@@ -239,10 +240,7 @@ class WorkerRuntime:
     # -- task hooks (called from Compass's signal handlers) -------------------------
     def task_started(self, task: Any, request: Any, args: Any = None) -> None:
         decision = Decision.from_header(getattr(request, "compass", None))
-        model = decision.model if decision else None
-        if model is None:
-            demand = resolve_demand(task.name, task, None, {}, 0.0)
-            model = demand.model if demand else None
+        model = _task_model(task, decision)
         started = time.monotonic()
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
@@ -259,7 +257,7 @@ class WorkerRuntime:
             self.cache.prefetch(queued)
         loaded = time.monotonic()
         with self._lock:
-            self._running[request.id] = (decision, loaded)
+            self._running[request.id] = (decision, model, loaded)
             self._timing[request.id] = {"started": time.time(),
                                         "load_ms": self._ms(loaded - started)}
 
@@ -270,18 +268,15 @@ class WorkerRuntime:
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
         with self._lock:
-            started = self._running.pop(request.id, (None, None))[1]
+            _, model, started = self._running.pop(request.id, (None, None, None))
             timing = self._timing.pop(request.id, {})
-        if decision is not None and decision.model is not None:
-            self.cache.release(decision.model)
-        elif (demand := resolve_demand(task.name, task, None, {}, 0.0)) and demand.model:
-            self.cache.release(demand.model)
+        if model is not None:
+            self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         try:
             if decision is not None and decision.worker == self.name and decision.charge_ms:
                 self.compass.store.charge(self.name, -decision.charge_ms)
             if started is not None and state == "SUCCESS":
-                model = decision.model if decision else getattr(task, "compass_model", None)
                 self.compass.store.record_run(profile_key(task.name, model), run_ms,
                                               self.cfg["ewma_alpha"])
             job = getattr(request, JOB_HEADER, None)
@@ -345,6 +340,14 @@ class WorkerRuntime:
         sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
         if kind in sig:
             sig[kind].send(sender=self.name, **fields)
+
+
+def _task_model(task: Any, decision: Decision | None) -> str | None:
+    """The model a task runs with: its placement's, else its own declaration's."""
+    if decision is not None and decision.model is not None:
+        return decision.model
+    demand = resolve_demand(task.name, task, None, {}, 0.0)
+    return demand.model if demand else None
 
 
 def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
