@@ -57,7 +57,6 @@ class JobRuntime:
         self.outputs = OutputCache()
         client = compass.store.client
         self._complete = client.register_script(_script("complete"))
-        self._fail = client.register_script(_script("fail"))
 
     def keys(self, job_id: str) -> JobKeys:
         return JobKeys.of(self.c.settings["key_prefix"], job_id)

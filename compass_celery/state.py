@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cache
 from importlib import resources
 from typing import Any, Protocol
 
@@ -138,7 +139,9 @@ class MemoryStateStore:
                              dict(self.profiles), now, heartbeat_timeout_s)
 
 
+@cache
 def _script(name: str) -> str:
+    """A Lua script shipped beside the code (read once per process)."""
     return resources.files("compass_celery").joinpath(f"lua/{name}.lua").read_text()
 
 
