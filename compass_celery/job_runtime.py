@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 from .jobs import INPUT_REF, JobError, JobKeys, JobTimeout, fail_job, send_node
 from .planner.adjust import reassign
 from .planner.types import ClusterView, TaskSpec
-from .state import StateUnavailable, _script
+from .scripts import script
+from .state import StateUnavailable
 
 if TYPE_CHECKING:
     from .app import Compass
@@ -56,7 +57,7 @@ class JobRuntime:
         self.c, self.name = compass, worker_name
         self.outputs = OutputCache()
         client = compass.store.client
-        self._complete = client.register_script(_script("complete"))
+        self._complete = client.register_script(script("complete"))
 
     def keys(self, job_id: str) -> JobKeys:
         return JobKeys.of(self.c.settings["key_prefix"], job_id)

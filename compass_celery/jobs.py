@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 from .placement import Decision
 from .planner.check import check_plan
 from .planner.types import ClusterView, DagSpec, Placement
-from .state import StateUnavailable, _script
+from .scripts import script
+from .state import StateUnavailable
 
 if TYPE_CHECKING:
     from .app import Compass
@@ -196,8 +197,8 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
 def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:
     keys = JobKeys.of(c.settings["key_prefix"], job_id)
     client = c.store.client
-    script = client.register_script(_script("fail"))
-    state = script(keys=[keys.job, keys.done], args=[json.dumps(error),
+    fail = client.register_script(script("fail"))
+    state = fail(keys=[keys.job, keys.done], args=[json.dumps(error),
                                                      int(c.settings["job_ttl_s"])])
     state = state.decode() if isinstance(state, bytes) else state
     if state != "FAILURE":

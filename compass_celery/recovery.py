@@ -17,26 +17,27 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from . import keys
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
 from .records import RecordError, decode_record
-from .state import WORKERS_KEY, StateUnavailable, _script
+from .scripts import script
+from .state import StateUnavailable
+from .transport import RedisLayout
 
 if TYPE_CHECKING:
     from .app import Compass
 
 logger = logging.getLogger("compass_celery.recovery")
 
-DEAD_QUEUES_KEY = "{p}:dead-queues"   # set: queues of workers found dead
-DRAIN_LOCK_KEY = "{p}:drain:{name}"   # one drainer per dead worker
-UNACKED_KEY, UNACKED_INDEX_KEY = "unacked", "unacked_index"  # kombu's Redis transport
+DEAD_QUEUES_KEY, DRAIN_LOCK_KEY = keys.DEAD_QUEUES, keys.DRAIN_LOCK
 
 
 def dead_workers(client: Any, prefix: str, now: float, timeout_s: float
                  ) -> list[tuple[str, str]]:
     """(name, queue) of records whose heartbeat is older than ``timeout_s``."""
     out = []
-    for key, raw in client.hgetall(WORKERS_KEY.format(p=prefix)).items():
+    for key, raw in client.hgetall(keys.key(keys.WORKERS, prefix)).items():
         name = key.decode("utf-8", "replace")
         try:
             view = decode_record(raw, field_name=name)
@@ -81,15 +82,16 @@ def mark_alive(c: Compass, queue: str) -> None:
 
 
 def _has_unacked(client: Any, queue: str) -> bool:
-    return any(json.loads(v)[2] == queue for v in client.hvals(UNACKED_KEY)
+    return any(json.loads(v)[2] == queue for v in client.hvals(RedisLayout().unacked)
                if v.startswith(b"["))
 
 
 def drain_queue(c: Compass, queue: str) -> int:
     """Atomically take ``queue``'s messages (waiting and in flight) and re-place each."""
     client = c.store.client
-    script = client.register_script(_script("drain"))
-    items = script(keys=[queue, UNACKED_KEY, UNACKED_INDEX_KEY], args=[queue])
+    layout = RedisLayout()
+    drain = client.register_script(script("drain"))
+    items = drain(keys=[queue, layout.unacked, layout.unacked_index], args=[queue])
     split = items.index(b"--inflight--")
     waiting = list(reversed(items[:split]))  # next-to-run first (kombu pops the right end)
     inflight = [json.loads(e)[0] for e in items[split + 1:]]

@@ -17,20 +17,14 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
-from importlib import resources
 from typing import Any, Protocol
 
+from . import keys
 from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, encode_record
+from .scripts import script
 
 logger = logging.getLogger("compass_celery.state")
-
-# Key templates, named once (rq's habit). {p} is compass_key_prefix.
-WORKERS_KEY = "{p}:workers"      # hash: worker name -> JSON record
-BACKLOG_KEY = "{p}:backlog"      # hash: worker name -> ms queued and running
-PENDING_KEY = "{p}:pending"      # hash: worker name -> ms planned but not yet sent
-PROFILES_KEY = "{p}:profiles"    # hash: "task|model" -> {"exec_ms", "n"}
 
 
 class StateUnavailable(RuntimeError):
@@ -48,6 +42,11 @@ class Snapshot:
 
 
 class StateStore(Protocol):
+    """What producers, workers and recovery need of the state; ``client`` is the raw
+    Redis client (None for the in-process store)."""
+
+    client: Any
+
     def publish(self, view: WorkerView, **extra: Any) -> None: ...
     def remove(self, name: str) -> None: ...
     def charge(self, worker: str, ms: float) -> None: ...
@@ -97,6 +96,7 @@ class MemoryStateStore:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self.client: Any = None
         self.records: dict[str, str] = {}
         self.backlog: dict[str, float] = {}
         self.pending: dict[str, float] = {}
@@ -137,12 +137,6 @@ class MemoryStateStore:
         with self._lock:
             return _assemble(dict(self.records), dict(self.backlog), dict(self.pending),
                              dict(self.profiles), now, heartbeat_timeout_s)
-
-
-@cache
-def _script(name: str) -> str:
-    """A Lua script shipped beside the code (read once per process)."""
-    return resources.files("compass_celery").joinpath(f"lua/{name}.lua").read_text()
 
 
 def connect(url: str, *, master_name: str | None = None, **kwargs: Any) -> Any:
@@ -193,17 +187,17 @@ class RedisStateStore:
         self._factory = client_factory
         self._pid = -1
         self._client: Any = None
-        self._keys = {k: t.format(p=prefix) for k, t in (
-            ("workers", WORKERS_KEY), ("backlog", BACKLOG_KEY), ("pending", PENDING_KEY),
-            ("profiles", PROFILES_KEY))}
+        self._keys = {k: keys.key(t, prefix) for k, t in (
+            ("workers", keys.WORKERS), ("backlog", keys.BACKLOG), ("pending", keys.PENDING),
+            ("profiles", keys.PROFILES))}
 
     @property
     def client(self) -> Any:
         if self._client is None or self._pid != os.getpid():
             self._client = self._factory(self.url)
             self._pid = os.getpid()
-            self._charge = self._client.register_script(_script("charge"))
-            self._ewma = self._client.register_script(_script("ewma"))
+            self._charge = self._client.register_script(script("charge"))
+            self._ewma = self._client.register_script(script("ewma"))
         return self._client
 
     def _call(self, fn: Callable[[], Any]) -> Any:

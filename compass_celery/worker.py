@@ -8,9 +8,7 @@ workers call ``terminate`` instead of ``stop``; both tear down alike.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import logging
 import os
 import threading
@@ -30,6 +28,7 @@ from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
 from .recovery import mark_alive, recover
 from .state import StateUnavailable
+from .transport import RedisLayout, message_headers, peek
 
 if TYPE_CHECKING:
     from .app import Compass
@@ -108,8 +107,7 @@ class WorkerRuntime:
         # task id -> (its decision, the model acquired for it, when it started running)
         self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
-        self.jobs = (JobRuntime(compass, name)
-                     if getattr(compass.store, "client", None) is not None else None)
+        self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
         self._lock = threading.Lock()
         self._state_down = False
         self._last_publish_ok = 0.0
@@ -227,7 +225,7 @@ class WorkerRuntime:
     # -- queue inspection ---------------------------------------------------------------
     def queued_decisions(self, limit: int = -1) -> list[Decision]:
         """Decisions of messages waiting in this worker's own queue, next first."""
-        client = getattr(self.compass.store, "client", None)
+        client = self.compass.store.client
         return [] if client is None else peek_queue(client, self.queue, limit)
 
     def queued_backlog_ms(self) -> float:
@@ -351,30 +349,13 @@ def _task_model(task: Any, decision: Decision | None) -> str | None:
 
 
 def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
-    """Compass decisions of the next ``limit`` messages (all when -1), next first.
-
-    kombu's Redis transport LPUSHes and BRPOPs, so the next message is the list's
-    right end: read the last ``limit`` entries and reverse them.
-    """
-    raw = client.lrange(queue, -limit if limit > 0 else 0, -1)
+    """Compass decisions of the next ``limit`` messages (all when -1), next first."""
     out = []
-    for item in reversed(raw):
-        decision = Decision.from_header(_message_headers(item).get("compass"))
+    for item in peek(client, RedisLayout(), queue, limit):
+        decision = Decision.from_header(message_headers(item).get("compass"))
         if decision is not None:
             out.append(decision)
     return out
-
-
-def _message_headers(raw: bytes | str) -> dict[str, Any]:
-    try:
-        msg = json.loads(raw)
-        headers = msg.get("headers") or {}
-        if not headers and msg.get("body") and msg.get("properties", {}).get(
-                "body_encoding") == "base64":
-            headers = json.loads(base64.b64decode(msg["body"])).get("headers", {})
-        return headers if isinstance(headers, dict) else {}
-    except (ValueError, TypeError, AttributeError):
-        return {}
 
 
 def _default_device() -> str | None:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import keys
 from ..local import RedisServer, WorkerProcess, wait_until
 from ..workload import WorkerSpec, Workload, job_stream
 from .stats import JobOutcome, latency_summary, policy_result
@@ -227,7 +228,7 @@ def _schedule_faults(opts: BenchOptions, workers: list[WorkerProcess],
 
 def _cache_counters(client: Any, prefix: str) -> tuple[int, int, int]:
     hits = misses = loads = 0
-    for raw in client.hgetall(f"{prefix}:workers").values():
+    for raw in client.hgetall(keys.key(keys.WORKERS, prefix)).values():
         try:
             rec = json.loads(raw)
             hits, misses, loads = (hits + int(rec.get("hits", 0)),
