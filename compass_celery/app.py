@@ -31,22 +31,6 @@ logger = logging.getLogger("compass_celery")
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 MAX_DECISIONS = 10_000
 
-# Celery settings Compass needs for an honest backlog and safe redelivery; a value
-# the user set explicitly is kept (and logged if it weakens the guarantees).
-CELERY_DEFAULTS = {
-    "worker_prefetch_multiplier": 1,
-    "task_acks_late": True,
-    "task_reject_on_worker_lost": True,
-    "task_serializer": "json",
-    "result_serializer": "json",
-    "accept_content": ["json"],
-    # Redis transport: an unacked message comes back after this many seconds. It must
-    # exceed the longest task (or the task runs twice); compass re-places the in-flight
-    # task of a dead worker at heartbeat timeout, so this bounds only shared-queue tasks.
-    "broker_transport_options": {"visibility_timeout": 3600},
-}
-
-
 class Compass:
     """Compass scheduling for one Celery app. ``Compass(app)`` is all a user writes."""
 
@@ -57,10 +41,11 @@ class Compass:
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
         self.worker_runtime: Any = None
         app.compass = self  # type: ignore[attr-defined]
+        # Every (re)load of the configuration fires this, including a config_from_object
+        # after Compass(app) on an app that was already configured.
+        app.on_after_configure.connect(self._on_configure, weak=False)
         if app.configured:
             self._on_configure()
-        else:
-            app.on_after_configure.connect(self._on_configure, weak=False)
         from .worker import install_worker_steps
 
         install_worker_steps(app)
@@ -69,11 +54,18 @@ class Compass:
 
     # -- settings and collaborators ------------------------------------------------
     def _on_configure(self, *args: Any, **kwargs: Any) -> None:
+        """Fill the Celery settings the app left unset; keep (and report) the rest.
+
+        Runs on every configuration load, so a ``config_from_object`` after
+        ``Compass(app)`` is decided afresh; what to write is decided in settings.py.
+        """
         conf = self.app.conf
-        changed = getattr(conf, "changes", {}) or {}
-        for key, value in CELERY_DEFAULTS.items():
-            if key not in changed:
-                conf[key] = value
+        to_apply, differences = settings_mod.recommend(conf)
+        for key, value in to_apply.items():
+            conf[key] = value
+        for difference in differences:
+            logger.warning("%s", difference.message())
+        self.__dict__.pop("settings", None)  # compass_* values may have been (re)loaded
         routes = conf.get("task_routes")
         routes = list(routes) if isinstance(routes, (list, tuple)) else (
             [routes] if routes else [])

@@ -3,12 +3,18 @@
 ``Compass(app)`` reads settings only through :func:`resolve`, so each name,
 default, unit and meaning lives here and nowhere else; ``compass status``
 prints the table.
+
+The Celery settings compass recommends live here too (:data:`CELERY_RECOMMENDED`).
+They are decided by the pure function :func:`recommend`: the user's Celery
+settings are theirs, so a recommendation fills only what the app left unset,
+and a kept value that differs is reported, never overwritten.
 """
 
 from __future__ import annotations
 
+import copy
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,3 +122,130 @@ def describe(values: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """Rows of (setting, value, doc) for ``compass status``."""
     return [(f"compass_{n}", repr(values.get(n)), o.doc + (f" [{o.unit}]" if o.unit else ""))
             for n, o in OPTIONS.items()]
+
+
+# -- Celery settings compass recommends ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """A Celery setting compass wants, and why (the why is logged when the user differs)."""
+
+    value: Any
+    why: str
+
+
+CELERY_RECOMMENDED: dict[str, Recommendation] = {
+    "worker_prefetch_multiplier": Recommendation(
+        1, "messages a worker has prefetched are invisible to its backlog estimate, so "
+        "placement would see it idler than it is"),
+    "task_acks_late": Recommendation(
+        True, "a task acked before it runs is lost when its worker dies; acked late, "
+        "compass can re-place it"),
+    "task_reject_on_worker_lost": Recommendation(
+        True, "a task whose pool process died is redelivered instead of being acked "
+        "as failed"),
+    "task_serializer": Recommendation(
+        "json", "messages cross Redis, which compass shares with its state; JSON is the "
+        "format compass is tested with and it cannot run code"),
+    "result_serializer": Recommendation(
+        "json", "results cross Redis; JSON is the format compass is tested with and it "
+        "cannot run code"),
+    "accept_content": Recommendation(
+        ["json"], "a worker decodes whatever content types it accepts from anyone who can "
+        "write to its queues"),
+    # A dict is merged key by key: the user's keys stay, missing ones are added.
+    "broker_transport_options": Recommendation(
+        {"visibility_timeout": 3600},
+        "an unacked message on the shared queue comes back after this many seconds; it "
+        "must exceed the longest task or the task runs twice, and a larger value delays "
+        "the recovery of a dead worker's shared-queue task (its own queue is drained at "
+        "heartbeat timeout)"),
+}
+
+
+class _Missing:
+    """Marks a setting the app left unset (``None`` is a value a user can set)."""
+
+    def __repr__(self) -> str:
+        return "MISSING"
+
+
+MISSING: Any = _Missing()
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A user's Celery setting that compass keeps although it recommends another value."""
+
+    setting: str
+    user: Any
+    recommended: Any
+    why: str
+
+    def message(self) -> str:
+        """One log line: the setting, both values and the reason."""
+        return (f"keeping your Celery setting {self.setting}={self.user!r}; compass "
+                f"recommends {self.recommended!r} because {self.why}")
+
+
+def user_value(conf: Mapping[str, Any], key: str) -> Any:
+    """What the app itself set for Celery setting ``key``, or :data:`MISSING`.
+
+    A Celery ``Settings`` chains the app's changes (``conf.update``, ``Celery(**kw)``),
+    any ``add_defaults`` layers and the loaded configuration (``config_from_object``,
+    ``config_from_envvar``, under its namespace) in front of Celery's built-in defaults,
+    which are always the last map. A value in any map but that last one was set by the
+    app, by whichever route; Celery's own key aliases (namespace prefix, old names) count.
+    A plain mapping counts as set entirely by the user.
+    """
+    maps = getattr(conf, "maps", None)
+    if not isinstance(maps, list):
+        return conf.get(key, MISSING)
+    to_keys = getattr(conf, "_to_keys", None)
+    keys = tuple(to_keys(key)) if callable(to_keys) else (key,)
+    user_maps = maps[:-1] if len(maps) > 1 else maps
+    for mapping in user_maps:
+        for k in keys:
+            if k in mapping:
+                return mapping[k]
+    return MISSING
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, treating a list and a tuple of the same items alike (accept_content)."""
+    if isinstance(a, Sequence) and isinstance(b, Sequence) and not isinstance(a, str) \
+            and not isinstance(b, str):
+        return list(a) == list(b)
+    return bool(a == b)
+
+
+def recommend(conf: Mapping[str, Any]) -> tuple[dict[str, Any], list[Difference]]:
+    """Decide compass's Celery settings against what the app set.
+
+    Returns ``(to_apply, differences)``: the values to write (only where the user set
+    nothing; for a dict setting, the user's dict with the missing recommended keys
+    added), and one :class:`Difference` per user value that differs from compass's.
+    Pure: reads ``conf``, writes nothing.
+    """
+    to_apply: dict[str, Any] = {}
+    differences: list[Difference] = []
+    for key, rec in CELERY_RECOMMENDED.items():
+        user = user_value(conf, key)
+        if user is MISSING:
+            to_apply[key] = copy.deepcopy(rec.value)
+        elif isinstance(rec.value, dict) and (user is None or isinstance(user, Mapping)):
+            user = user or {}
+            merged = dict(user)
+            for sub, wanted in rec.value.items():
+                if sub not in user:
+                    merged[sub] = copy.deepcopy(wanted)
+                elif not _same(user[sub], wanted):
+                    differences.append(Difference(f"{key}[{sub!r}]", user[sub], wanted,
+                                                  rec.why))
+            if merged != user:
+                to_apply[key] = merged
+        elif not _same(user, rec.value):
+            differences.append(Difference(key, user, rec.value, rec.why))
+    return to_apply, differences
+
