@@ -74,15 +74,9 @@ class Compass:
 
     @cached_property
     def settings(self) -> dict[str, Any]:
+        """The typed ``compass_*`` settings, after refusing pickle anywhere in the app."""
         conf = self.app.conf
-        for key in ("task_serializer", "result_serializer"):
-            if conf.get(key) == "pickle":
-                raise settings_mod.SettingsError(
-                    f"{key}='pickle' is refused by compass-celery: messages cross trust "
-                    "boundaries through Redis; use 'json'")
-        if "pickle" in (conf.get("accept_content") or []):
-            raise settings_mod.SettingsError(
-                "accept_content includes 'pickle', which compass-celery refuses; use ['json']")
+        settings_mod.refuse_pickle(conf)
         return settings_mod.resolve(conf)
 
     @property

@@ -249,3 +249,29 @@ def recommend(conf: Mapping[str, Any]) -> tuple[dict[str, Any], list[Difference]
             differences.append(Difference(key, user, rec.value, rec.why))
     return to_apply, differences
 
+
+PICKLE_NAMES = frozenset({"pickle", "application/x-python-serialize"})
+_SERIALIZER_KEYS = ("task_serializer", "result_serializer", "event_serializer")
+_ACCEPT_KEYS = ("accept_content", "result_accept_content")
+
+
+def refuse_pickle(conf: Mapping[str, Any]) -> None:
+    """Raise :class:`SettingsError` naming any setting that would encode or accept pickle.
+
+    Messages, results and events cross Redis, and decoding pickle runs code chosen by
+    whoever can write there, so compass refuses it by name and by content type.
+    """
+    for key in _SERIALIZER_KEYS:
+        value = conf.get(key)
+        if isinstance(value, str) and value.strip().lower() in PICKLE_NAMES:
+            raise SettingsError(
+                f"{key}={value!r} is refused by compass-celery: messages cross trust "
+                "boundaries through Redis and pickle runs code when decoded; use 'json'")
+    for key in _ACCEPT_KEYS:
+        value = conf.get(key) or ()
+        items = value.split(",") if isinstance(value, str) else value
+        for item in items:
+            if isinstance(item, str) and item.strip().lower() in PICKLE_NAMES:
+                raise SettingsError(
+                    f"{key} includes {item!r} (pickle), which compass-celery refuses: "
+                    "accepting it lets whoever can write to Redis run code; use ['json']")

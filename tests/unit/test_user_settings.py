@@ -20,7 +20,9 @@ from compass_celery import Compass
 from compass_celery.settings import (
     CELERY_RECOMMENDED,
     MISSING,
+    SettingsError,
     recommend,
+    refuse_pickle,
     user_value,
 )
 
@@ -286,3 +288,41 @@ def test_user_value_ignores_celerys_builtin_defaults() -> None:
     app.conf.worker_prefetch_multiplier = 4
     assert user_value(app.conf, "worker_prefetch_multiplier") == 4
 
+
+# -- pickle is refused everywhere --------------------------------------------------------
+
+PICKLE_CT = "application/x-python-serialize"
+
+
+@pytest.mark.parametrize(("setting", "value"), [
+    ("task_serializer", "pickle"),
+    ("result_serializer", "pickle"),
+    ("event_serializer", "pickle"),
+    ("task_serializer", PICKLE_CT),
+    ("accept_content", ["json", "pickle"]),
+    ("accept_content", ["json", PICKLE_CT]),
+    ("result_accept_content", ["json", "pickle"]),
+    ("result_accept_content", [PICKLE_CT]),
+])
+def test_pickle_is_refused_naming_the_setting(setting: str, value: Any) -> None:
+    app = new_app(**{setting: value})
+    with pytest.raises(SettingsError, match=rf"^{setting}\b.*pickle"):
+        _ = Compass(app).settings
+
+
+def test_pickle_refused_when_loaded_through_a_namespace() -> None:
+    class Conf:
+        CELERY_RESULT_ACCEPT_CONTENT = [PICKLE_CT]
+
+    app = new_app()
+    app.config_from_object(Conf, namespace="CELERY")
+    with pytest.raises(SettingsError, match="result_accept_content"):
+        _ = Compass(app).settings
+
+
+def test_other_serializers_are_not_refused() -> None:
+    refuse_pickle({"task_serializer": "msgpack", "event_serializer": "json",
+                   "accept_content": ["json", "application/x-msgpack"],
+                   "result_accept_content": None})
+    app = new_app(accept_content=["json", "msgpack"])
+    assert Compass(app).settings["policy"] == "compass"
