@@ -24,13 +24,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, help="jobs per second (overrides the file)")
     ap.add_argument("--jobs", type=int, help="number of jobs (overrides the file)")
     ap.add_argument("--refresh-ms", type=float, default=0.0, help="snapshot staleness, ms")
+    ap.add_argument("--hop-ms", type=float, default=0.0,
+                    help="modelled dispatch overhead per task, workload ms (calibrate from bench)")
     ap.add_argument("--compare-pending", action="store_true")
     ap.add_argument("--json", help="write the result object here")
     args = ap.parse_args(argv)
     try:
         workload = load_workload(args.workload)
         kw = {"workers": args.workers, "rate": args.rate, "jobs": args.jobs,
-              "refresh_ms": args.refresh_ms}
+              "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms}
         if args.compare_pending:
             result = compare_count_pending(workload, **kw)
         else:

@@ -38,14 +38,21 @@ class SimTask:
     ready_at: float = 0.0
     expected_ms: float = 0.0
     seen: bool = False
+    # Moments (workload ms) for the per-task breakdown: sent to a queue, the worker turned
+    # to it (free, task at the head), its model was resident, it started; -1 = not yet.
+    sent_at: float = -1.0
+    turn_at: float = -1.0
+    model_at: float = -1.0
+    start_at: float = -1.0
 
 
 class SimWorker:
     """One worker: FIFO queue, one task at a time, loads overlapped with runs by prefetch."""
 
     def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
-                 cache_policy: str, cluster: SimCluster) -> None:
+                 cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0) -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
+        self.hop_ms = hop_ms  # fixed dispatch overhead per task, occupying the worker
         self.name = spec.name
         self.index = 0  # position in the cluster's snapshot, set by SimCluster
         self.sizes = sizes
@@ -106,6 +113,8 @@ class SimWorker:
             return
         now = self.engine.now
         task = self.queue[0]
+        if task.turn_at < 0:
+            task.turn_at = now
         model = task.model
         if model is not None:
             if not task.seen:
@@ -130,6 +139,8 @@ class SimWorker:
                         return
                     self._apply(actions)
                 return  # the load's completion calls try_start again
+        if task.model_at < 0:
+            task.model_at = now
         if task.ready_at > now:
             if self.wake_at != task.ready_at:
                 self.wake_at = task.ready_at
@@ -137,9 +148,12 @@ class SimWorker:
             return
         self.queue.popleft()
         self.running = task
+        task.start_at = now
         if model is not None:
             self.decider.on_used(model, now)
-        self.engine.after(task.expected_ms, self._finish, task)
+        # The hop (message delivery, bookkeeping round trips) keeps the worker busy too,
+        # which is how a per-task overhead pushes a loaded real cluster toward saturation.
+        self.engine.after(self.hop_ms + task.expected_ms, self._finish, task)
         if self.prefetching:
             self._apply(self.decider.prefetch(self._queued(), running=model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
@@ -194,7 +208,8 @@ class SimCluster:
 
     def __init__(self, specs: tuple[WorkerSpec, ...], engine: Engine, sizes: Mapping[str, float],
                  *, shared: bool, on_done: Callable[[SimTask, SimWorker], None],
-                 on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0) -> None:
+                 on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
+                 hop_ms: float = 0.0) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.on_done, self.on_failed = on_done, on_failed
         self.dirty: set[int] = set()
@@ -202,7 +217,7 @@ class SimCluster:
         self._built_at = 0.0
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
-        self.workers = [SimWorker(s, engine, sizes, policy, self) for s in ordered]
+        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms) for s in ordered]
         self.by_name = {w.name: w for w in self.workers}
         for i, w in enumerate(self.workers):
             w.index = i
@@ -230,6 +245,7 @@ class SimCluster:
 
     def send(self, task: SimTask, worker: str) -> None:
         """Route a ready task: to a worker's own queue, or ``"*"`` to the shared queue."""
+        task.sent_at = self.engine.now
         if worker != "*":
             self.by_name[worker].enqueue(task)
         elif self.idle:

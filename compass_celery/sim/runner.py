@@ -36,6 +36,8 @@ class Job:
     where: dict[str, str] = field(default_factory=dict)
     end: float | None = None
     failed: bool = False
+    # Sums over finished tasks, workload ms: queued, load, hop, run; and the task count.
+    parts: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
 
 
 class Simulation:
@@ -43,7 +45,7 @@ class Simulation:
 
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
                  workers: int | None = None, count_pending: bool = True,
-                 refresh_ms: float = 0.0) -> None:
+                 refresh_ms: float = 0.0, hop_ms: float = 0.0) -> None:
         opts = {"count_pending": count_pending} if policy == "compass" else {}
         self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = policy == "compass"
@@ -54,11 +56,12 @@ class Simulation:
         self.cluster = SimCluster(specs, self.engine, workload.models,
                                   shared=policy == "celery-default",
                                   on_done=self._done, on_failed=self._failed,
-                                  refresh_ms=refresh_ms)
+                                  refresh_ms=refresh_ms, hop_ms=hop_ms)
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
         self.moved = 0
+        self.plan_ns: list[int] = []  # wall time of each policy.plan call
 
     def run(self) -> list[Job]:
         for i, (t, name) in enumerate(self.stream):
@@ -73,11 +76,15 @@ class Simulation:
 
     def _arrive(self, job: Job) -> None:
         dag = job.dag
+        snapshot = self.cluster.snapshot()
+        started = time.perf_counter_ns()
         try:
-            plan = self.policy.plan(dag, self.cluster.snapshot())
+            plan = self.policy.plan(dag, snapshot)
         except PlanningError:
             job.failed = True
             return
+        finally:
+            self.plan_ns.append(time.perf_counter_ns() - started)
         preds = self.preds[dag.name]
         for node, placement in plan.placements.items():
             job.planned[node] = placement.worker
@@ -102,6 +109,13 @@ class Simulation:
         job, now = task.job, self.engine.now
         job.finish[task.node] = now
         job.where[task.node] = worker.name
+        load = task.model_at - task.turn_at
+        parts = job.parts
+        parts[0] += task.start_at - task.sent_at - load
+        parts[1] += load
+        parts[2] += worker.hop_ms
+        parts[3] += task.expected_ms
+        parts[4] += 1
         if len(job.finish) == len(job.dag.nodes):
             job.end = now
         if job.failed:
@@ -135,22 +149,25 @@ class Simulation:
 
 def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
              rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
-             warmup_frac: float = 0.1, refresh_ms: float = 0.0,
+             warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
              details: bool = False) -> dict[str, Any]:
     """Every policy on the same cluster and job stream; the DESIGN.md result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
-    periodically); 0 gives every plan the exact current state. ``details`` adds
-    ``sim_seconds`` (wall time) and ``reassigned`` (successors moved) per policy.
+    periodically); 0 gives every plan the exact current state. ``hop_ms`` is a fixed
+    per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
+    bookkeeping round trips); 0, the default, is the limit a real cluster chases.
+    ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
+    per policy.
     """
     stream = job_stream(workload, rate=rate, jobs=jobs)
     out: dict[str, Any] = {}
     for name in policies:
         started = time.perf_counter()
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
-                         refresh_ms=refresh_ms)
+                         refresh_ms=refresh_ms, hop_ms=hop_ms)
         finished = sim.run()
-        out[name] = summarize(finished, sim.cluster, warmup_frac)
+        out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if details:
             out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
             out[name]["reassigned"] = sim.moved
@@ -159,10 +176,11 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
 
 def compare_count_pending(workload: Workload, *, workers: int | None = None,
                           rate: float | None = None, jobs: int | None = None,
-                          warmup_frac: float = 0.1, refresh_ms: float = 0.0) -> dict[str, Any]:
+                          warmup_frac: float = 0.1, refresh_ms: float = 0.0,
+                          hop_ms: float = 0.0) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
     kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
-          "refresh_ms": refresh_ms}
+          "refresh_ms": refresh_ms, "hop_ms": hop_ms}
     on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
     off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
     return {"workload": workload.name, "count_pending": {"on": on, "off": off}}
