@@ -194,18 +194,29 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
 @click.option("--policies", default=None)
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
+@click.option("--hop-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="modelled fixed dispatch overhead per task (broker and bookkeeping round "
+              "trips), workload ms; calibrate it from a real bench run (docs/BENCHMARKS.md)")
 @click.option("--json", "json_out", default=None)
 def simulate(workload_path: str, n_workers: int | None, policies: str | None,
-             rate: float | None, n_jobs: int | None, json_out: str | None) -> None:
+             rate: float | None, n_jobs: int | None, hop_ms: float,
+             json_out: str | None) -> None:
     from .bench.runner import POLICIES
     from .sim.runner import simulate as run_sim
 
     workload = _load(workload_path)
     result = run_sim(workload, _policies(policies, POLICIES), workers=n_workers, rate=rate,
-                     jobs=n_jobs)
+                     jobs=n_jobs, hop_ms=hop_ms)
+    hop = f", {hop_ms:g} ms modelled hop per task" if hop_ms else ""
     click.echo(f"{workload.name}: simulated, {n_workers or len(workload.cluster.workers)} "
-               "workers, latency in workload ms")
+               f"workers{hop}, latency in workload ms")
     click.echo(result_table(result))
+    rows = [[name, *(f"{r['breakdown_ms'][k]:.1f}" for k in
+                     ("queued_ms", "load_ms", "hop_ms", "run_ms")),
+             f"{r['plan_ms']['p50']:.3f}", f"{r['plan_ms']['p99']:.3f}"]
+            for name, r in result["policies"].items()]
+    click.echo("\nmean per task (ms), and planning wall time per job (ms)")
+    click.echo(_table(rows, ["policy", "queued", "load", "hop", "run", "plan p50", "plan p99"]))
     _write_outputs(result, json_out, None)
 
 
