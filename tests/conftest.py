@@ -1,6 +1,12 @@
 """Test-wide switches: every plan made in these tests (here and in worker processes
-started from here) is checked against its invariants (``compass_validate``)."""
+started from here) is checked against its invariants (``compass_validate``).
+
+The compass pytest plugin is opt-in, as ``celery.contrib.pytest`` is: installing the
+package must not load fixtures into other projects' test runs, so this suite loads it here.
+"""
 
 import os
+
+pytest_plugins = ["compass_celery.testing"]
 
 os.environ.setdefault("COMPASS_VALIDATE", "1")
