@@ -107,9 +107,19 @@ def worker_arrays(cluster: ClusterView) -> WorkerArrays:
     if hit is not None and hit[0]() is cluster:
         return hit[1]
     arrays = build_worker_arrays(cluster)
+    remember_arrays(cluster, arrays)
+    return arrays
+
+
+def remember_arrays(cluster: ClusterView, arrays: WorkerArrays) -> None:
+    """Use ``arrays`` as the snapshot's columns from now on.
+
+    For a caller that keeps the columns up to date itself as workers change (the
+    simulator), so no plan pays the pass over every worker. ``arrays`` must equal what
+    :func:`build_worker_arrays` would build from ``cluster``; the planner never writes it.
+    """
     key = id(cluster)
     _CACHE[key] = (weakref.ref(cluster, lambda _: _CACHE.pop(key, None)), arrays)
-    return arrays
 
 
 def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:

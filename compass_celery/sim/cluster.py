@@ -17,8 +17,10 @@ from typing import Any
 
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
+from ..planner.cost import remember_arrays
 from ..planner.types import ClusterView, WorkerView
 from ..workload import WorkerSpec
+from .columns import LiveColumns
 from .engine import Engine
 
 MS_PER_S = 1000.0
@@ -224,6 +226,7 @@ class SimCluster:
         self.shared_queue: deque[SimTask] = deque()
         self.idle: deque[SimWorker] = deque(self.workers) if shared else deque()
         self._views = [w.view() for w in self.workers]
+        self.columns = LiveColumns(self._views, self.sizes)
         self.dirty.clear()
         self._snapshot: ClusterView | None = None
 
@@ -233,14 +236,19 @@ class SimCluster:
         The same object is returned while nothing changed, or for ``refresh_ms``
         after the last rebuild (workers publish state at most that often), so the
         planner's per-snapshot column cache is reused; ``now`` is the build time.
+        Changed workers' rows of the live columns are rewritten too, and the new
+        snapshot gets a copy of them, so planning never walks every worker.
         """
         stale = self.engine.now - self._built_at >= self.refresh_ms
         if self._snapshot is None or (self.dirty and stale):
             self._built_at = self.engine.now
+            views, workers, columns = self._views, self.workers, self.columns
             for i in self.dirty:
-                self._views[i] = self.workers[i].view()
+                view = views[i] = workers[i].view()
+                columns.update(i, view)
             self.dirty.clear()
-            self._snapshot = ClusterView(tuple(self._views), self.sizes, self.engine.now)
+            self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now)
+            remember_arrays(self._snapshot, columns.arrays())
         return self._snapshot
 
     def send(self, task: SimTask, worker: str) -> None:

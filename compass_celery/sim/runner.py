@@ -9,6 +9,7 @@ successor whose inputs are all done is re-placed (compass only, through
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -63,12 +64,14 @@ class Simulation:
         self.moved = 0
         self.plan_ns: list[int] = []  # wall time of each policy.plan call
 
-    def run(self) -> list[Job]:
-        for i, (t, name) in enumerate(self.stream):
-            job = Job(i, self.workload.dags[name], t)
-            self.jobs.append(job)
-            self.engine.at(t, self._arrive, job)
-        self.engine.run()
+    def run(self, until_ms: float = math.inf) -> list[Job]:
+        """Run to the end, or up to ``until_ms`` (call again to go on from there)."""
+        if not self.jobs:
+            for i, (t, name) in enumerate(self.stream):
+                job = Job(i, self.workload.dags[name], t)
+                self.jobs.append(job)
+                self.engine.at(t, self._arrive, job)
+        self.engine.run(until_ms)
         return self.jobs
 
     def _speed(self, worker: str) -> float:

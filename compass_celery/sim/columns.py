@@ -1,0 +1,78 @@
+"""The planner's per-worker columns, kept live as simulated workers change.
+
+The planner builds its numpy columns from a snapshot with one Python pass over every
+worker. A router that has just read fresh state must pay that; the simulator need not:
+it knows which workers changed since the last snapshot, so it updates only their rows
+here and hands each new snapshot a copy (``planner.cost.remember_arrays``). That turns
+a per-job O(workers) Python pass into O(changed workers) plus a few numpy copies.
+The copy is what :func:`~compass_celery.planner.cost.build_worker_arrays` would build
+from the same views, bit for bit (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays
+from ..planner.types import WorkerView
+
+
+class LiveColumns:
+    """Columns for workers in a fixed order; :meth:`update` rewrites one row."""
+
+    def __init__(self, views: Sequence[WorkerView], sizes: Mapping[str, float]) -> None:
+        n = len(views)
+        self.names = tuple(v.name for v in views)
+        self.queues = tuple(v.queue for v in views)
+        self.index = {name: i for i, name in enumerate(self.names)}
+        self.models = {m: j for j, m in enumerate(sizes)}  # catalogue order, as the planner
+        col = lambda attr: np.fromiter((getattr(v, attr) for v in views), float, n)  # noqa: E731
+        # fixed for a worker's lifetime
+        self.speed = col("speed")
+        self.gpu_total_mb = col("gpu_total_mb")
+        self.load_mb_per_s = col("load_mb_per_s")
+        self.host_load_mb_per_s = col("host_load_mb_per_s")
+        self.net_mb_per_s = col("net_mb_per_s")
+        self.positions = np.arange(n)
+        self.ms_per_kb = MS_PER_S / (KB_PER_MB * self.net_mb_per_s)
+        self.ms_per_mb = MS_PER_S / self.load_mb_per_s
+        self.host_ms_per_mb = MS_PER_S / self.host_load_mb_per_s
+        # changing: rewritten row by row
+        self.backlog_ms = np.zeros(n)
+        self.pending_ms = np.zeros(n)
+        self.gpu_free_mb = np.zeros(n)
+        self.resident = np.zeros((n, len(self.models)), dtype=bool)
+        self.host_resident = np.zeros((n, len(self.models)), dtype=bool)
+        for i, v in enumerate(views):
+            self.update(i, v)
+
+    def update(self, i: int, view: WorkerView) -> None:
+        """Row ``i`` from the worker's current view (the same view the snapshot holds)."""
+        self.backlog_ms[i] = view.backlog_ms
+        self.pending_ms[i] = view.pending_ms
+        self.gpu_free_mb[i] = view.gpu_free_mb
+        self._members(self.resident[i], view.resident)
+        self._members(self.host_resident[i], view.host_resident)
+
+    def _members(self, row: np.ndarray, names: frozenset[str]) -> None:
+        row[:] = False
+        for m in names:
+            j = self.models.get(m)
+            if j is not None:
+                row[j] = True
+
+    def arrays(self) -> WorkerArrays:
+        """A frozen copy for one snapshot: later updates do not reach it."""
+        host = self.host_resident.copy()
+        return WorkerArrays(
+            names=self.names, queues=self.queues, index=self.index,
+            backlog_ms=self.backlog_ms.copy(), pending_ms=self.pending_ms.copy(),
+            speed=self.speed, gpu_free_mb=self.gpu_free_mb.copy(),
+            gpu_total_mb=self.gpu_total_mb, load_mb_per_s=self.load_mb_per_s,
+            host_load_mb_per_s=self.host_load_mb_per_s, net_mb_per_s=self.net_mb_per_s,
+            positions=self.positions, ms_per_kb=self.ms_per_kb, ms_per_mb=self.ms_per_mb,
+            host_ms_per_mb=self.host_ms_per_mb, models=self.models,
+            resident=self.resident.copy(), host_resident=host,
+            host_models=host.any(axis=0).tolist())

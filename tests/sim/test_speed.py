@@ -1,0 +1,58 @@
+"""The simulator's live columns: the planner sees exactly what it would build itself."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compass_celery.planner import POLICIES
+from compass_celery.planner.cost import WorkerArrays, build_worker_arrays, worker_arrays
+from compass_celery.sim.runner import Simulation
+from compass_celery.workload import job_stream, load_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+FIELDS = [f.name for f in dataclasses.fields(WorkerArrays) if not f.name.startswith("_")]
+
+
+def assert_same_arrays(got: WorkerArrays, want: WorkerArrays) -> None:
+    for name in FIELDS:
+        a, b = getattr(got, name), getattr(want, name)
+        if isinstance(b, np.ndarray):
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert np.array_equal(a, b), name
+        else:
+            assert a == b, name
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("refresh_ms", [0.0, 25.0])
+def test_live_columns_equal_a_fresh_build_throughout_a_run(policy, refresh_ms):
+    w = load_workload(ROOT / "dags" / "edge-vision.json")
+    # a host-RAM tier too, so host_resident and the host load bandwidth columns vary
+    cluster = dataclasses.replace(w.cluster.scaled(12), workers=tuple(
+        dataclasses.replace(s, host_mem_mb=2000.0, speed=(1.0, 2.0, 0.5)[i % 3])
+        for i, s in enumerate(w.cluster.scaled(12).workers)))
+    w = dataclasses.replace(w, cluster=cluster)
+    sim = Simulation(w, policy, job_stream(w, rate=40.0, jobs=150), refresh_ms=refresh_ms)
+    checked = 0
+    for until in np.arange(50.0, 5000.0, 97.0):
+        sim.run(until)
+        snap = sim.cluster.snapshot()
+        assert_same_arrays(worker_arrays(snap), build_worker_arrays(snap))
+        checked += any(v.backlog_ms > 0 and v.resident for v in snap.workers)
+    assert checked > 5  # the states compared were not all empty
+    assert all(j.end is not None for j in sim.run())
+
+
+def test_a_snapshot_keeps_its_columns_when_workers_change():
+    w = load_workload(ROOT / "dags" / "edge-vision.json")
+    sim = Simulation(w, "compass", job_stream(w, jobs=60))
+    sim.run(300.0)
+    snap = sim.cluster.snapshot()
+    before = build_worker_arrays(snap)
+    sim.run(900.0)
+    assert sim.cluster.snapshot() is not snap
+    assert_same_arrays(worker_arrays(snap), before)
