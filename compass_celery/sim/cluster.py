@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from ..cache.decisions import CacheDecider, Evict
@@ -62,6 +63,7 @@ class SimWorker:
         self.prefetching = cache_policy != "lru"
         self.host: OrderedDict[str, float] = OrderedDict()
         self.queue: deque[SimTask] = deque()
+        self.queued_models: dict[str, int] = {}  # model -> queued tasks that need it
         self.running: SimTask | None = None
         self.backlog_ms = 0.0  # expected run time of queued + running tasks
         self.pending_ms = 0.0  # planned here, not yet sent
@@ -99,6 +101,8 @@ class SimWorker:
         task.expected_ms = task.exec_ms / self.spec.speed
         self.backlog_ms += task.expected_ms
         self.queue.append(task)
+        if task.model is not None:
+            self.queued_models[task.model] = self.queued_models.get(task.model, 0) + 1
         self.touch()
         if self.running is None:
             self.try_start()
@@ -107,7 +111,39 @@ class SimWorker:
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
 
     def _queued(self, skip: int = 0) -> list[str | None]:
-        return [t.model for i, t in enumerate(self.queue) if i >= skip]
+        """The queued tasks' models from position ``skip`` on, for the cache decider.
+
+        The decider reads only the first ``PREFETCH_LOOKAHEAD`` entries and where each
+        model is first needed, so the list stops once it holds both: the same decisions
+        as the whole queue, without a pass over a queue thousands of tasks long.
+        """
+        counts = self.queued_models
+        distinct = len(counts)
+        if skip and self.queue:
+            head = self.queue[0].model
+            if head is not None and counts[head] == 1:
+                distinct -= 1
+        out: list[str | None] = []
+        seen: set[str] = set()
+        for task in islice(self.queue, skip, None):
+            model = task.model
+            out.append(model)
+            if model is not None:
+                seen.add(model)
+            if len(seen) == distinct and len(out) >= PREFETCH_LOOKAHEAD:
+                break
+        return out
+
+    def _pop(self) -> SimTask:
+        """Take the head task off the queue."""
+        task = self.queue.popleft()
+        if task.model is not None:
+            left = self.queued_models[task.model] - 1
+            if left:
+                self.queued_models[task.model] = left
+            else:
+                del self.queued_models[task.model]
+        return task
 
     def try_start(self) -> None:
         """Start the head task if its model is resident and its inputs have arrived."""
@@ -131,7 +167,7 @@ class SimWorker:
                         actions = self.decider.on_need(model, queued=self._queued(1), now=now)
                     except CacheFullError:
                         if not self.decider.loading:  # nothing will free memory: give up
-                            self.queue.popleft()
+                            self._pop()
                             self.backlog_ms -= task.expected_ms
                             self.touch()
                             self.cluster.on_failed(task, self)
@@ -148,7 +184,7 @@ class SimWorker:
                 self.wake_at = task.ready_at
                 self.engine.at(task.ready_at, self.try_start)
             return
-        self.queue.popleft()
+        self._pop()
         self.running = task
         task.start_at = now
         if model is not None:

@@ -56,3 +56,32 @@ def test_a_snapshot_keeps_its_columns_when_workers_change():
     sim.run(900.0)
     assert sim.cluster.snapshot() is not snap
     assert_same_arrays(worker_arrays(snap), before)
+
+
+def _whole_queue(self, skip=0):
+    """The pre-speedup reference: every queued task's model."""
+    return [t.model for i, t in enumerate(self.queue) if i >= skip]
+
+
+@pytest.mark.parametrize("policy", ["hash", "round-robin", "jsq"])
+def test_cut_queue_view_decides_as_the_whole_queue(policy, monkeypatch):
+    # overloaded (queues tens to hundreds long, several models each): the cut must not matter
+    from compass_celery.sim import simulate
+    from compass_celery.sim.cluster import SimWorker
+
+    w = load_workload(ROOT / "dags" / "edge-vision.json")
+    kw = {"rate": 25.0, "jobs": 400}
+    longest = []
+    cut = SimWorker._queued
+
+    def spy(self, skip=0):
+        longest.append(len(self.queue))
+        return cut(self, skip)
+
+    monkeypatch.setattr(SimWorker, "_queued", spy)
+    fast = simulate(w, [policy], **kw)["policies"][policy]
+    monkeypatch.setattr(SimWorker, "_queued", _whole_queue)
+    slow = simulate(w, [policy], **kw)["policies"][policy]
+    fast.pop("plan_ms"), slow.pop("plan_ms")
+    assert fast == slow
+    assert max(longest) >= 50  # the queues really were long
