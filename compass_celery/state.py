@@ -63,7 +63,16 @@ def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
 
 def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
               pending: Mapping[Any, Any], profiles_raw: Mapping[Any, Any], now: float,
-              timeout_s: float) -> Snapshot:
+              timeout_s: float, ages: Mapping[str, float] | None = None,
+              queue_prefix: str | None = None) -> Snapshot:
+    """Decode the records of live workers.
+
+    ``ages`` (seconds since each worker's last beat, on Redis's clock) decides
+    liveness when given; a heartbeat's host time is then informational only and
+    is replaced by ``now - age``, so two hosts' clocks are never compared. A record
+    whose queue is not ``queue_prefix + name`` is refused: it would send work, or
+    recovery, to somebody else's queue.
+    """
     records, backlog, pending, profiles_raw = (
         _str_keys(records), _str_keys(backlog), _str_keys(pending), _str_keys(profiles_raw))
     workers: list[WorkerView] = []
@@ -74,6 +83,16 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
         except RecordError as exc:
             skipped.append(str(exc))
             continue
+        if queue_prefix is not None and view.queue != queue_prefix + view.name:
+            skipped.append(f"worker record {name!r}: queue {view.queue!r} is not "
+                           f"{queue_prefix + view.name!r} (forged or misconfigured)")
+            continue
+        if ages is not None:
+            age = ages.get(name)
+            if age is None:
+                skipped.append(f"worker {name!r}: no heartbeat (dead)")
+                continue
+            view = replace(view, heartbeat=now - age)
         if now - view.heartbeat > timeout_s:
             skipped.append(f"worker {name!r}: heartbeat {now - view.heartbeat:.1f}s old (dead)")
             continue
@@ -181,15 +200,17 @@ class RedisStateStore:
     """Worker state in Redis. One client per process, rebuilt after fork."""
 
     def __init__(self, url: str, prefix: str = "compass",
-                 client_factory: Callable[[str], Any] = connect) -> None:
+                 client_factory: Callable[[str], Any] = connect,
+                 queue_prefix: str | None = None) -> None:
         self.url = url
         self.prefix = prefix
+        self.queue_prefix = queue_prefix
         self._factory = client_factory
         self._pid = -1
         self._client: Any = None
         self._keys = {k: keys.key(t, prefix) for k, t in (
             ("workers", keys.WORKERS), ("backlog", keys.BACKLOG), ("pending", keys.PENDING),
-            ("profiles", keys.PROFILES))}
+            ("profiles", keys.PROFILES), ("beats", keys.BEATS))}
 
     @property
     def client(self) -> Any:
@@ -198,6 +219,7 @@ class RedisStateStore:
             self._pid = os.getpid()
             self._charge = self._client.register_script(script("charge"))
             self._ewma = self._client.register_script(script("ewma"))
+            self._publish = self._client.register_script(script("publish"))
         return self._client
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -209,14 +231,16 @@ class RedisStateStore:
             raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
-        self._call(lambda: self.client.hset(self._keys["workers"], view.name,
-                                            encode_record(view, **extra)))
+        _ = self.client
+        self._call(lambda: self._publish(keys=[self._keys["workers"], self._keys["beats"]],
+                                         args=[view.name, encode_record(view, **extra)]))
 
     def remove(self, name: str) -> None:
         def go() -> None:
             pipe = self.client.pipeline()
             for key in ("workers", "backlog", "pending"):
                 pipe.hdel(self._keys[key], name)
+            pipe.zrem(self._keys["beats"], name)
             pipe.execute()
         self._call(go)
 
@@ -240,8 +264,14 @@ class RedisStateStore:
             pipe = self.client.pipeline(transaction=False)
             for key in ("workers", "backlog", "pending", "profiles"):
                 pipe.hgetall(self._keys[key])
-            records, backlog, pending, profiles = pipe.execute()
-            return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s)
+            pipe.zrange(self._keys["beats"], 0, -1, withscores=True)
+            pipe.time()
+            records, backlog, pending, profiles, beats, (sec, usec) = pipe.execute()
+            redis_now = sec + usec / 1e6
+            ages = {(n.decode() if isinstance(n, bytes) else n): max(0.0, redis_now - score)
+                    for n, score in beats}
+            return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s,
+                             ages, self.queue_prefix)
         return self._call(go)
 
 
