@@ -25,6 +25,7 @@ from .planner.types import WorkerView
 from .profiles import resolve_demand
 from .router import CompassRouter
 from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore, connect
+from .transport import RedisLayout, RedisQueues
 
 logger = logging.getLogger("compass_celery")
 
@@ -98,9 +99,22 @@ class Compass:
             master = self.settings["sentinel_master"] or (
                 self.app.conf.broker_transport_options or {}).get("master_name")
             self._store = (RedisStateStore(url, self.settings["key_prefix"],
-                                           partial(connect, master_name=master)) if url
+                                           partial(connect, master_name=master),
+                                           queue_prefix=self.settings["queue_prefix"]) if url
                            else MemoryStateStore())
         return self._store
+
+    @cached_property
+    def queues(self) -> RedisQueues | None:
+        """Compass queues in the broker's Redis (hand-back, recovery, leases); None when
+        eager or when the broker is not Redis."""
+        broker = self.app.conf.broker_url or ""
+        if self.eager or not broker.startswith(REDIS_SCHEMES):
+            return None
+        options = self.app.conf.broker_transport_options or {}
+        client = connect(broker, master_name=options.get("master_name"))
+        return RedisQueues(client, RedisLayout.from_options(options),
+                           self.settings["key_prefix"])
 
     @cached_property
     def reader(self) -> SnapshotReader:

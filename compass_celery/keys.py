@@ -1,24 +1,32 @@
 """Every Redis key compass owns, named once (rq's habit).
 
 ``{p}`` is ``compass_key_prefix``: two apps with different prefixes share
-nothing. They live in the state Redis (``compass_redis_url``, by default the
-broker's).
+nothing. Keys about broker messages (staging, dead letters, leases) live in the
+broker's Redis beside kombu's own keys; the rest live in the state Redis
+(``compass_redis_url``, by default the broker's).
 """
 
 from __future__ import annotations
 
 # -- cluster state (state Redis) ------------------------------------------------------
 WORKERS = "{p}:workers"          # hash: worker name -> JSON record
+BEATS = "{p}:beats"              # zset: worker name -> Redis TIME of its last publish
 BACKLOG = "{p}:backlog"          # hash: worker name -> ms queued and running
 PENDING = "{p}:pending"          # hash: worker name -> ms planned but not yet sent
 PROFILES = "{p}:profiles"        # hash: "task|model" -> {"exec_ms", "n"}
 
 # -- recovery (state Redis) -------------------------------------------------------------
-DEAD_QUEUES = "{p}:dead-queues"  # set: queues of workers found dead
-DRAIN_LOCK = "{p}:drain:{name}"  # one drainer per dead worker
+DEAD_QUEUES = "{p}:dead-queues"  # zset: queue of a stopped/dead worker -> Redis TIME marked
+RECOVERY_LEADER = "{p}:recovery-leader"  # string with PX: the one worker recovering this tick
+
+# -- broker messages (broker Redis) -----------------------------------------------------
+STAGING = "{p}:staging:{queue}"  # list: messages taken from a queue, not yet re-placed
+DEAD_LETTER = "{p}:dead-letter"  # list: JSON {queue, reason, raw} of unusable messages
+LEASES = "{p}:leases"            # zset: delivery tag -> Redis TIME its runner last renewed
 
 # -- jobs (state Redis) -------------------------------------------------------------------
 JOB = "{p}:job:{id}"             # hash: state, plan, nodes, deadline ... (see jobs.JobKeys)
+JOB_DEADLINES = "{p}:jobs:deadlines"  # zset: running job id -> deadline (unix s)
 
 
 def key(template: str, prefix: str, **fields: str) -> str:

@@ -1,145 +1,220 @@
-"""Dead workers: drain their own queues and re-place the tasks on live workers.
+"""Stopped and dead workers: their queues are drained and the tasks re-placed.
 
 Per-worker queues bring a failure mode plain Celery lacks: nothing else
-consumes a dead worker's queue, and its unacked message would come back to
-that same queue after the transport's visibility timeout. Every live worker
-runs :func:`recover` periodically; a Redis lock makes exactly one of them
-drain each dead worker (``drain.lua`` takes the waiting messages and the dead
-worker's in-flight ones out atomically), and each task is re-planned against
-live state and pushed to its new worker's queue. The job runtime makes a
-redelivered task's completion idempotent.
+consumes a stopped or dead worker's queue, and its in-flight message would come
+back to that same queue after the transport's visibility timeout. So:
+
+- a worker that stops cleanly hands its own queue back (:func:`hand_back`) and
+  leaves its queue name in the dead-queue set, so late arrivals are drained too;
+- each tick, one live worker (the leader, a Redis lock with a short expiry)
+  finds workers whose heartbeat lapsed *on Redis's clock*, marks their queues
+  dead, and drains every dead queue (:func:`recover`);
+- a drain never holds a message only in memory: messages are staged in Redis in
+  one atomic step, then moved one at a time, atomically, to their new queue or
+  to the dead-letter list (:class:`~compass_celery.transport.RedisQueues`). A
+  drainer killed anywhere leaves them staged, and the next leader resumes;
+- in-flight messages whose runner still renews its lease are left alone, so a
+  stopping worker's running task, or a long one, never runs twice.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
-import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import keys
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
 from .records import RecordError, decode_record
-from .scripts import script
 from .state import StateUnavailable
-from .transport import RedisLayout
+from .transport import MessageError, RedisQueues, parse_message, redis_time
 
 if TYPE_CHECKING:
     from .app import Compass
 
 logger = logging.getLogger("compass_celery.recovery")
 
-DEAD_QUEUES_KEY, DRAIN_LOCK_KEY = keys.DEAD_QUEUES, keys.DRAIN_LOCK
+#: A drained dead queue is forgotten after staying empty this many heartbeat timeouts.
+PRUNE_AFTER_TIMEOUTS = 10
+
+_warned_forged: set[str] = set()
 
 
-def dead_workers(client: Any, prefix: str, now: float, timeout_s: float
+def dead_workers(client: Any, prefix: str, queue_prefix: str, timeout_s: float
                  ) -> list[tuple[str, str]]:
-    """(name, queue) of records whose heartbeat is older than ``timeout_s``."""
+    """(name, queue) of workers whose last beat is older than ``timeout_s`` on Redis's
+    clock. A record naming a queue other than its own is never trusted: logged once."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.key(keys.WORKERS, prefix))
+    pipe.zrange(keys.key(keys.BEATS, prefix), 0, -1, withscores=True)
+    pipe.time()
+    records, beats, (sec, usec) = pipe.execute()
+    now = sec + usec / 1e6
+    beat = {(n.decode() if isinstance(n, bytes) else n): s for n, s in beats}
     out = []
-    for key, raw in client.hgetall(keys.key(keys.WORKERS, prefix)).items():
+    for key, raw in records.items():
         name = key.decode("utf-8", "replace")
         try:
             view = decode_record(raw, field_name=name)
         except RecordError:
             continue  # a garbled record names no trustworthy queue; readers skip it
-        if now - view.heartbeat > timeout_s:
+        if view.queue != queue_prefix + view.name:
+            if name not in _warned_forged:
+                _warned_forged.add(name)
+                logger.error("compass: worker record %r names queue %r, not %r: ignored "
+                             "(forged or misconfigured); its queue is never drained", name,
+                             view.queue, queue_prefix + view.name)
+            continue
+        if now - beat.get(name, float("-inf")) > timeout_s:
             out.append((view.name, view.queue))
     return out
 
 
-def recover(c: Compass, me: str, now: float | None = None) -> int:
-    """Drain every dead worker this process wins the lock for; return tasks re-placed."""
-    now = time.time() if now is None else now
-    cfg = c.settings
+def mark_dead(c: Compass, queue: str) -> None:
+    """Put ``queue`` in the dead-queue set: the leader drains it until it stays empty."""
     client = c.store.client
-    prefix = cfg["key_prefix"]
-    moved = 0
-    for name, queue in dead_workers(client, prefix, now, cfg["heartbeat_timeout_s"]):
-        if name == me:
-            continue
-        lock = DRAIN_LOCK_KEY.format(p=prefix, name=name)
-        if not client.set(lock, me, nx=True, ex=max(5, int(cfg["heartbeat_timeout_s"] * 4))):
-            continue
-        logger.warning("compass: worker %s is dead (no heartbeat for %.1fs); draining %s",
-                       name, cfg["heartbeat_timeout_s"], queue)
-        client.sadd(DEAD_QUEUES_KEY.format(p=prefix), queue)
-        c.store.remove(name)
-        moved += drain_queue(c, queue)
-    live = {w.queue for w in c.store.snapshot(now, cfg["heartbeat_timeout_s"]).workers}
-    for raw_queue in client.smembers(DEAD_QUEUES_KEY.format(p=prefix)):
-        queue = raw_queue.decode()
-        if queue in live:  # the worker came back under the same name
-            client.srem(DEAD_QUEUES_KEY.format(p=prefix), queue)
-        elif client.llen(queue) or _has_unacked(client, queue):
-            moved += drain_queue(c, queue)  # late redeliveries (visibility timeout)
-    return moved
+    dead = keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"])
+    client.zadd(dead, {queue: redis_time(client)}, nx=True)
 
 
 def mark_alive(c: Compass, queue: str) -> None:
     """A worker (re)starting under a name found dead takes its queue back."""
-    c.store.client.srem(DEAD_QUEUES_KEY.format(p=c.settings["key_prefix"]), queue)
+    c.store.client.zrem(keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"]), queue)
 
 
-def _has_unacked(client: Any, queue: str) -> bool:
-    return any(json.loads(v)[2] == queue for v in client.hvals(RedisLayout().unacked)
-               if v.startswith(b"["))
+def lease_timeout_s(c: Compass) -> float:
+    """A lease not renewed for this long is lapsed (renewed every third of it)."""
+    return float(c.settings["heartbeat_timeout_s"])
 
 
-def drain_queue(c: Compass, queue: str) -> int:
-    """Atomically take ``queue``'s messages (waiting and in flight) and re-place each."""
+def recover(c: Compass, me: str, interval_s: float) -> int:
+    """One recovery round if this worker wins the leader lock; returns tasks re-placed."""
+    queues = c.queues
+    if queues is None:
+        return 0
+    cfg = c.settings
     client = c.store.client
-    layout = RedisLayout()
-    drain = client.register_script(script("drain"))
-    items = drain(keys=[queue, layout.unacked, layout.unacked_index], args=[queue])
-    split = items.index(b"--inflight--")
-    waiting = list(reversed(items[:split]))  # next-to-run first (kombu pops the right end)
-    inflight = [json.loads(e)[0] for e in items[split + 1:]]
-    count = 0
-    for message in [*(json.loads(m) for m in waiting), *inflight]:
+    prefix = cfg["key_prefix"]
+    leader = keys.key(keys.RECOVERY_LEADER, prefix)
+    if not client.set(leader, me, nx=True, px=max(100, int(interval_s * 1000 * 0.9))):
+        return 0
+    timeout = cfg["heartbeat_timeout_s"]
+    for name, queue in dead_workers(client, prefix, cfg["queue_prefix"], timeout):
+        if name == me:
+            continue
+        logger.warning("compass: worker %s is dead (no heartbeat for %.1fs on Redis's "
+                       "clock); draining %s", name, timeout, queue)
+        mark_dead(c, queue)
+        c.store.remove(name)
+    dead_key = keys.key(keys.DEAD_QUEUES, prefix)
+    marked = {(q.decode() if isinstance(q, bytes) else q): t
+              for q, t in client.zrange(dead_key, 0, -1, withscores=True)}
+    if not marked:
+        return 0
+    live = set(client.hkeys(keys.key(keys.WORKERS, prefix)))
+    todo = []
+    for queue in marked:
+        name = queue[len(cfg["queue_prefix"]):]
+        if not queue.startswith(cfg["queue_prefix"]):
+            client.zrem(dead_key, queue)  # never drain a queue compass does not own
+        elif name.encode() in live:
+            client.zrem(dead_key, queue)  # the worker came back under the same name
+        else:
+            todo.append(queue)
+    counts = queues.stage(todo, lease_timeout_s(c))
+    moved = sum(replace_staged(c, queues, q) for q in todo)
+    now = redis_time(client)
+    for queue in todo:
+        _, leased = counts.get(queue, (0, 0))
+        if not leased and not queues.has_work(queue) \
+                and now - marked[queue] > PRUNE_AFTER_TIMEOUTS * timeout:
+            client.zrem(dead_key, queue)
+    queues.prune_leases(PRUNE_AFTER_TIMEOUTS * lease_timeout_s(c))
+    return moved
+
+
+def hand_back(c: Compass, me: str) -> int:
+    """A stopping worker re-places everything waiting in its own queue (priority lists
+    too) on the other live workers, or on the shared queue when none is left."""
+    queues = c.queues
+    if queues is None:
+        return 0
+    queue = c.queue_for(me)
+    queues.stage([queue], lease_timeout_s(c), with_unacked=False)
+    return replace_staged(c, queues, queue, exclude=me)
+
+
+def take_back(c: Compass, me: str) -> int:
+    """A starting worker re-places what a previous process under its name left in
+    flight or staged (a same-name restart); nothing of its own runs yet."""
+    queues = c.queues
+    if queues is None:
+        return 0
+    queue = c.queue_for(me)
+    queues.stage([queue], 0.0)  # every in-flight entry: no process of ours runs it now
+    return replace_staged(c, queues, queue)
+
+
+def replace_staged(c: Compass, queues: RedisQueues, queue: str,
+                   exclude: str | None = None) -> int:
+    """Re-place ``queue``'s staged messages one at a time; unusable ones are
+    dead-lettered with a log line naming why. Redis errors propagate: the rest
+    stay staged for the next round."""
+    moved = 0
+    while (raw := queues.next_staged(queue)) is not None:
         try:
-            replace_message(c, message)
-            count += 1
-        except Exception:  # never drop a message: park it on the shared queue
-            logger.exception("compass: re-placing a message from %s failed; shared queue", queue)
-            _push(c, message, c.shared_queue)
-            count += 1
-    if count:
-        logger.warning("compass: re-placed %d task(s) from %s", count, queue)
-    return count
+            message = parse_message(raw)
+        except MessageError as exc:
+            if queues.dead_letter(queue, raw, str(exc)):
+                logger.error("compass: an entry in %s is unusable (%s); moved to %s: %.120r",
+                             queue, exc, queues.dead_letter_key, raw)
+            continue
+        target, decision = plan_message(c, message, exclude)
+        priority = (message.get("properties") or {}).get("priority")
+        if queues.move(queue, raw, queues.layout.list_for(target, priority),
+                       json.dumps(message)):
+            moved += 1
+            if decision is not None and decision.charge_ms:
+                with contextlib.suppress(StateUnavailable):  # reconciled by its worker
+                    c.store.charge(decision.worker, decision.charge_ms)
+    if moved:
+        logger.warning("compass: re-placed %d task(s) from %s", moved, queue)
+    return moved
 
 
-def replace_message(c: Compass, message: dict[str, Any]) -> str:
-    """Re-plan one raw kombu message against live state and push it; return its queue."""
-    headers = message.setdefault("headers", {})
+def plan_message(c: Compass, message: dict[str, Any], exclude: str | None = None
+                 ) -> tuple[str, Decision | None]:
+    """Re-plan one message against live state (never on ``exclude``); rewrite its
+    compass header and routing key in place; return its new queue."""
+    headers = message["headers"]
     old = Decision.from_header(headers.get("compass"))
     task = headers.get("task", "?")
+    decision: Decision | None = None
     try:
-        snapshot = c.reader.get()
         if old is None:
             raise PlacementError("no compass decision on the message")
+        snapshot = c.reader.get()
+        if exclude is not None:
+            snapshot = replace(snapshot, workers=tuple(w for w in snapshot.workers
+                                                       if w.name != exclude))
         demand = Demand(task, old.model, old.run_ms, 0.0, "declared")
         decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue)
     except (StateUnavailable, PlacementError) as exc:
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
-        decision = None
     if decision is None or decision.fallback:
         queue = c.shared_queue
         if old is not None:
             headers["compass"] = {**old.as_header(), "worker": "*", "queue": queue,
                                   "charge_ms": 0.0, "fallback": True}
+        decision = None
     else:
         queue = decision.queue
         headers["compass"] = decision.as_header()
-        if decision.charge_ms:
-            c.store.charge(decision.worker, decision.charge_ms)
-    _push(c, message, queue)
-    return queue
-
-
-def _push(c: Compass, message: dict[str, Any], queue: str) -> None:
     props = message.setdefault("properties", {})
     info = props.setdefault("delivery_info", {})
     info["routing_key"] = queue
     info.setdefault("exchange", "")
-    c.store.client.lpush(queue, json.dumps(message))
+    return queue, decision

@@ -4,16 +4,20 @@ Compass owns per-worker queues, so it must find every message of one: kombu
 keeps a queue as one list per priority step (``<queue>\\x06\\x16<step>``), puts
 a consumed-but-unacked message in its ``unacked`` hash (``[message, exchange,
 routing_key]``) and may prefix every key (``global_keyprefix``). Those details
-live here and nowhere else..
+live here and nowhere else. :class:`RedisQueues` runs the atomic steps that
+recovery and the worker's hand-back are built from.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from . import keys
+from .scripts import script
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``
@@ -96,8 +100,114 @@ def message_headers(raw: bytes | str) -> dict[str, Any]:
 
 
 def peek(client: Any, layout: RedisLayout, queue: str, limit: int = -1) -> list[bytes]:
-    """The next ``limit`` raw messages of ``queue`` (all when -1), next first.
+    """The next ``limit`` raw messages of ``queue`` (all when -1), next first, in the
+    order kombu will deliver them (its priority lists included).
 
     kombu LPUSHes and BRPOPs, so a list's next message is its right end.
     """
-    return list(reversed(client.lrange(layout.lists(queue)[0], -limit if limit > 0 else 0, -1)))
+    pipe = client.pipeline(transaction=False)
+    for name in layout.lists(queue):
+        pipe.lrange(name, -limit if limit > 0 else 0, -1)
+    out: list[bytes] = []
+    for raw in pipe.execute():
+        out.extend(reversed(raw))
+    return out[:limit] if limit > 0 else out
+
+
+class RedisQueues:
+    """Atomic operations on compass queues in the broker's Redis.
+
+    Recovery and hand-back never hold a message only in memory: a queue's
+    messages (and its owner's unleased in-flight ones) are first moved into a
+    staging list in one script; each is then moved from staging to its new
+    queue, or to the dead-letter list, in another script that checks it is still
+    the one read. A drainer killed at any point leaves every message in a queue
+    or in staging, where the next drainer resumes.
+    """
+
+    def __init__(self, client: Any, layout: RedisLayout, prefix: str) -> None:
+        self.client, self.layout, self.prefix = client, layout, prefix
+        self._stage = client.register_script(script("stage"))
+        self._move = client.register_script(script("move"))
+        self._lease = client.register_script(script("lease"))
+
+    def staging_key(self, queue: str) -> str:
+        return keys.key(keys.STAGING, self.prefix, queue=queue)
+
+    @property
+    def dead_letter_key(self) -> str:
+        return keys.key(keys.DEAD_LETTER, self.prefix)
+
+    @property
+    def leases_key(self) -> str:
+        return keys.key(keys.LEASES, self.prefix)
+
+    def peek(self, queue: str, limit: int = -1) -> list[bytes]:
+        return peek(self.client, self.layout, queue, limit)
+
+    def stage(self, queues: Iterable[str], lease_timeout_s: float,
+              with_unacked: bool = True) -> dict[str, tuple[int, int]]:
+        """Move each queue's waiting messages, and its in-flight ones whose lease has
+        lapsed, into its staging list; -> {queue: (staged now, in flight and leased)}."""
+        queues = list(queues)
+        if not queues:
+            return {}
+        lists = [self.layout.lists(q) for q in queues]
+        keys_ = [self.layout.keyprefix + self.layout.unacked,
+                 self.layout.keyprefix + self.layout.unacked_index, self.leases_key]
+        argv: list[Any] = [lease_timeout_s, 1 if with_unacked else 0, len(queues)]
+        for q, ls in zip(queues, lists, strict=True):
+            keys_.append(self.staging_key(q))
+            keys_.extend(ls)
+            argv.extend([q, len(ls)])
+        counts = self._stage(keys=keys_, args=argv)
+        return {q: (int(counts[2 * i]), int(counts[2 * i + 1])) for i, q in enumerate(queues)}
+
+    def next_staged(self, queue: str) -> bytes | None:
+        """The staged message to re-place next (it stays staged until moved)."""
+        return self.client.lindex(self.staging_key(queue), -1)
+
+    def staged_count(self, queue: str) -> int:
+        return int(self.client.llen(self.staging_key(queue)))
+
+    def move(self, queue: str, expected: bytes, target_list: str, raw: str) -> bool:
+        """Atomically pop ``expected`` off ``queue``'s staging and push ``raw`` onto
+        ``target_list``; False (and nothing done) when another drainer moved it first."""
+        return bool(self._move(keys=[self.staging_key(queue), target_list],
+                               args=[expected, raw]))
+
+    def dead_letter(self, queue: str, expected: bytes, reason: str) -> bool:
+        """Move an unusable staged entry to the dead-letter list, with why."""
+        entry = json.dumps({"queue": queue, "reason": reason,
+                            "raw": expected.decode("utf-8", "replace")})
+        return self.move(queue, expected, self.dead_letter_key, entry)
+
+    def has_work(self, queue: str) -> bool:
+        pipe = self.client.pipeline(transaction=False)
+        for name in [*self.layout.lists(queue), self.staging_key(queue)]:
+            pipe.llen(name)
+        return any(pipe.execute())
+
+    def renew_leases(self, tags: Iterable[str], host_now: float) -> list[str]:
+        """Keep running tasks' in-flight entries theirs: our lease on Redis's clock,
+        and kombu's visibility-timeout index (host clock: kombu compares with it).
+        Returns the tags that are no longer in flight (acked), to forget."""
+        tags = list(tags)
+        if not tags:
+            return []
+        gone = self._lease(keys=[self.leases_key,
+                                 self.layout.keyprefix + self.layout.unacked_index,
+                                 self.layout.keyprefix + self.layout.unacked],
+                           args=[host_now, *tags])
+        return [g.decode() if isinstance(g, bytes) else g for g in gone]
+
+    def prune_leases(self, older_than_s: float) -> int:
+        """Forget leases not renewed for ``older_than_s`` (on Redis's clock)."""
+        now = redis_time(self.client)
+        return int(self.client.zremrangebyscore(self.leases_key, "-inf", now - older_than_s))
+
+
+def redis_time(client: Any) -> float:
+    """Redis's own clock, in seconds: the one clock liveness is judged by."""
+    sec, usec = client.time()
+    return float(sec) + float(usec) / 1e6

@@ -26,7 +26,7 @@ from .jobs import JOB_HEADER, JobError
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
-from .recovery import mark_alive, recover
+from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
 from .state import StateUnavailable
 from .transport import RedisLayout, message_headers, peek
 
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("compass_celery.worker")
 
-#: Tries of a job completion against Redis before giving up (0.2 s doubling backoff).
-COMPLETION_ATTEMPTS = 6
+#: Backoff between tries of a job completion against Redis (doubling up to the cap).
+COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
 
 # Worker command-line flags, each overriding the compass_* setting of the same name.
 WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
@@ -111,6 +111,13 @@ class WorkerRuntime:
         self._lock = threading.Lock()
         self._state_down = False
         self._last_publish_ok = 0.0
+        # Since when our own publishes have succeeded without a break (monotonic); a
+        # worker judges peers only after a full heartbeat timeout of that, so after a
+        # Redis outage every live peer has re-published before anyone is called dead.
+        self._publish_ok_since: float | None = None
+        # task id -> delivery tag of messages received and not yet finished (leased)
+        self._tags: dict[str, str] = {}
+        self._exited = threading.Event()  # set by tests that tear a runtime down
 
     # -- construction -----------------------------------------------------------
     def _make_cache(self) -> ModelCache:
@@ -153,11 +160,20 @@ class WorkerRuntime:
         except StateUnavailable as exc:
             logger.warning("compass: %s", exc)
         if self.jobs is not None:
-            with contextlib.suppress(StateUnavailable, RedisError):
+            try:
                 mark_alive(self.compass, self.queue)
+                taken = take_back(self.compass, self.name)
+                if taken:
+                    logger.warning("compass: took back %d task(s) a previous %s left in "
+                                   "flight", taken, self.name)
+            except (StateUnavailable, RedisError) as exc:
+                logger.warning("compass: could not take back in-flight tasks: %s", exc)
         loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
-        if self.jobs is not None:  # Redis-backed: watch for dead peers
+        if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self._watchdog_loop, "watchdog"))
+            lease = threading.Thread(target=self._lease_loop, name="compass-leases",
+                                     daemon=True)
+            lease.start()  # not joined at stop: leases outlive the consumer until exit
         for target, label in loops:
             t = threading.Thread(target=target, name=f"compass-{label}", daemon=True)
             t.start()
@@ -166,14 +182,29 @@ class WorkerRuntime:
                     self.cache.device, self.cache.total_mb)
 
     def stop(self) -> None:
+        """Runs once the consumer has stopped: leave the cluster and hand back the queue.
+
+        The record goes first, so producers stop choosing this worker; the queue
+        name joins the dead-queue set, so anything that still lands in it (a
+        producer's stale snapshot, a prefetched message kombu restores when the
+        connection closes) is drained by the recovery leader.
+        """
         self._stopping.set()
         self._wake.set()
         for t in self._threads:
             t.join(timeout=2)
         try:
             self.compass.store.remove(self.name)
-        except StateUnavailable as exc:
-            logger.warning("compass: could not remove worker record: %s", exc)
+            if self.jobs is not None:
+                mark_dead(self.compass, self.queue)
+                self.compass.reader.invalidate()
+                moved = hand_back(self.compass, self.name)
+                logger.warning("compass: worker %s stopping: handed back %d queued task(s)",
+                               self.name, moved)
+        except (StateUnavailable, RedisError) as exc:
+            logger.warning("compass: could not hand back the queue of %s (%s); the "
+                           "recovery leader drains it after the heartbeat timeout",
+                           self.name, exc)
         if self.compass.worker_runtime is self:
             self.compass.worker_runtime = None
         set_current_cache(None)
@@ -187,12 +218,24 @@ class WorkerRuntime:
             if not self._state_down:
                 logger.warning("compass: cannot publish worker state: %s", exc)
             self._state_down = True
+            self._publish_ok_since = None
             return False
         if self._state_down:
             logger.warning("compass: state store back; worker %s re-published", self.name)
             self._state_down = False
-        self._last_publish_ok = time.time()
+        self._last_publish_ok = time.monotonic()
+        if self._publish_ok_since is None:
+            self._publish_ok_since = self._last_publish_ok
         return True
+
+    def may_judge_peers(self) -> bool:
+        """Only a worker that has reached Redis without a break for a whole heartbeat
+        timeout judges others: after an outage, live peers re-publish first."""
+        timeout = self.cfg["heartbeat_timeout_s"]
+        now = time.monotonic()
+        return (self._publish_ok_since is not None
+                and now - self._publish_ok_since >= timeout
+                and now - self._last_publish_ok < timeout / 2)
 
     def _publish_loop(self) -> None:
         while not self._stopping.is_set():
@@ -213,14 +256,37 @@ class WorkerRuntime:
     def _watchdog_loop(self) -> None:
         interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
         while not self._stopping.wait(interval):
-            if time.time() - self._last_publish_ok > self.cfg["heartbeat_timeout_s"] / 2:
+            if not self.may_judge_peers():
                 continue  # we could not reach Redis lately either: peers may be fine
             try:
-                recover(self.compass, self.name)
+                recover(self.compass, self.name, interval)
             except (StateUnavailable, RedisError):
                 continue  # Redis away: the publisher logs it once
             except Exception:  # never let recovery kill the worker
                 logger.exception("compass: dead-worker recovery failed")
+
+    def _lease_loop(self) -> None:
+        """Renew the leases of received, unfinished messages until the process exits."""
+        queues = self.compass.queues
+        if queues is None:
+            return
+        interval = max(0.05, lease_timeout_s(self.compass) / 3)
+        while not self._exited.wait(interval):
+            with self._lock:
+                tags = dict(self._tags)
+            if not tags:
+                if self._stopping.is_set():
+                    return  # stopped and nothing left in flight
+                continue
+            try:
+                gone = set(queues.renew_leases(tags.values(), time.time()))
+            except (RedisError, OSError):
+                continue  # Redis away: the lease lapses, as it should for a cut worker
+            if gone:
+                with self._lock:
+                    for task_id, tag in tags.items():
+                        if tag in gone and self._tags.get(task_id) == tag:
+                            del self._tags[task_id]
 
     # -- queue inspection ---------------------------------------------------------------
     def queued_decisions(self, limit: int = -1) -> list[Decision]:
@@ -268,6 +334,7 @@ class WorkerRuntime:
         with self._lock:
             _, model, started = self._running.pop(request.id, (None, None, None))
             timing = self._timing.pop(request.id, {})
+            self._tags.pop(request.id, None)
         if model is not None:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
@@ -292,24 +359,36 @@ class WorkerRuntime:
             timing = {**timing, "run_ms": run_ms, "finished": time.time(),
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
             # Completion is idempotent (complete.lua dedups; a duplicate resumes sending
-            # released successors; each send is claimed once), so a Redis hiccup is retried
-            # rather than left to strand the job's successors.
-            for attempt in range(COMPLETION_ATTEMPTS):
+            # released successors; each send is claimed once), so it is retried until it
+            # succeeds. The message is acked only after this returns, so a worker that
+            # dies meanwhile leaves it in flight for recovery: the job is never stranded.
+            # Past the job's timeout there is nothing left to complete: it has failed.
+            give_up = time.monotonic() + self.cfg["job_timeout_s"]
+            delay = COMPLETION_BACKOFF_S
+            while True:
                 try:
                     self.jobs.on_success(job, request.id, retval, timing)
                     break
-                except (RedisError, OSError) as exc:
-                    if attempt == COMPLETION_ATTEMPTS - 1:
-                        raise
-                    logger.warning("compass: completing %s/%s failed (%s); retrying",
-                                   job.get("id"), job.get("node"), exc)
-                    time.sleep(0.2 * 2 ** attempt)
+                except (RedisError, OSError, StateUnavailable) as exc:
+                    if time.monotonic() > give_up:
+                        logger.error("compass: could not complete %s/%s for %.0fs (%s); "
+                                     "the job fails at its deadline", job.get("id"),
+                                     job.get("node"), self.cfg["job_timeout_s"], exc)
+                        return
+                    logger.warning("compass: completing %s/%s failed (%s); retrying in "
+                                   "%.1fs", job.get("id"), job.get("node"), exc, delay)
+                    time.sleep(delay)
+                    delay = min(COMPLETION_BACKOFF_CAP_S, delay * 2)
         elif state == "FAILURE":
             exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
             self.jobs.fail(job, request.id, exc, "task failed after its retries",
                            task=request.task)
 
     def task_received(self, request: Any) -> None:
+        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        if isinstance(tag, str) and tag:
+            with self._lock:
+                self._tags[request.id] = tag  # leased from now until it is acked
         job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
         if not isinstance(job, dict) or self.jobs is None:
             return

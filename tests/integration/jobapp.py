@@ -25,6 +25,9 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         master = {"master_name": os.environ["COMPASS_JOBAPP_SENTINEL_MASTER"]}
         app.conf.broker_transport_options = master
         app.conf.result_backend_transport_options = master
+    if os.environ.get("COMPASS_JOBAPP_VISIBILITY_TIMEOUT"):
+        app.conf.broker_transport_options = {
+            "visibility_timeout": float(os.environ["COMPASS_JOBAPP_VISIBILITY_TIMEOUT"])}
     if os.environ.get("COMPASS_JOBAPP_MAX_OUTPUT_KB"):
         app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
     app.conf.update(conf)
@@ -34,9 +37,13 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         def rpush(self, key: str, value: str) -> None:
             app.compass.store.client.rpush(key, value)
 
+        def executed(self, task_id: str) -> None:
+            app.compass.store.client.hincrby("execs", task_id, 1)
+
     log = _Log()
 
     def ran(task: Any) -> None:
+        log.executed(task.request.id)  # executions per task id: duplicates show as > 1
         job = getattr(task.request, "compass_job", None) or {}
         log.rpush("ran", f"{job.get('id')}:{job.get('node')}:{task.request.hostname}")
 

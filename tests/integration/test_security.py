@@ -77,7 +77,7 @@ def test_output_over_the_limit_fails_the_job_by_name(compass_redis_url, compass_
     dag.node("c", app.tasks["j.add"].s(1), after=[b])
     with pytest.raises(JobFailed, match="node 'b'.*over compass_max_output_kb=64"):
         dag.apply_async().get(timeout=20)
-    assert "over compass_max_output_kb" in w.log()
+    wait_until(lambda: "over compass_max_output_kb" in w.log(), 10, "the failure in the log")
 
 
 def test_tls_rediss_urls_work_for_broker_and_state(tmp_path, compass_workers):

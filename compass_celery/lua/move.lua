@@ -1,0 +1,7 @@
+-- Move the next staged entry to its destination, if it is still the one the caller read.
+-- KEYS: 1 staging list, 2 destination list; ARGV: 1 the entry read, 2 what to push
+-- Returns 1 when moved, 0 when another drainer took it first (nothing is done then).
+if redis.call('LINDEX', KEYS[1], -1) ~= ARGV[1] then return 0 end
+redis.call('RPOP', KEYS[1])
+redis.call('LPUSH', KEYS[2], ARGV[2])
+return 1
