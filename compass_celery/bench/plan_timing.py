@@ -1,11 +1,14 @@
-"""How long planning takes: one task, and a 10-task DAG, with compass at 4/64/1000 workers.
+"""How long planning takes: one task, and a 10-task DAG, at 4/64/1000 workers (any counts).
 
 Synthetic, seeded workers (each holding 0-3 of a 20-model catalogue, random backlog) and
-``time.perf_counter_ns`` around ``CompassPolicy.plan``. "cold" plans every call on a new
-snapshot object, so the per-worker columns are rebuilt inside the timed call (a router
-that just read fresh state); "warm" re-plans on one snapshot, whose columns are memoised
-(a router within its snapshot cache window). Prints median and p99 in microseconds.
-Pure CPU, no GPU, no Redis.
+``time.perf_counter_ns`` around the policy's ``plan`` (compass unless ``--policies``).
+"cold" plans every call on a new snapshot object, so the per-worker columns are rebuilt
+inside the timed call (a router that just read fresh state); "live" plans on a new
+snapshot whose columns were handed over ready (``remember_arrays``), as the simulator
+does for every job, so only the model-dependent memo is rebuilt; "warm" re-plans on one
+snapshot, whose columns are memoised (a router within its snapshot cache window).
+"live" is opt-in (``--snapshots cold,live,warm``). Prints median and p99 in
+microseconds. Pure CPU, no GPU, no Redis.
 """
 
 from __future__ import annotations
@@ -16,7 +19,17 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from compass_celery.planner import ClusterView, CompassPolicy, DagSpec, TaskSpec, WorkerView
+from compass_celery.planner import (
+    POLICIES,
+    ClusterView,
+    DagSpec,
+    Policy,
+    TaskSpec,
+    WorkerView,
+    get_policy,
+)
+from compass_celery.planner.cost import remember_arrays
+from compass_celery.sim.columns import LiveColumns
 
 MODELS = {f"m{k:02d}": 500.0 + 275.0 * k for k in range(20)}  # 0.5 GB .. 5.7 GB
 
@@ -57,8 +70,19 @@ def ten_task_dag(rng: random.Random) -> DagSpec:
     return DagSpec(nodes, edges, name="ten")
 
 
+def live_snapshots(cluster: ClusterView, reps: int) -> list[ClusterView]:
+    """New snapshot objects whose columns are ready, as the simulator hands them over."""
+    live = LiveColumns(cluster.workers, cluster.model_sizes_mb)
+    out = []
+    for _ in range(reps):
+        snap = ClusterView(cluster.workers, cluster.model_sizes_mb)
+        remember_arrays(snap, live.arrays())
+        out.append(snap)
+    return out
+
+
 def time_us(
-    policy: CompassPolicy, dag: DagSpec, snapshots: Sequence[ClusterView]
+    policy: Policy, dag: DagSpec, snapshots: Sequence[ClusterView]
 ) -> tuple[float, float]:
     """(median, p99) in microseconds of planning ``dag`` once per snapshot given."""
     samples = []
@@ -73,24 +97,41 @@ def time_us(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="4,64,1000", help="comma-separated worker counts")
+    parser.add_argument("--policies", default="compass", help="comma-separated policy names")
+    parser.add_argument("--snapshots", default="cold,warm", help="cases among cold,live,warm")
     parser.add_argument("--reps", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    names = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in POLICIES]
+    if unknown:
+        parser.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+    kinds = [k.strip() for k in args.snapshots.split(",") if k.strip()]
+    if not kinds or set(kinds) - {"cold", "live", "warm"}:
+        parser.error(f"--snapshots takes cold, live and/or warm, got {args.snapshots!r}")
     rng = random.Random(args.seed)
-    policy = CompassPolicy()
     single = DagSpec.single(TaskSpec("t", "m07", 120.0, 100.0))
     dag = ten_task_dag(rng)
-    print(f"{'workers':>8} {'case':>8} {'snapshot':>8} {'median_us':>10} {'p99_us':>10}")
+    print(f"{'workers':>8} {'case':>8} {'snapshot':>8} {'median_us':>10} {'p99_us':>10} "
+          f"{'policy':>14}")
     for n in (int(x) for x in args.workers.split(",")):
         cluster = synthetic_cluster(n, rng)
         reps = max(50, args.reps * 64 // max(n, 64))
-        for case, d in (("1-task", single), ("10-task", dag)):
-            for _ in range(10):
-                policy.plan(d, cluster)  # warm-up: imports, caches, branch predictors
-            fresh = [ClusterView(cluster.workers, cluster.model_sizes_mb) for _ in range(reps)]
-            for kind, snapshots in (("cold", fresh), ("warm", [cluster] * reps)):
-                med, p99 = time_us(policy, d, snapshots)
-                print(f"{n:>8} {case:>8} {kind:>8} {med:>10.1f} {p99:>10.1f}")
+        for name in names:
+            policy = get_policy(name, seed=args.seed)
+            for case, d in (("1-task", single), ("10-task", dag)):
+                for _ in range(10):
+                    policy.plan(d, cluster)  # warm-up: imports, caches, branch predictors
+                for kind in kinds:
+                    if kind == "cold":
+                        snapshots = [ClusterView(cluster.workers, cluster.model_sizes_mb)
+                                     for _ in range(reps)]
+                    elif kind == "live":
+                        snapshots = live_snapshots(cluster, reps)
+                    else:
+                        snapshots = [cluster] * reps
+                    med, p99 = time_us(policy, d, snapshots)
+                    print(f"{n:>8} {case:>8} {kind:>8} {med:>10.1f} {p99:>10.1f} {name:>14}")
     return 0
 
 

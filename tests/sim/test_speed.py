@@ -85,3 +85,25 @@ def test_cut_queue_view_decides_as_the_whole_queue(policy, monkeypatch):
     fast.pop("plan_ms"), slow.pop("plan_ms")
     assert fast == slow
     assert max(longest) >= 50  # the queues really were long
+
+
+def test_plan_timing_live_case_and_policies(capsys):
+    from compass_celery.bench.plan_timing import main
+
+    assert main(["--workers", "2000", "--reps", "20", "--policies", "compass,hash",
+                 "--snapshots", "cold,live"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert {(r[2], r[5]) for r in rows} == {(k, p) for k in ("cold", "live")
+                                           for p in ("compass", "hash")}
+    med = {(r[1], r[2], r[5]): float(r[3]) for r in rows}
+    # ready columns spare the pass over 2,000 workers that a cold snapshot pays
+    assert med[("1-task", "live", "compass")] * 2 < med[("1-task", "cold", "compass")]
+
+
+def test_plan_timing_rejects_unknown_names():
+    from compass_celery.bench.plan_timing import main
+
+    with pytest.raises(SystemExit):
+        main(["--policies", "fastest"])
+    with pytest.raises(SystemExit):
+        main(["--snapshots", "lukewarm"])
