@@ -43,12 +43,17 @@ OPTIONS: dict[str, Option] = {
     "seed": Option(0, int, "seed for randomised policies"),
     "state_refresh_s": Option(0.25, (int, float), "worker record publish interval", "s", 0.01),
     "snapshot_ttl_s": Option(0.05, (int, float), "how long a reader reuses a snapshot", "s", 0.0),
-    "heartbeat_timeout_s": Option(5.0, (int, float), "a worker older than this is dead",
-                                  "s", 0.05),
+    "heartbeat_timeout_s": Option(30.0, (int, float), "a worker whose last beat (on Redis's "
+                                  "clock) is older than this is dead and its queue drained; "
+                                  "the default outlasts a Sentinel failover", "s", 0.05),
     "reconcile_s": Option(5.0, (int, float), "backlog reconciliation interval", "s", 0.05),
-    "queue_prefix": Option("compass.w.", str, "prefix of each worker's own queue"),
-    "shared_queue": Option("compass.shared", str,
-                           "fallback queue every Compass worker consumes"),
+    "queue_prefix": Option(None, (str, type(None)), "prefix of each worker's own queue "
+                           "(default '<key_prefix>.w.', so apps with their own key prefix "
+                           "share no queue)"),
+    "shared_queue": Option(None, (str, type(None)), "fallback queue every Compass worker "
+                           "consumes (default '<key_prefix>.shared')"),
+    "output_cache_mb": Option(256.0, (int, float), "memory a worker spends on recent task "
+                              "outputs for collocated successors", "MB", 0.0),
     "default_exec_ms": Option(100.0, (int, float), "run time of a task nobody declared or "
                               "measured", "ms", 0.0),
     "ewma_alpha": Option(0.3, (int, float), "weight of a new run in the learned run time",
@@ -106,6 +111,10 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
         out[name] = value
     if isinstance(out["preload"], str):
         out["preload"] = [m for m in out["preload"].split(",") if m]
+    if out["queue_prefix"] is None:
+        out["queue_prefix"] = f"{out['key_prefix']}.w."
+    if out["shared_queue"] is None:
+        out["shared_queue"] = f"{out['key_prefix']}.shared"
     for model, size in out["models"].items():
         if not isinstance(size, (int, float)) or isinstance(size, bool) or not size > 0:
             raise SettingsError(f"compass_models[{model!r}] must be a size in MB > 0, "

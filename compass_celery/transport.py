@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,6 +99,39 @@ def message_headers(raw: bytes | str) -> dict[str, Any]:
         return {}
 
 
+def guard_undecodable(on_garbage: Callable[[str, str], None]) -> None:
+    """Make kombu's Redis consumer survive a non-JSON entry in a queue it reads.
+
+    kombu decodes an entry right after BRPOP took it; a decode error escapes its
+    consumer loop, kills the worker and loses the entry, and a JSON object that
+    is not a kombu message is dropped as if the connection had failed. With this
+    guard, such an entry goes to ``on_garbage(raw, why)`` and the read counts as
+    empty: the worker keeps consuming. Lists (kombu's unacked entries) pass.
+    Installed by the compass worker step (idempotent).
+    """
+    import kombu.transport.redis as kredis
+
+    original = kredis.loads
+    if getattr(original, "compass_guard", False):
+        return
+
+    def loads(s: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            value = original(s, *args, **kwargs)
+        except (ValueError, TypeError) as exc:
+            on_garbage(s if isinstance(s, str) else repr(s), f"not JSON ({exc})")
+            raise kredis.Empty() from None
+        if isinstance(value, dict) and not (isinstance(value.get("properties"), dict)
+                                            and "delivery_tag" in value["properties"]):
+            # kombu would fail on it as if the connection were lost, and drop it
+            on_garbage(s, "not a kombu message (no properties.delivery_tag)")
+            raise kredis.Empty()
+        return value
+
+    loads.compass_guard = True  # type: ignore[attr-defined]
+    kredis.loads = loads
+
+
 def peek(client: Any, layout: RedisLayout, queue: str, limit: int = -1) -> list[bytes]:
     """The next ``limit`` raw messages of ``queue`` (all when -1), next first, in the
     order kombu will deliver them (its priority lists included).
@@ -181,6 +214,12 @@ class RedisQueues:
         entry = json.dumps({"queue": queue, "reason": reason,
                             "raw": expected.decode("utf-8", "replace")})
         return self.move(queue, expected, self.dead_letter_key, entry)
+
+    def dead_letter_raw(self, queue: str, raw: bytes | str, reason: str) -> None:
+        """Keep an unusable message a consumer already took, with why."""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        self.client.lpush(self.dead_letter_key,
+                          json.dumps({"queue": queue, "reason": reason, "raw": text}))
 
     def has_work(self, queue: str) -> bool:
         pipe = self.client.pipeline(transaction=False)

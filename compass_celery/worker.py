@@ -9,6 +9,7 @@ workers call ``terminate`` instead of ``stop``; both tear down alike.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
-from celery import Celery, bootsteps
+from celery import Celery, bootsteps, signals
 from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
@@ -28,7 +29,7 @@ from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
 from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
 from .state import StateUnavailable
-from .transport import RedisLayout, message_headers, peek
+from .transport import RedisLayout, guard_undecodable, message_headers, peek
 
 if TYPE_CHECKING:
     from .app import Compass
@@ -168,6 +169,10 @@ class WorkerRuntime:
                                    "flight", taken, self.name)
             except (StateUnavailable, RedisError) as exc:
                 logger.warning("compass: could not take back in-flight tasks: %s", exc)
+        if self.compass.queues is not None:
+            guard_undecodable(self._dead_letter)
+            signals.task_rejected.connect(self._on_rejected, weak=False)
+            signals.task_unknown.connect(self._on_unknown, weak=False)
         loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self._watchdog_loop, "watchdog"))
@@ -191,6 +196,8 @@ class WorkerRuntime:
         """
         self._stopping.set()
         self._wake.set()
+        signals.task_rejected.disconnect(self._on_rejected)
+        signals.task_unknown.disconnect(self._on_unknown)
         for t in self._threads:
             t.join(timeout=2)
         try:
@@ -264,6 +271,35 @@ class WorkerRuntime:
                 continue  # Redis away: the publisher logs it once
             except Exception:  # never let recovery kill the worker
                 logger.exception("compass: dead-worker recovery failed")
+
+    # -- messages this worker cannot run: kept, never dropped ---------------------------
+    def _dead_letter(self, raw: Any, why: str, queue: str | None = None) -> None:
+        queues = self.compass.queues
+        where = queue or f"a queue of {self.name}"
+        try:
+            if queues is not None:
+                queues.dead_letter_raw(where, raw, why)
+            logger.error("compass: %s: a message is unusable (%s); kept in %s: %.120r",
+                         where, why, queues.dead_letter_key if queues else "the log", raw)
+        except (RedisError, OSError) as exc:
+            logger.error("compass: %s: unusable message (%s) could not be dead-lettered "
+                         "(%s): %.2000r", where, why, exc, raw)
+
+    def _on_rejected(self, sender: Any = None, message: Any = None, **kw: Any) -> None:
+        if message is not None:
+            queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+            self._dead_letter(getattr(message, "body", b""), "not a Celery task message",
+                              queue)
+
+    def _on_unknown(self, sender: Any = None, name: str | None = None, message: Any = None,
+                    **kw: Any) -> None:
+        if message is not None:
+            queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+            raw = json.dumps({"headers": getattr(message, "headers", {}),
+                              "body": getattr(message, "body", b"").decode("utf-8", "replace")
+                              if isinstance(getattr(message, "body", b""), bytes) else "",
+                              "properties": getattr(message, "properties", {})})
+            self._dead_letter(raw, f"task {name!r} is not registered on {self.name}", queue)
 
     def _lease_loop(self) -> None:
         """Renew the leases of received, unfinished messages until the process exits."""

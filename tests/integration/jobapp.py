@@ -25,9 +25,12 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         master = {"master_name": os.environ["COMPASS_JOBAPP_SENTINEL_MASTER"]}
         app.conf.broker_transport_options = master
         app.conf.result_backend_transport_options = master
+    if os.environ.get("COMPASS_JOBAPP_KEY_PREFIX"):
+        app.conf.compass_key_prefix = os.environ["COMPASS_JOBAPP_KEY_PREFIX"]
     if os.environ.get("COMPASS_JOBAPP_VISIBILITY_TIMEOUT"):
-        app.conf.broker_transport_options = {
-            "visibility_timeout": float(os.environ["COMPASS_JOBAPP_VISIBILITY_TIMEOUT"])}
+        app.conf.broker_transport_options = {  # and kombu scans for them every second
+            "visibility_timeout": float(os.environ["COMPASS_JOBAPP_VISIBILITY_TIMEOUT"]),
+            "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
     if os.environ.get("COMPASS_JOBAPP_MAX_OUTPUT_KB"):
         app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
     app.conf.update(conf)
