@@ -27,24 +27,32 @@ logger = logging.getLogger("compass_celery.jobs")
 
 
 class OutputCache:
-    """Bounded in-memory cache of recent node outputs on a worker (LRU by count)."""
+    """Recent node outputs on a worker, for collocated successors (LRU, capped in bytes
+    of their JSON, so a few large outputs cannot take the worker's memory)."""
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self.capacity = capacity
-        self._items: OrderedDict[tuple[str, str], Any] = OrderedDict()
+    def __init__(self, capacity_bytes: int = 256 * 2**20) -> None:
+        self.capacity_bytes = capacity_bytes
+        self._items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+        self.bytes = 0
         self.hits = self.misses = 0
 
-    def put(self, job: str, node: str, value: Any) -> None:
-        self._items[(job, node)] = value
-        self._items.move_to_end((job, node))
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+    def put(self, job: str, node: str, value: Any, size: int) -> None:
+        if size > self.capacity_bytes:
+            return  # would evict everything else; its successors read Redis
+        old = self._items.pop((job, node), None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._items[(job, node)] = (value, size)
+        self.bytes += size
+        while self.bytes > self.capacity_bytes:
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.bytes -= dropped
 
     def get(self, job: str, node: str) -> tuple[bool, Any]:
         key = (job, node)
         if key in self._items:
             self.hits += 1
-            return True, self._items[key]
+            return True, self._items[key][0]
         self.misses += 1
         return False, None
 
@@ -55,7 +63,7 @@ class JobRuntime:
 
     def __init__(self, compass: Compass, worker_name: str) -> None:
         self.c, self.name = compass, worker_name
-        self.outputs = OutputCache()
+        self.outputs = OutputCache(int(compass.settings["output_cache_mb"] * 2**20))
         client = compass.store.client
         self._complete = client.register_script(script("complete"))
 
@@ -129,12 +137,15 @@ class JobRuntime:
             logger.warning("compass: completion of %s/%s is a duplicate; sending %s, released "
                            "but never sent", job_id, node, ready)
         else:
-            self.outputs.put(job_id, node, retval)
-        sent = [self._send_successor(job_id, succ, nodes, plan, keys) for succ in ready]
+            self.outputs.put(job_id, node, retval, len(output))
+        resume = status == "duplicate"
+        sent = [self._send_successor(job_id, succ, nodes, plan, keys, resume)
+                for succ in ready]
         return [t for t in sent if t]
 
     def _send_successor(self, job_id: str, succ: str, nodes: dict[str, Any],
-                        plan: dict[str, Any], keys: JobKeys) -> str | None:
+                        plan: dict[str, Any], keys: JobKeys, resume: bool = False
+                        ) -> str | None:
         c, node = self.c, nodes[succ]
         planned = plan.get(succ)
         placement: Any = planned
@@ -157,8 +168,8 @@ class JobRuntime:
                 task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                      new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        task_id = send_node(c, job_id, succ, node, placement, ref, moved_from)
-        if task_id and planned and planned["worker"] != "*":
+        task_id = send_node(c, job_id, succ, node, placement, ref, moved_from, resume)
+        if task_id and not resume and planned and planned["worker"] != "*":
             c.store.add_pending(planned["worker"], -planned["run_ms"])  # no longer pending
         return task_id
 

@@ -26,6 +26,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from . import keys as _keys
 from .placement import Decision
 from .planner.check import check_plan
 from .planner.types import ClusterView, DagSpec, Placement
@@ -141,6 +142,7 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
         pipe.hset(keys.left, mapping=left)
     for key in keys.all():
         pipe.expire(key, int(cfg["job_ttl_s"]))
+    pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
     pipe.execute()
     for name, node in nodes.items():
         if node["preds"] and name in plan and plan[name].worker != "*":
@@ -159,9 +161,14 @@ def _placement_json(p: Placement) -> dict[str, Any]:
 
 def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
               placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
-              moved_from: str | None) -> str | None:
-    """Claim node ``name`` (HSETNX in the job's sent hash) and publish its task to its
-    worker's queue (an explicit queue: the router stays out); None when already claimed."""
+              moved_from: str | None, resume: bool = False) -> str | None:
+    """Claim node ``name`` and publish its task to its worker's queue (an explicit
+    queue: the router stays out); None when somebody else sent it.
+
+    The claim is ``?<task id>`` (HSETNX), confirmed as ``<task id>`` once published.
+    A sender that dies in between leaves the claim unconfirmed; the redelivered
+    predecessor's completion (``resume``) re-sends it under the same task id.
+    """
     p = _placement_json(placement) if isinstance(placement, Placement) else placement
     if not p or p.get("worker") in (None, "*"):
         queue, worker, charge = c.shared_queue, "*", 0.0
@@ -178,9 +185,14 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from}
     keys = JobKeys.of(c.settings["key_prefix"], job_id)
     client = c.store.client
-    if not client.hsetnx(keys.tasks, name, task_id):
-        return None  # another completion already claimed and sent this node
-    client.expire(keys.tasks, int(c.settings["job_ttl_s"]))
+    if not client.hsetnx(keys.tasks, name, "?" + task_id):
+        claim = client.hget(keys.tasks, name) or b""
+        claim = claim.decode() if isinstance(claim, bytes) else claim
+        if not (resume and claim.startswith("?")):
+            return None  # another completion claimed it (and sends it)
+        task_id = claim[1:]
+        logger.warning("compass: job %s: re-sending %r, claimed but never confirmed sent",
+                       job_id, name)
     try:
         c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
                         task_id=task_id, headers={"compass": decision.as_header(),
@@ -188,6 +200,10 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
     except Exception:
         client.hdel(keys.tasks, name)  # unclaim, so a retried completion sends it
         raise
+    pipe = client.pipeline()
+    pipe.hset(keys.tasks, name, task_id)
+    pipe.expire(keys.tasks, int(c.settings["job_ttl_s"]))
+    pipe.execute()
     if charge:
         c.store.charge(worker, charge)
     c.remember(task_id, decision)
@@ -207,7 +223,7 @@ def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:
                    error.get("exc"))
     plan_raw = client.hget(keys.job, "plan")
     done = {k.decode() for k in client.hkeys(keys.outputs)}
-    sent = {k.decode(): v.decode() for k, v in client.hgetall(keys.tasks).items()}
+    sent = {k.decode(): v.decode().lstrip("?") for k, v in client.hgetall(keys.tasks).items()}
     left = {k.decode(): int(v) for k, v in client.hgetall(keys.left).items()}
     plan = json.loads(plan_raw or "{}")
     for node, count in left.items():  # planned successors that will never be sent
@@ -218,6 +234,26 @@ def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:
     if revoke:
         c.app.control.revoke(revoke)
     return state
+
+
+def deadlines_key(prefix: str) -> str:
+    return _keys.key(_keys.JOB_DEADLINES, prefix)
+
+
+def sweep_overdue(c: Compass, now: float, limit: int = 100) -> int:
+    """Fail running jobs past their deadline, waited on or not, and forget ended ones:
+    no job outlives its deadline unended, and its keys then expire with the TTL."""
+    client = c.store.client
+    key = deadlines_key(c.settings["key_prefix"])
+    failed = 0
+    for raw in client.zrangebyscore(key, "-inf", now, start=0, num=limit):
+        job_id = raw.decode() if isinstance(raw, bytes) else raw
+        state = fail_job(c, job_id, {"job": job_id, "node": None, "task": None,
+                                     "worker": None, "exc_type": "JobTimeout",
+                                     "exc": "job deadline passed before it finished"})
+        failed += state == "FAILURE"
+        client.zrem(key, job_id)
+    return failed
 
 
 # -- the handle ------------------------------------------------------------------------
@@ -263,9 +299,10 @@ class JobHandle:
                     continue
                 raise JobTimeout(f"job {self.id} not finished within {timeout}s "
                                  f"(state {state})")
-            popped = self.client.blpop([self.keys.done], timeout=max(0.01, min(left, 1.0)))
-            if popped is not None:
-                self.client.rpush(self.keys.done, popped[1])  # leave it for other waiters
+            # rotate the list onto itself: wakes on the end, leaves it (and its TTL) for
+            # other waiters instead of recreating the key without one
+            self.client.blmove(self.keys.done, self.keys.done, max(0.01, min(left, 1.0)),
+                               "RIGHT", "LEFT")
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
         """The sink results ``{node: result}``; raises JobFailed / JobTimeout."""

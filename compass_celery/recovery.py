@@ -14,7 +14,9 @@ back to that same queue after the transport's visibility timeout. So:
   to the dead-letter list (:class:`~compass_celery.transport.RedisQueues`). A
   drainer killed anywhere leaves them staged, and the next leader resumes;
 - in-flight messages whose runner still renews its lease are left alone, so a
-  stopping worker's running task, or a long one, never runs twice.
+  stopping worker's running task, or a long one, never runs twice;
+- the leader also fails jobs past their deadline, whether anyone waits on them
+  or not.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import keys
+from .jobs import sweep_overdue
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
 from .records import RecordError, decode_record
@@ -101,6 +105,10 @@ def recover(c: Compass, me: str, interval_s: float) -> int:
     leader = keys.key(keys.RECOVERY_LEADER, prefix)
     if not client.set(leader, me, nx=True, px=max(100, int(interval_s * 1000 * 0.9))):
         return 0
+    # deadlines are stamped by the submitting host, so judged by a host clock too
+    swept = sweep_overdue(c, time.time())
+    if swept:
+        logger.warning("compass: failed %d job(s) past their deadline", swept)
     timeout = cfg["heartbeat_timeout_s"]
     for name, queue in dead_workers(client, prefix, cfg["queue_prefix"], timeout):
         if name == me:

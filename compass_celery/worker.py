@@ -255,8 +255,8 @@ class WorkerRuntime:
         while not self._stopping.wait(self.cfg["reconcile_s"]):
             try:
                 self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
-            except StateUnavailable:
-                continue
+            except (StateUnavailable, RedisError):
+                continue  # Redis away: the publisher says so once
             except Exception:  # never let bookkeeping kill the worker
                 logger.exception("compass: backlog reconciliation failed")
 
@@ -374,51 +374,59 @@ class WorkerRuntime:
         if model is not None:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
-        try:
+        try:  # bookkeeping is best effort: reconciliation corrects the backlog
             if decision is not None and decision.worker == self.name and decision.charge_ms:
                 self.compass.store.charge(self.name, -decision.charge_ms)
             if started is not None and state == "SUCCESS":
                 self.compass.store.record_run(profile_key(task.name, model), run_ms,
                                               self.cfg["ewma_alpha"])
-            job = getattr(request, JOB_HEADER, None)
-            if isinstance(job, dict) and self.jobs is not None:
-                self._job_finished(job, request, state, retval, timing, run_ms)
         except StateUnavailable as exc:
             logger.warning("compass: bookkeeping skipped, %s", exc)
+        job = getattr(request, JOB_HEADER, None)
+        if isinstance(job, dict) and self.jobs is not None:
+            self._job_finished(job, request, state, retval, timing, run_ms)  # never skipped
         self._wake.set()
 
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
                       timing: dict[str, float], run_ms: float) -> None:
-        assert self.jobs is not None
+        jobs = self.jobs
+        assert jobs is not None
         if state == "SUCCESS":
             sent = float(job.get("sent") or timing.get("started", 0.0))
             timing = {**timing, "run_ms": run_ms, "finished": time.time(),
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
-            # Completion is idempotent (complete.lua dedups; a duplicate resumes sending
-            # released successors; each send is claimed once), so it is retried until it
-            # succeeds. The message is acked only after this returns, so a worker that
-            # dies meanwhile leaves it in flight for recovery: the job is never stranded.
-            # Past the job's timeout there is nothing left to complete: it has failed.
-            give_up = time.monotonic() + self.cfg["job_timeout_s"]
-            delay = COMPLETION_BACKOFF_S
-            while True:
-                try:
-                    self.jobs.on_success(job, request.id, retval, timing)
-                    break
-                except (RedisError, OSError, StateUnavailable) as exc:
-                    if time.monotonic() > give_up:
-                        logger.error("compass: could not complete %s/%s for %.0fs (%s); "
-                                     "the job fails at its deadline", job.get("id"),
-                                     job.get("node"), self.cfg["job_timeout_s"], exc)
-                        return
-                    logger.warning("compass: completing %s/%s failed (%s); retrying in "
-                                   "%.1fs", job.get("id"), job.get("node"), exc, delay)
-                    time.sleep(delay)
-                    delay = min(COMPLETION_BACKOFF_CAP_S, delay * 2)
+            self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing))
         elif state == "FAILURE":
             exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
-            self.jobs.fail(job, request.id, exc, "task failed after its retries",
-                           task=request.task)
+            self._until_done(job, lambda: jobs.fail(job, request.id, exc,
+                                                    "task failed after its retries",
+                                                    task=request.task))
+
+    def _until_done(self, job: dict, step: Any) -> None:
+        """Retry a job completion (or failure) until Redis takes it.
+
+        Both are idempotent (complete.lua dedups, a duplicate resumes unconfirmed
+        sends; fail.lua fails once). The message is acked only after this returns,
+        so a worker dying meanwhile leaves it in flight for recovery: the job is
+        never stranded. Past the job timeout there is nothing left to do: the
+        recovery leader has failed the job at its deadline.
+        """
+        give_up = time.monotonic() + self.cfg["job_timeout_s"]
+        delay = COMPLETION_BACKOFF_S
+        while True:
+            try:
+                step()
+                return
+            except (RedisError, OSError, StateUnavailable) as exc:
+                if time.monotonic() > give_up:
+                    logger.error("compass: could not record %s/%s for %.0fs (%s); the job "
+                                 "fails at its deadline", job.get("id"), job.get("node"),
+                                 self.cfg["job_timeout_s"], exc)
+                    return
+                logger.warning("compass: recording %s/%s failed (%s); retrying in %.1fs",
+                               job.get("id"), job.get("node"), exc, delay)
+                time.sleep(delay)
+                delay = min(COMPLETION_BACKOFF_CAP_S, delay * 2)
 
     def task_received(self, request: Any) -> None:
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)

@@ -4,8 +4,9 @@
 -- ARGV: 1 node, 2 output JSON, 3 ttl seconds, 4 run-info JSON, 5.. successors
 -- Returns {'ok', ready...} | {'finished'} | {'duplicate', unsent...} | {'late', state} |
 -- {'missing'}. A duplicate (a redelivery, or a retry after a client timeout when the first
--- call did run) returns the successors this node released that nobody has claimed yet
--- (no task id in the sent hash), so a completion interrupted before sending them resumes.
+-- call did run) returns the successors this node released that were never confirmed sent
+-- (no task id in the sent hash, or only a claim '?<id>' whose publish never confirmed), so
+-- a completion interrupted before or while sending them resumes.
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return {'missing'} end
 if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
@@ -13,7 +14,8 @@ if redis.call('HSETNX', KEYS[2], ARGV[1], ARGV[2]) == 0 then
   if state == 'RUNNING' then
     for i = 5, #ARGV do
       local left = tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '1')
-      if left <= 0 and redis.call('HEXISTS', KEYS[6], ARGV[i]) == 0 then
+      local sent = redis.call('HGET', KEYS[6], ARGV[i])
+      if left <= 0 and (not sent or string.sub(sent, 1, 1) == '?') then
         table.insert(unsent, ARGV[i])
       end
     end

@@ -102,6 +102,13 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         time.sleep(seconds)
         return inp
 
+    @app.task(name="j.wait_nr", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=5, ignore_result=True)
+    def wait_nr(self: Any, inp: Any, seconds: float) -> Any:
+        ran(self)  # no result backend write: only the job completion needs Redis after
+        time.sleep(seconds)
+        return inp
+
     @app.task(name="j.big", bind=True, shared=False, compass_model="small", compass_exec_ms=5)
     def big(self: Any, inp: Any, kb: int) -> str:
         ran(self)
