@@ -130,12 +130,13 @@ def result_table(result: dict[str, Any]) -> str:
     for name, r in result["policies"].items():
         lat = r["latency_ms"]
         rows.append([name, r["jobs"], r["completed"], r["failed"], r["lost"],
-                     f"{lat['mean']:.1f}", f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
+                     r.get("duplicates", "-"), r.get("stranded", "-"), f"{lat['mean']:.1f}",
+                     f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
                      f"{lat['p99']:.1f}", f"{r['cache_hit_rate']:.3f}", r["model_loads"],
                      f"{r['throughput_jobs_per_s']:.2f}"])
     return _table([[str(x) for x in r] for r in rows],
-                  ["policy", "jobs", "done", "failed", "lost", "mean ms", "p50", "p95", "p99",
-                   "hit rate", "loads", "jobs/s"])
+                  ["policy", "jobs", "done", "failed", "lost", "dup", "stranded", "mean ms",
+                   "p50", "p95", "p99", "hit rate", "loads", "jobs/s"])
 
 
 @compass_command.command(help="Real Redis-backed Celery cluster of emulated-GPU workers; "
@@ -159,6 +160,24 @@ def result_table(result: dict[str, Any]) -> str:
               help="SIGKILL one worker this many real seconds into each policy's run")
 @click.option("--restart-redis-after", type=click.FloatRange(min=0), default=None,
               help="restart the private Redis this many real seconds into each run")
+@click.option("--redis-aof/--no-redis-aof", default=False, show_default=True,
+              help="the private Redis keeps an append-only file, so a restart keeps queues "
+              "and records (without it a restart loses them, by design)")
+@click.option("--rolling-restart-after", type=click.FloatRange(min=0), default=None,
+              help="this many real seconds into each run, SIGTERM each worker in turn (a "
+              "deploy's warm shutdown), wait for its clean exit, start it again under the "
+              "same name, under load")
+@click.option("--pause-redis-after", type=click.FloatRange(min=0), default=None,
+              help="freeze the private Redis (SIGSTOP, then SIGCONT) this many real seconds "
+              "into each run")
+@click.option("--pause-redis-for", type=click.FloatRange(min=0), default=None,
+              help="how long Redis stays frozen, real s [default: twice the workers' "
+              "heartbeat timeout, 3 s in the bench]")
+@click.option("--skew-clock-s", type=float, default=None,
+              help="one worker runs with its wall clock this many seconds ahead")
+@click.option("--long-task-s", type=click.FloatRange(min=0.1), default=None,
+              help="add one job of one task that runs this many real seconds; the workers' "
+              "visibility timeout is lowered to half of it, so the task outlives it")
 @click.option("--cache-policy", type=click.Choice(["lookahead", "lru", "fifo"]), default=None,
               help="workers' eviction policy (default: lru for celery-default, else lookahead)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
@@ -166,16 +185,32 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
           warmup_frac: float, redis_url: str | None, n_workers: int | None,
           sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
-          restart_redis_after: float | None, cache_policy: str | None, quiet: bool) -> None:
+          restart_redis_after: float | None, redis_aof: bool,
+          rolling_restart_after: float | None, pause_redis_after: float | None,
+          pause_redis_for: float | None, skew_clock_s: float | None,
+          long_task_s: float | None, cache_policy: str | None, quiet: bool) -> None:
     from .bench.runner import POLICIES, BenchOptions
     from .bench.suite import run_suite
 
     workload = _load(workload_path)
+    if redis_url is not None:
+        needs_private = [flag for flag, on in (
+            ("--restart-redis-after", restart_redis_after is not None),
+            ("--pause-redis-after", pause_redis_after is not None),
+            ("--redis-aof", redis_aof)) if on]
+        if needs_private:
+            raise click.UsageError(f"{needs_private[0]} needs the bench's private Redis: "
+                                   "drop --redis")
+    if pause_redis_for is not None and pause_redis_after is None:
+        raise click.UsageError("--pause-redis-for needs --pause-redis-after")
     opts = BenchOptions(policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
                         restart_redis_after=restart_redis_after, progress=not quiet,
-                        cache_policy=cache_policy)
+                        cache_policy=cache_policy, redis_aof=redis_aof,
+                        rolling_restart_after=rolling_restart_after,
+                        pause_redis_after=pause_redis_after, pause_redis_for=pause_redis_for,
+                        skew_clock_s=skew_clock_s, long_task_s=long_task_s)
     try:
         result = run_suite(workload, opts, sweep=_floats(sweep_rate, "--sweep-rate"),
                            slo_ms=slo_ms, echo=click.echo)
@@ -184,6 +219,8 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     click.echo(f"\n{workload.name}: emulated GPU timings, time scale {time_scale}, "
                f"latency in workload ms (first {warmup_frac:.0%} of jobs left out)")
     click.echo(result_table(result))
+    click.echo("dup: executions beyond the first; stranded: messages left in a queue, "
+               "staging list or unacked entry after the run")
     _write_outputs(result, json_out, plot_out)
 
 

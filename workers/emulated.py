@@ -10,14 +10,26 @@ variables so the benchmark can start many workers from one definition.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 from typing import Any
 
 from celery import Celery
 
-from compass_celery import Compass
+from compass_celery import Compass, keys
 from compass_celery.cache import current_cache
+
+logger = logging.getLogger("workers.emulated")
+
+#: The benchmark's execution ledger (hash: task id -> count), in the Redis named by
+#: ``COMPASS_BENCH_LEDGER_URL``: a private server the faults never touch, so the
+#: counts survive a broker restart or pause. Starts count every execution begun
+#: (a killed worker's half-run task too); finishes count those that ran to the end.
+EXEC_STARTS = "{p}:bench:starts"
+EXECS = "{p}:bench:execs"
+
+_ledger_client: tuple[int, Any] | None = None
 
 #: The models of ../shared/workloads/edge-vision.json, sizes in MB.
 EDGE_MODELS = {
@@ -49,8 +61,7 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
         compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
         compass_validate=env.get("COMPASS_VALIDATE", "") == "1",
         result_expires=3600,
-        broker_transport_options={
-            "visibility_timeout": float(env.get("COMPASS_VISIBILITY_TIMEOUT", "3600"))},
+        broker_transport_options=_transport_options(env),
         broker_connection_retry_on_startup=True,
     )
     app.conf.update(conf)
@@ -59,8 +70,48 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
     return app
 
 
+def _transport_options(env: Any) -> dict[str, Any]:
+    """Visibility timeout, and (bench) how often kombu sweeps for expired unacked
+    messages: every 10 x 10 s by default, too rare to see a redelivery in a short run."""
+    opts: dict[str, Any] = {
+        "visibility_timeout": float(env.get("COMPASS_VISIBILITY_TIMEOUT", "3600"))}
+    if env.get("COMPASS_RESTORE_INTERVAL_S"):
+        opts.update(unacked_restore_interval=float(env["COMPASS_RESTORE_INTERVAL_S"]),
+                    unacked_restore_throttle=1)
+    return opts
+
+
+def _ledger() -> Any | None:
+    """This process's ledger client (None outside the benchmark); per pid, fork-safe."""
+    global _ledger_client
+    url = os.environ.get("COMPASS_BENCH_LEDGER_URL")
+    if not url:
+        return None
+    if _ledger_client is None or _ledger_client[0] != os.getpid():
+        import redis
+
+        _ledger_client = (os.getpid(), redis.Redis.from_url(url, socket_timeout=5))
+    return _ledger_client[1]
+
+
+def count_execution(task: Any, template: str) -> None:
+    """HINCRBY the ledger for this task id, so the benchmark can count executions
+    beyond the first; a ledger error is logged and never fails the task."""
+    client = _ledger()
+    task_id = task.request.id
+    if client is None or not task_id:
+        return
+    try:
+        client.hincrby(keys.key(template, task.app.conf.compass_key_prefix), task_id, 1)
+    except Exception as exc:  # the ledger is bookkeeping, never the task's outcome
+        logger.warning("bench ledger unavailable, execution of %s not counted: %s",
+                       task_id, exc)
+
+
 def _run(self: Any, model: str | None, exec_ms: float, data: Any) -> dict[str, Any]:
+    count_execution(self, EXEC_STARTS)
     current_cache().run(exec_ms)
+    count_execution(self, EXECS)
     return {"model": model, "worker": self.request.hostname or socket.gethostname(),
             "exec_ms": exec_ms, "data": data}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -49,3 +49,13 @@ def policy_result(jobs: Sequence[JobOutcome], warmup_frac: float, hits: int, mis
         "model_loads": loads,
         "throughput_jobs_per_s": round(len(completed) / span_s, 3) if span_s > 0 else 0.0,
     }
+
+
+def duplicate_count(executions: Mapping[str, int]) -> int:
+    """Executions beyond the first, summed over task ids: what at-least-once cost."""
+    return sum(max(0, int(n) - 1) for n in executions.values())
+
+
+def duplicated_ids(executions: Mapping[str, int], limit: int = 20) -> list[str]:
+    """Task ids that ran more than once (a few, sorted), to look up in worker logs."""
+    return sorted(t for t, n in executions.items() if int(n) > 1)[:limit]
