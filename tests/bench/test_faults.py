@@ -1,0 +1,79 @@
+"""The benchmark's fault flags and its delivery counts: duplicates and stranded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from click.testing import CliRunner
+
+import dags
+from compass_celery.bench.runner import stranded_messages
+from compass_celery.bench.stats import duplicate_count, duplicated_ids
+from compass_celery.cli import compass_command
+from compass_celery.transport import RedisLayout
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(compass_command, list(args), catch_exceptions=False)
+
+
+def test_duplicates_count_executions_beyond_the_first():
+    counts = {"a": 1, "b": 3, "c": 2}
+    assert duplicate_count(counts) == 3
+    assert duplicated_ids(counts) == ["b", "c"]
+    assert duplicate_count({}) == 0
+
+
+@pytest.mark.parametrize("flag", ["--pause-redis-after", "--restart-redis-after"])
+def test_redis_faults_need_the_private_redis(flag):
+    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+                 "redis://127.0.0.1:1/0", flag, "3")
+    assert result.exit_code != 0 and f"{flag} needs the bench's private Redis" in result.output
+
+
+def test_fault_flags_are_documented():
+    text = run("bench", "--help").output
+    for flag in ("--rolling-restart-after", "--pause-redis-after", "--pause-redis-for",
+                 "--skew-clock-s", "--long-task-s", "--restart-redis-after", "--redis-aof",
+                 "--kill-worker-after"):
+        assert flag in text
+
+
+@pytest.mark.redis
+def test_stranded_counts_every_place_a_message_can_wait(compass_redis_url):
+    client = redis.Redis.from_url(compass_redis_url)
+    layout = RedisLayout()
+    p = "compass-bench-compass"
+    client.lpush(f"{p}.w.w0@compass", "m1", "m2")                    # a worker queue
+    client.lpush(layout.list_for(f"{p}.w.w1@compass", 9), "m3")      # a priority list
+    client.lpush(f"{p}.w.gone@compass", "m4")                         # a worker not in the run
+    client.lpush(f"{p}.shared", "m5")                                 # the shared queue
+    client.lpush(f"{p}:staging:{p}.w.w0@compass", "m6")               # a staging list
+    client.hset("unacked", "t1", json.dumps([{"m": 1}, "", f"{p}.w.w1@compass"]))
+    client.hset("unacked", "t2", json.dumps([{"m": 1}, "", "compass-bench-jsq.shared"]))
+    client.lpush("compass-bench-jsq.shared", "other run")             # another policy's
+    where = stranded_messages(client, p, ["w0@compass", "w1@compass"])
+    assert sum(where.values()) == 7
+    assert where["unacked"] == 1 and where[f"{p}.w.w0@compass"] == 2
+    assert where[f"{p}.w.w1@compass/9"] == 1
+
+
+@pytest.mark.redis
+def test_rolling_restart_loses_strands_and_repeats_nothing(tmp_path):
+    """A deploy under load: every worker warm-stopped and started again by name."""
+    out = tmp_path / "bench.json"
+    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--policies",
+                 "compass", "--workers", "2", "--jobs", "30", "--rate", "1.5",
+                 "--time-scale", "0.5", "--rolling-restart-after", "1", "--json", str(out),
+                 "--quiet")
+    assert result.exit_code == 0, result.output
+    r = json.loads(out.read_text())["policies"]["compass"]
+    restarts = [f for f in r["faults"] if f["fault"] == "rolling-restart"]
+    assert [f["exit_code"] for f in restarts] == [0, 0], restarts
+    assert all("live_at_s" in f for f in restarts), restarts
+    assert (r["jobs"], r["completed"], r["failed"], r["lost"]) == (30, 30, 0, 0)
+    assert r["stranded"] == 0, r["stranded_where"]
+    assert r["duplicates"] == 0, r["duplicated_task_ids"]
+    assert r["executions"] >= 30  # the ledger saw every task (edge-vision DAGs have 3+)
