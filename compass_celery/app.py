@@ -96,10 +96,12 @@ class Compass:
     def store(self) -> StateStore:
         if self._store is None:
             url = None if self.eager else self.redis_url
-            master = self.settings["sentinel_master"] or (
-                self.app.conf.broker_transport_options or {}).get("master_name")
+            options = self.app.conf.broker_transport_options or {}
+            master = self.settings["sentinel_master"] or options.get("master_name")
             self._store = (RedisStateStore(url, self.settings["key_prefix"],
-                                           partial(connect, master_name=master),
+                                           partial(connect, master_name=master,
+                                                   sentinel_kwargs=options.get(
+                                                       "sentinel_kwargs")),
                                            queue_prefix=self.settings["queue_prefix"]) if url
                            else MemoryStateStore())
         return self._store
@@ -112,7 +114,8 @@ class Compass:
         if self.eager or not broker.startswith(REDIS_SCHEMES):
             return None
         options = self.app.conf.broker_transport_options or {}
-        client = connect(broker, master_name=options.get("master_name"))
+        client = connect(broker, master_name=options.get("master_name"),
+                         sentinel_kwargs=options.get("sentinel_kwargs"))
         return RedisQueues(client, RedisLayout.from_options(options),
                            self.settings["key_prefix"])
 

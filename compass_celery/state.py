@@ -158,9 +158,13 @@ class MemoryStateStore:
                              dict(self.profiles), now, heartbeat_timeout_s)
 
 
-def connect(url: str, *, master_name: str | None = None, **kwargs: Any) -> Any:
+def connect(url: str, *, master_name: str | None = None,
+            sentinel_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
     """A redis client for ``url``: redis://, rediss:// (TLS), unix://, or Celery's
-    ``sentinel://host:port;sentinel://host2:port`` form (the master named ``master_name``).
+    ``sentinel://[user:password@]host:port;sentinel://host2:port`` form (the master
+    named ``master_name``; ``sentinel_kwargs`` authenticate to the sentinels
+    themselves, e.g. ``{"password": ..., "ssl": True}``, as in Celery's
+    ``broker_transport_options``).
 
     Short socket timeouts keep an enqueue from hanging when Redis is away: the
     router then falls back to the shared queue instead.
@@ -171,12 +175,13 @@ def connect(url: str, *, master_name: str | None = None, **kwargs: Any) -> Any:
                             "health_check_interval": 10}
     opts.update(kwargs)
     if url.startswith("sentinel://"):
-        return _sentinel_master(url, master_name, opts)
+        return _sentinel_master(url, master_name, opts, sentinel_kwargs or {})
     return redis.Redis.from_url(url, **opts)
 
 
-def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any]) -> Any:
-    from urllib.parse import urlparse
+def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any],
+                     sentinel_kwargs: dict[str, Any]) -> Any:
+    from urllib.parse import unquote, urlparse
 
     from redis.sentinel import Sentinel
 
@@ -184,16 +189,18 @@ def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any]) ->
         raise StateUnavailable(
             f"state URL {url!r} is a Sentinel URL but names no master: set "
             "compass_sentinel_master (or broker_transport_options['master_name'])")
-    hosts, password, db = [], None, 0
+    hosts, username, password, db = [], None, None, 0
     for part in url.split(";"):
         u = urlparse(part.strip())
         hosts.append((u.hostname or "127.0.0.1", u.port or 26379))
-        password = password or u.password
+        username = username or (unquote(u.username) if u.username else None)
+        password = password or (unquote(u.password) if u.password else None)
         if u.path.strip("/").isdigit():
             db = int(u.path.strip("/"))
     timeouts = {k: opts[k] for k in ("socket_connect_timeout", "socket_timeout")}
-    sentinel = Sentinel(hosts, sentinel_kwargs=timeouts, **timeouts)
-    return sentinel.master_for(master_name, db=db, password=password, **opts)
+    sentinel = Sentinel(hosts, sentinel_kwargs={**timeouts, **sentinel_kwargs}, **timeouts)
+    return sentinel.master_for(master_name, db=db, username=username, password=password,
+                               **opts)
 
 
 class RedisStateStore:

@@ -139,3 +139,32 @@ def _sentinel_knows(probe: redis.Redis) -> bool:
             is not None
     except redis.RedisError:
         return False
+
+
+def test_sentinel_with_acl_user_and_sentinel_password(tmp_path):
+    """The state URL's ACL username reaches the master, and sentinel_kwargs the sentinel."""
+    from compass_celery.state import connect
+
+    with RedisServer(args=["--user", "default", "off", "--user", "alice", "on", ">apw",
+                           "~*", "&*", "+@all"]) as master:
+        port = free_port()
+        conf = tmp_path / "sentinel.conf"
+        conf.write_text(f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nrequirepass spw\n"
+                        f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\n"
+                        "sentinel auth-user mymaster alice\nsentinel auth-pass mymaster apw\n")
+        sentinel = subprocess.Popen([master.binary, str(conf), "--sentinel"],
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            probe = redis.Redis(port=port, password="spw", socket_connect_timeout=0.5)
+            wait_until(lambda: _sentinel_knows(probe), 10, "sentinel to see the master")
+            client = connect(f"sentinel://alice:apw@127.0.0.1:{port}", master_name="mymaster",
+                             sentinel_kwargs={"password": "spw"})
+            client.set("k", "v")
+            assert redis.Redis(port=master.port, username="alice",
+                               password="apw").get("k") == b"v"
+            with pytest.raises(redis.RedisError):  # no sentinel password: refused
+                connect(f"sentinel://alice:apw@127.0.0.1:{port}",
+                        master_name="mymaster").ping()
+        finally:
+            sentinel.terminate()
+            sentinel.wait(5)
