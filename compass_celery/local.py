@@ -110,17 +110,19 @@ class WorkerProcess:
     """A real ``celery worker`` in its own process group (solo pool: one GPU, one task)."""
 
     def __init__(self, app: str, name: str, args: Sequence[str] = (),
-                 env: dict[str, str] | None = None, log_path: str | None = None) -> None:
+                 env: dict[str, str] | None = None, log_path: str | None = None,
+                 wrapper: Sequence[str] = ()) -> None:
         self.app, self.name, self.args = app, name, list(args)
+        self.wrapper = list(wrapper)  # e.g. ["ip", "netns", "exec", "host1"]: another "host"
         self.env = {**os.environ, **(env or {})}
         self.log_path = log_path or os.path.join(tempfile.gettempdir(),
                                                  f"compass-{name.replace('@', '_')}.log")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
-        cmd = [sys.executable, "-m", "celery", "-A", self.app, "worker", "-P", "solo",
-               "-n", self.name, "--loglevel", "INFO", "--without-gossip", "--without-mingle",
-               "--without-heartbeat", *self.args]
+        cmd = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app, "worker",
+               "-P", "solo", "-n", self.name, "--loglevel", "INFO", "--without-gossip",
+               "--without-mingle", "--without-heartbeat", *self.args]
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=str(Path.cwd()), start_new_session=True)
