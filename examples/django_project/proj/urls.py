@@ -1,0 +1,9 @@
+"""URL routes: submit a job, read its status."""
+
+from django.urls import path
+from vision import views
+
+urlpatterns = [
+    path("jobs/", views.submit, name="submit"),
+    path("jobs/<str:job_id>/", views.status, name="status"),
+]

@@ -1,0 +1,1 @@
+"""A Django app that captions and translates images through a Compass-planned job."""
