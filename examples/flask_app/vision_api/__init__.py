@@ -1,0 +1,59 @@
+"""A Flask app that captions and translates images through a Compass-planned job.
+
+Celery is wired as in Flask's "Background Tasks with Celery" guide
+(``celery_init_app``), with one more line: ``Compass(celery_app)``.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+from celery import Celery, Task
+from flask import Flask
+
+from compass_celery import Compass
+
+DEFAULT_CELERY: dict[str, Any] = {
+    "broker_url": "redis://localhost:6379/0",
+    "result_backend": "redis://localhost:6379/0",
+    # Compass: the model catalogue (name -> size in MB) and other compass_* settings.
+    "compass_models": {"detector": 1200, "captioner": 950, "translator": 300},
+    "compass_state_refresh_s": 0.1,
+    "compass_job_timeout_s": 120.0,
+}
+
+
+def celery_init_app(app: Flask) -> Celery:
+    """Create the Celery app from ``app.config["CELERY"]``; tasks run in the app context."""
+
+    class FlaskTask(Task):
+        def __call__(self, *args: object, **kwargs: object) -> object:
+            with app.app_context():
+                return self.run(*args, **kwargs)
+
+    celery_app = Celery(app.name, task_cls=FlaskTask)
+    celery_app.config_from_object(app.config["CELERY"])
+    Compass(celery_app)  # before the shared tasks are bound to this app
+    celery_app.set_default()
+    app.extensions["celery"] = celery_app
+    return celery_app
+
+
+def create_app(config: Mapping[str, Any] | None = None) -> Flask:
+    """The application factory.
+
+    ``config`` overrides the defaults (its ``CELERY`` entries are merged into the Celery
+    defaults); then ``FLASK_*`` environment variables do, e.g.
+    ``FLASK_CELERY__broker_url=redis://redis:6379/0``.
+    """
+    app = Flask(__name__)
+    overrides = dict(config or {})
+    app.config.from_mapping(CELERY={**DEFAULT_CELERY, **overrides.pop("CELERY", {})},
+                            **overrides)
+    app.config.from_prefixed_env()
+    celery_init_app(app)
+
+    from . import tasks  # noqa: F401 - registers the shared tasks
+    from .views import bp
+
+    app.register_blueprint(bp)
+    return app
