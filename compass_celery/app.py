@@ -40,7 +40,6 @@ class Compass:
         self._store = store
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
-        self.worker_runtime: Any = None
         app.compass = self  # type: ignore[attr-defined]
         # Every (re)load of the configuration fires this, including a config_from_object
         # after Compass(app) on an app that was already configured.
@@ -176,14 +175,8 @@ class Compass:
 
     # -- signals ---------------------------------------------------------------------
     def _connect_signals(self) -> None:
+        """The producer side's one hook; the worker runtime connects its own."""
         signals.before_task_publish.connect(self._before_publish, weak=False)
-        signals.task_prerun.connect(self._task_prerun, weak=False)
-        signals.task_postrun.connect(self._task_postrun, weak=False)
-        signals.task_revoked.connect(self._task_revoked, weak=False)
-        signals.task_received.connect(self._task_received, weak=False)
-
-    def _ours(self, task: Any) -> bool:
-        return task is not None and getattr(task, "app", None) is self.app
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
                         **kw: Any) -> None:
@@ -193,14 +186,6 @@ class Compass:
         headers["compass"] = decision.as_header()
         if headers.get("id"):
             self.remember(headers["id"], decision)
-
-    def _task_prerun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
-                     args: Any = None, **kw: Any) -> None:
-        task = task or sender
-        if not self._ours(task):
-            return
-        if not task.request.is_eager and self.worker_runtime is not None:
-            self.worker_runtime.task_started(task, task.request, args)
 
     def place_eagerly(self, task: Any, options: dict[str, Any]) -> Decision | None:
         """Eager mode's placement (routers are not called there), charged like the router's."""
@@ -219,25 +204,3 @@ class Compass:
         if decision.charge_ms:
             self.store.charge(decision.worker, sign * decision.charge_ms)
             self.reader.note_charge(decision.worker, sign * decision.charge_ms)
-
-    def _task_postrun(self, sender: Any = None, task_id: str | None = None, task: Any = None,
-                      state: str | None = None, retval: Any = None, **kw: Any) -> None:
-        task = task or sender
-        if not self._ours(task):
-            return
-        request = task.request
-        if request.is_eager:
-            return
-        decision = Decision.from_header(getattr(request, "compass", None))
-        if self.worker_runtime is not None:
-            self.worker_runtime.task_finished(task, request, decision, state, retval)
-
-    def _task_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
-        """A job task arriving after its job failed is revoked before it runs (closes the
-        race between the worker fetching it and the broadcast revoke)."""
-        if self.worker_runtime is not None and request is not None:
-            self.worker_runtime.task_received(request)
-
-    def _task_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
-        if self.worker_runtime is not None and request is not None:
-            self.worker_runtime.task_revoked(request)

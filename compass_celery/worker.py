@@ -151,7 +151,6 @@ class WorkerRuntime:
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
-        self.compass.worker_runtime = self
         set_current_cache(self.cache)
         if self.cfg["preload"]:
             self.cache.preload(self.cfg["preload"])
@@ -169,10 +168,7 @@ class WorkerRuntime:
                                    "flight", taken, self.name)
             except (StateUnavailable, RedisError) as exc:
                 logger.warning("compass: could not take back in-flight tasks: %s", exc)
-        if self.compass.queues is not None:
-            guard_undecodable(self._dead_letter)
-            signals.task_rejected.connect(self._on_rejected, weak=False)
-            signals.task_unknown.connect(self._on_unknown, weak=False)
+        self._connect_signals()
         loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self._watchdog_loop, "watchdog"))
@@ -196,8 +192,7 @@ class WorkerRuntime:
         """
         self._stopping.set()
         self._wake.set()
-        signals.task_rejected.disconnect(self._on_rejected)
-        signals.task_unknown.disconnect(self._on_unknown)
+        self._disconnect_signals()
         for t in self._threads:
             t.join(timeout=2)
         try:
@@ -212,8 +207,6 @@ class WorkerRuntime:
             logger.warning("compass: could not hand back the queue of %s (%s); the "
                            "recovery leader drains it after the heartbeat timeout",
                            self.name, exc)
-        if self.compass.worker_runtime is self:
-            self.compass.worker_runtime = None
         set_current_cache(None)
 
     def publish(self) -> bool:
@@ -337,7 +330,52 @@ class WorkerRuntime:
         return running + sum(d.charge_ms for d in self.queued_decisions()
                              if d.worker == self.name)
 
-    # -- task hooks (called from Compass's signal handlers) -------------------------
+    # -- Celery signals: this runtime's own hooks, connected while it runs -------------
+    def _hooks(self) -> list[tuple[Any, Any]]:
+        hooks = [(signals.task_received, self._on_received),
+                 (signals.task_prerun, self._on_prerun),
+                 (signals.task_postrun, self._on_postrun),
+                 (signals.task_revoked, self._on_revoked)]
+        if self.compass.queues is not None:
+            hooks += [(signals.task_rejected, self._on_rejected),
+                      (signals.task_unknown, self._on_unknown)]
+        return hooks
+
+    def _connect_signals(self) -> None:
+        if self.compass.queues is not None:
+            guard_undecodable(self._dead_letter)
+        for signal, handler in self._hooks():
+            signal.connect(handler, weak=False)
+
+    def _disconnect_signals(self) -> None:
+        for signal, handler in self._hooks():
+            signal.disconnect(handler)
+
+    def _ours(self, obj: Any) -> bool:
+        return obj is not None and getattr(obj, "app", None) is self.compass.app
+
+    def _on_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if request is not None and self._ours(sender):
+            self.task_received(request)
+
+    def _on_prerun(self, sender: Any = None, task: Any = None, args: Any = None,
+                   **kw: Any) -> None:
+        task = task or sender
+        if self._ours(task) and not task.request.is_eager:
+            self.task_started(task, task.request, args)
+
+    def _on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
+                    retval: Any = None, **kw: Any) -> None:
+        task = task or sender
+        if self._ours(task) and not task.request.is_eager:
+            decision = Decision.from_header(getattr(task.request, "compass", None))
+            self.task_finished(task, task.request, decision, state, retval)
+
+    def _on_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if request is not None and (self._ours(sender) or sender is None):
+            self.task_revoked(request)
+
+    # -- task hooks ---------------------------------------------------------------------
     def task_started(self, task: Any, request: Any, args: Any = None) -> None:
         decision = Decision.from_header(getattr(request, "compass", None))
         model = _task_model(task, decision)
