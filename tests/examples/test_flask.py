@@ -1,0 +1,147 @@
+"""The Flask example: eager mode with Flask's test client and no Redis at all, and
+against a real Redis with two real workers (``celery -A make_celery worker``)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from compass_celery.testing import worker_logs
+
+from .helpers import (
+    CAT,
+    CAT_FR,
+    DEAD_REDIS,
+    DOG,
+    DOG_DE,
+    FLASK_DIR,
+    NODES,
+    job_record,
+    probe,
+    pythonpath,
+    wait_live,
+)
+
+pytest.importorskip("flask")
+if str(FLASK_DIR) not in sys.path:
+    sys.path.insert(0, str(FLASK_DIR))
+
+EMULATED = ["--compass-emulate-gpu-mb", "4000"]
+
+
+def make(**celery: Any) -> Any:
+    from vision_api import create_app
+
+    return create_app({"TESTING": True, "CELERY": celery})
+
+
+@pytest.fixture
+def eager_app() -> Any:
+    """An eager app on a broker URL where nothing listens, with two in-process GPUs."""
+    app = make(task_always_eager=True, broker_url=DEAD_REDIS, result_backend=DEAD_REDIS)
+    compass = app.extensions["celery"].compass
+    compass.add_worker("gpu0", gpu_mb=16000, resident=["detector"])
+    compass.add_worker("gpu1", gpu_mb=16000, resident=["captioner", "translator"])
+    return app
+
+
+def test_eager_job_results_and_placement(eager_app: Any) -> None:
+    from compass_celery.state import MemoryStateStore
+
+    client = eager_app.test_client()
+    res = client.post("/jobs/", json={"image_url": DOG, "lang": "de"})
+    assert res.status_code == 202, res.json
+    status = client.get(res.json["status_url"])
+    assert status.status_code == 200
+    body = status.json
+    assert body["status"] == "SUCCESS"
+    assert body["results"] == {"translate": DOG_DE}
+    assert {n: p["worker"] for n, p in body["placement"].items()} == {
+        "detect": "gpu0", "caption": "gpu1", "translate": "gpu1"}
+    assert all(p["planned"] == p["worker"] for p in body["placement"].values())
+    assert isinstance(eager_app.extensions["celery"].compass.store, MemoryStateStore)
+
+
+def test_eager_jobs_are_kept_per_app(eager_app: Any) -> None:
+    job_id = eager_app.test_client().post("/jobs/", json={"image_url": CAT}).json["job_id"]
+    assert eager_app.test_client().get(f"/jobs/{job_id}/").json["results"] == {
+        "translate": CAT_FR}
+    other = make(task_always_eager=True, broker_url=DEAD_REDIS)
+    assert other.test_client().get(f"/jobs/{job_id}/").status_code == 404
+
+
+def test_tasks_keep_the_flask_app_context(eager_app: Any) -> None:
+    """Compass(celery_app) keeps the guide's FlaskTask base: tasks run in the app context."""
+    import flask
+
+    celery_app = eager_app.extensions["celery"]
+
+    @celery_app.task(name="test.where", shared=False)
+    def where() -> str:
+        return flask.current_app.name
+
+    assert where.apply().get() == eager_app.name
+
+
+@pytest.mark.parametrize("body, message", [
+    ({}, "image_url"),
+    ({"image_url": ""}, "image_url"),
+    ({"image_url": CAT, "lang": "xx"}, "lang must be one of fr, de"),
+    ([CAT], "JSON object"),
+])
+def test_bad_requests_are_refused(eager_app: Any, body: Any, message: str) -> None:
+    res = eager_app.test_client().post("/jobs/", json=body)
+    assert res.status_code == 400
+    assert message in res.json["error"]
+
+
+def test_unknown_job_and_wrong_methods(eager_app: Any) -> None:
+    client = eager_app.test_client()
+    assert client.get("/jobs/no-such-job/").status_code == 404
+    assert client.get("/jobs/").status_code == 405
+    assert client.post("/jobs/", data="{not json", content_type="application/json"
+                       ).status_code == 400
+
+
+@pytest.mark.redis
+def test_job_from_a_flask_view_runs_on_real_workers(compass_redis_url: str,
+                                                   compass_workers: Any) -> None:
+    """fl0 holds the detector, fl1 the captioner and translator: the job crosses over."""
+    url = compass_redis_url
+    env = {"PYTHONPATH": pythonpath(FLASK_DIR), "FLASK_CELERY__broker_url": url,
+           "FLASK_CELERY__result_backend": url}
+    workers = [
+        compass_workers("make_celery", "fl0@example", *EMULATED, "--compass-preload",
+                        "detector", env=env),
+        compass_workers("make_celery", "fl1@example", *EMULATED, "--compass-preload",
+                        "captioner,translator", env=env),
+    ]
+    wait_live(probe(url), {"fl0@example", "fl1@example"}, workers)
+
+    app = make(broker_url=url, result_backend=url, compass_snapshot_ttl_s=0.0)
+    assert not app.extensions["celery"].conf.task_always_eager
+    client = app.test_client()
+    posted = client.post("/jobs/", json={"image_url": CAT, "lang": "fr"})
+    assert posted.status_code == 202, posted.json
+    deadline = time.monotonic() + 60
+    seen = []
+    while time.monotonic() < deadline:
+        body = client.get(posted.json["status_url"]).json
+        seen.append(body["status"])
+        if body["status"] in ("SUCCESS", "FAILURE"):
+            break
+        time.sleep(0.05)
+    assert body["status"] == "SUCCESS", (seen, body, worker_logs(workers))
+    assert body["results"] == {"translate": CAT_FR}
+    expected = {"detect": "fl0@example", "caption": "fl1@example",
+                "translate": "fl1@example"}
+    assert {n: p["planned"] for n, p in body["placement"].items()} == expected
+    assert {n: p["worker"] for n, p in body["placement"].items()} == expected
+    assert set(body["placement"]) == NODES
+
+    status, results, placement = job_record(probe(url), posted.json["job_id"])
+    assert (status, results) == ("SUCCESS", {"translate": CAT_FR})
+    assert {n: p["worker"] for n, p in placement.items()} == expected
