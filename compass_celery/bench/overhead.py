@@ -37,13 +37,15 @@ def _time(fn: Callable[[], Any], n: int, unit: float) -> list[float]:
 
 
 def _fake_workers(app: Any, n: int) -> None:
+    """``n`` worker records, beating now (the measuring app's heartbeat timeout is long)."""
     models = list(app.compass.model_sizes())
-    now = time.time() + 3600  # fresh for the whole measurement
     for i in range(n):
+        name = f"fake{i:03d}"
         app.compass.store.publish(WorkerView(
-            name=f"fake{i:03d}", queue=f"fake.q{i}", gpu_total_mb=16000, gpu_free_mb=8000,
-            resident=frozenset(models[j % len(models)] for j in range(i, i + 2)),
-            heartbeat=now))
+            name=name, queue=app.compass.queue_for(name), gpu_total_mb=16000,
+            gpu_free_mb=8000, resident=frozenset(models[j % len(models)]
+                                                 for j in range(i, i + 2)),
+            heartbeat=time.time()))
 
 
 def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
@@ -51,7 +53,8 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
 
     for n in (4, 64):
         for ttl, label in ((60.0, "cached snapshot"), (0.0, "fresh snapshot")):
-            app = make_app(url, compass_key_prefix=f"ovh{n}", compass_snapshot_ttl_s=ttl)
+            app = make_app(url, compass_key_prefix=f"ovh{n}", compass_snapshot_ttl_s=ttl,
+                           compass_heartbeat_timeout_s=3600.0)
             _fake_workers(app, n)
             router, opts = app.compass.router, {}
             task = app.tasks["emulated.caption"]
