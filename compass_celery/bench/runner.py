@@ -219,17 +219,20 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             _progress(opts, policy, i + 1, len(stream), outcomes)
         deadline = time.monotonic() + opts.drain_timeout_s
         next_settle = time.monotonic() + 5.0
+        gone = 0
         while any(o.end_ms is None for o in outcomes) and time.monotonic() < deadline:
             _progress(opts, policy, len(stream), len(stream), outcomes)
             if opts.restart_redis_after is not None and time.monotonic() > next_settle:
                 # records gone with a restart: those jobs failed, no need to wait for them
-                _settle_unfinished(handles, clock, echo, quiet=True)
+                gone += _settle_unfinished(handles, clock, echo, quiet=True)
                 next_settle = time.monotonic() + 5.0
             time.sleep(0.1)
         waiter.stopping.set()
         if opts.progress and sys.stderr.isatty():
             sys.stderr.write("\n")
-        _settle_unfinished(handles, clock, echo)
+        gone += _settle_unfinished(handles, clock, echo, quiet=True)
+        if gone:
+            echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
         time.sleep(opts.settle_s)  # the last acks land before anything counts as stranded
         stranded = stranded_messages(client, prefix, [w.name for w in workers])
         hits, misses, loads = _cache_counters(client, prefix)
@@ -322,7 +325,7 @@ def stranded_messages(client: Any, prefix: str, worker_names: Sequence[str]
 
 
 def _settle_unfinished(handles: list[tuple[JobOutcome, Any]], clock: Callable[[], float],
-                       echo: Callable[[str], Any], quiet: bool = False) -> None:
+                       echo: Callable[[str], Any], quiet: bool = False) -> int:
     """A job whose record vanished (Redis restarted without persistence) failed with a
     clear error; only a job still RUNNING after the drain timeout counts as lost."""
     gone = 0
@@ -340,6 +343,7 @@ def _settle_unfinished(handles: list[tuple[JobOutcome, Any]], clock: Callable[[]
             outcome.end_ms, outcome.failed = clock(), status == "FAILURE"
     if gone and not quiet:
         echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
+    return gone
 
 
 def _progress(opts: BenchOptions, policy: str, sent: int, total: int,

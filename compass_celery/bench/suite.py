@@ -53,3 +53,47 @@ def min_workers(workload: Workload, opts: BenchOptions, slo_ms: float,
                 break
         out[policy] = {"slo_ms": slo_ms, "workers": found, "p99_by_workers": tried}
     return out
+
+
+#: The fault runs of docs/run_benchmarks.sh, in table order: file stem -> row label.
+FAULT_ROWS = {
+    "rolling-restart": "rolling restart of every worker (SIGTERM, same name) from 5 s",
+    "kill-worker": "SIGKILL one worker at 10 s",
+    "restart-redis-aof": "restart Redis at 10 s, AOF on",
+    "restart-redis-no-aof": "restart Redis at 10 s, no persistence",
+    "pause-redis": "Redis paused (SIGSTOP) at 10 s for 6 s",
+    "clock-skew": "one worker's clock 30 s ahead",
+    "long-task": "one 20 s task, visibility timeout 10 s (+1 job)",
+}
+
+
+def fault_table(results: dict[str, dict[str, Any]]) -> str:
+    """The Markdown fault table of docs/BENCHMARKS.md from ``{stem: bench JSON}``,
+    so the published numbers are the measured ones, copied by no hand."""
+    lines = ["| fault | policy | jobs | completed | failed (clear error) | lost | duplicates "
+             "| stranded | p99 ms |", "|---|---|---|---|---|---|---|---|---|"]
+    for stem, label in FAULT_ROWS.items():
+        if stem not in results:
+            continue
+        for policy, r in results[stem]["policies"].items():
+            name = f"**{policy}**" if policy == "compass" else policy
+            lines.append(f"| {label} | {name} | {r['jobs']} | {r['completed']} | "
+                         f"{r['failed']} | {r['lost']} | {r.get('duplicates', '-')} | "
+                         f"{r.get('stranded', '-')} | {r['latency_ms']['p99']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``python -m compass_celery.bench.suite DIR``: the fault table from DIR/fault-*.json."""
+    import json
+    import sys
+    from pathlib import Path
+
+    folder = Path((argv if argv is not None else sys.argv[1:])[0])
+    results = {stem: json.loads((folder / f"fault-{stem}.json").read_text())
+               for stem in FAULT_ROWS if (folder / f"fault-{stem}.json").exists()}
+    print(fault_table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -77,3 +77,15 @@ def test_rolling_restart_loses_strands_and_repeats_nothing(tmp_path):
     assert r["stranded"] == 0, r["stranded_where"]
     assert r["duplicates"] == 0, r["duplicated_task_ids"]
     assert r["executions"] >= 30  # the ledger saw every task (edge-vision DAGs have 3+)
+
+
+def test_fault_table_prints_the_measured_counts():
+    from compass_celery.bench.suite import fault_table
+
+    r = {"jobs": 400, "completed": 398, "failed": 1, "lost": 1, "duplicates": 2,
+         "stranded": 3, "latency_ms": {"p99": 1234.4}}
+    table = fault_table({"kill-worker": {"policies": {"compass": r}}, "unknown": {}})
+    rows = table.splitlines()
+    assert len(rows) == 3
+    assert rows[2] == ("| SIGKILL one worker at 10 s | **compass** | 400 | 398 | 1 | 1 | 2 | 3 "
+                       "| 1234 |")
