@@ -14,7 +14,8 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from .jobs import INPUT_REF, JobError, JobKeys, JobTimeout, fail_job, send_node
+from .jobs import INPUT_REF, JobError, JobKeys, JobTimeout, fail_job, publish_node
+from .placement import Decision
 from .planner.adjust import reassign
 from .planner.types import ClusterView, TaskSpec
 from .scripts import script
@@ -24,6 +25,10 @@ if TYPE_CHECKING:
     from .app import Compass
 
 logger = logging.getLogger("compass_celery.jobs")
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class OutputCache:
@@ -102,7 +107,6 @@ class JobRuntime:
         """Record the node's output and send the successors it released."""
         job_id, node = job["id"], job["node"]
         keys = self.keys(job_id)
-        client = self.c.store.client
         cfg = self.c.settings
         try:
             output = json.dumps(retval)
@@ -114,40 +118,56 @@ class JobRuntime:
                 f"output is {len(output) / 1024:.0f} KB, over compass_max_output_kb="
                 f"{cfg['max_output_kb']}"), "output too large")
             return []
-        raw_job = client.hmget(keys.job, ["nodes", "plan", "deadline", "state"])
-        if raw_job[0] is None:
-            logger.warning("compass: job %s is unknown or expired; result of %r dropped",
-                           job_id, node)
-            return []
-        nodes, plan = json.loads(raw_job[0]), json.loads(raw_job[1])
-        if float(raw_job[2]) < time.time():
+        info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
+                "planned": job.get("planned"), **timing}
+        result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
+                                                       json.dumps(info), time.time(), job_id])
+        status = _text(result[0])
+        released = [tuple(_text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
+        if status == "expired":
             self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out")
             return []
-        info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
-                "planned": (plan.get(node) or {}).get("worker"), **timing}
-        succs = nodes[node]["succs"]
-        result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
-                                                       json.dumps(info), *succs])
-        status = result[0].decode() if isinstance(result[0], bytes) else result[0]
-        ready = [r.decode() if isinstance(r, bytes) else r for r in result[1:]]
-        if status in ("missing", "late") or (status == "duplicate" and not ready):
-            logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node, status)
+        if status in ("missing", "late") or (status == "duplicate" and not released):
+            logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node,
+                           status if status != "missing" else "job unknown or expired")
             return []
         if status == "duplicate":
             logger.warning("compass: completion of %s/%s is a duplicate; sending %s, released "
-                           "but never sent", job_id, node, ready)
+                           "but never confirmed sent", job_id, node, [r[0] for r in released])
         else:
             self.outputs.put(job_id, node, retval, len(output))
-        resume = status == "duplicate"
-        sent = [self._send_successor(job_id, succ, nodes, plan, keys, resume)
-                for succ in ready]
-        return [t for t in sent if t]
+        return self._send_released(job_id, keys, released, resumed=status == "duplicate")
 
-    def _send_successor(self, job_id: str, succ: str, nodes: dict[str, Any],
-                        plan: dict[str, Any], keys: JobKeys, resume: bool = False
-                        ) -> str | None:
-        c, node = self.c, nodes[succ]
-        planned = plan.get(succ)
+    def _send_released(self, job_id: str, keys: JobKeys, released: list[tuple[str, ...]],
+                       resumed: bool) -> list[str]:
+        """Publish each released successor, then confirm the sends and settle the backlog
+        and pending counters in one pipeline (also for the ones sent before a failure)."""
+        c = self.c
+        sent: list[tuple[str, str, Decision, dict[str, Any] | None]] = []
+        try:
+            for succ, task_id, spec, plan, where in released:
+                planned = json.loads(plan) if plan else None
+                decision = self._send_successor(job_id, succ, task_id, json.loads(spec),
+                                                planned, json.loads(where))
+                sent.append((succ, task_id, decision, planned))
+        finally:
+            if sent:
+                pipe = c.store.client.pipeline(transaction=False)
+                pipe.hset(keys.tasks, mapping={succ: tid for succ, tid, _, _ in sent})
+                for _, _, decision, planned in sent:
+                    if decision.charge_ms:
+                        c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+                    if planned and planned.get("worker") not in (None, "*") and not resumed:
+                        c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
+                                            pipe=pipe)  # no longer pending
+                pipe.execute()
+        return [tid for _, tid, _, _ in sent]
+
+    def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
+                        planned: dict[str, Any] | None, where: dict[str, float]) -> Decision:
+        """Re-check the successor's placement against fresh state (the adjustment phase)
+        and publish it to its worker's queue under its claimed task id."""
+        c = self.c
         placement: Any = planned
         moved_from = None
         try:
@@ -155,7 +175,6 @@ class JobRuntime:
         except StateUnavailable:
             snapshot = None
         if snapshot is not None and snapshot.workers and c.policy.name == "compass":
-            where = self._input_locations(keys, node["preds"], nodes)
             spec = TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"])
             cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
             better = reassign(spec, planned["worker"] if planned else "", cluster, where,
@@ -168,18 +187,8 @@ class JobRuntime:
                 task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                      new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        task_id = send_node(c, job_id, succ, node, placement, ref, moved_from, resume)
-        if task_id and not resume and planned and planned["worker"] != "*":
-            c.store.add_pending(planned["worker"], -planned["run_ms"])  # no longer pending
-        return task_id
-
-    def _input_locations(self, keys: JobKeys, preds: list[str],
-                         nodes: dict[str, Any]) -> dict[str, float]:
-        where: dict[str, float] = {}
-        for p, raw in zip(preds, self.c.store.client.hmget(keys.info, preds), strict=True):
-            worker = json.loads(raw).get("worker") if raw else self.name
-            where[worker] = where.get(worker, 0.0) + float(nodes[p]["output_kb"])
-        return where
+        return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
+                            planned=(planned or {}).get("worker"))
 
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:

@@ -130,10 +130,13 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
     nodes = _node_json(dag, spec)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     now = time.time()
+    plan_json = {k: _placement_json(p) for k, p in plan.items()}
     body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
-            "nodes": json.dumps(nodes), "plan": json.dumps({k: _placement_json(p)
-                                                            for k, p in plan.items()}),
-            "created": now, "deadline": now + timeout, "policy": c.policy.name}
+            "nodes": json.dumps(nodes), "plan": json.dumps(plan_json),
+            "created": now, "deadline": now + timeout, "policy": c.policy.name,
+            # per node, for completions that must not read the whole DAG (complete.lua)
+            **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
+            **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
     client = c.store.client
     pipe = client.pipeline()
     pipe.hset(keys.job, mapping=body)
@@ -143,13 +146,21 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
     for key in keys.all():
         pipe.expire(key, int(cfg["job_ttl_s"]))
     pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
-    pipe.execute()
-    for name, node in nodes.items():
+    for name, node in nodes.items():  # planned work not sent yet counts on its worker
         if node["preds"] and name in plan and plan[name].worker != "*":
-            c.store.add_pending(plan[name].worker, plan[name].run_ms)
+            c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
+    pipe.execute()
     handle = JobHandle(c, job_id)
-    for name in spec.sources():
-        send_node(c, job_id, name, nodes[name], plan.get(name), None, moved_from=None)
+    # sources: nobody else sends them, so they are recorded as sent after publishing
+    sent = {name: publish_node(c, job_id, name, nodes[name], plan.get(name), None, None,
+                               f"{job_id}.{name}") for name in spec.sources()}
+    pipe = client.pipeline(transaction=False)
+    pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
+    pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
+    for decision in sent.values():
+        if decision.charge_ms:
+            c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+    pipe.execute()
     return handle
 
 
@@ -159,16 +170,12 @@ def _placement_json(p: Placement) -> dict[str, Any]:
             "reason": p.reason}
 
 
-def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
-              placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
-              moved_from: str | None, resume: bool = False) -> str | None:
-    """Claim node ``name`` and publish its task to its worker's queue (an explicit
-    queue: the router stays out); None when somebody else sent it.
-
-    The claim is ``?<task id>`` (HSETNX), confirmed as ``<task id>`` once published.
-    A sender that dies in between leaves the claim unconfirmed; the redelivered
-    predecessor's completion (``resume``) re-sends it under the same task id.
-    """
+def publish_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
+                 placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
+                 moved_from: str | None, task_id: str, planned: str | None = None
+                 ) -> Decision:
+    """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
+    stays out) under ``task_id``; the caller has claimed it and confirms it after."""
     p = _placement_json(placement) if isinstance(placement, Placement) else placement
     if not p or p.get("worker") in (None, "*"):
         queue, worker, charge = c.shared_queue, "*", 0.0
@@ -181,33 +188,13 @@ def send_node(c: Compass, job_id: str, name: str, node: dict[str, Any],
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
                         fallback=worker == "*")
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
-    task_id = uuid.uuid4().hex
-    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from}
-    keys = JobKeys.of(c.settings["key_prefix"], job_id)
-    client = c.store.client
-    if not client.hsetnx(keys.tasks, name, "?" + task_id):
-        claim = client.hget(keys.tasks, name) or b""
-        claim = claim.decode() if isinstance(claim, bytes) else claim
-        if not (resume and claim.startswith("?")):
-            return None  # another completion claimed it (and sends it)
-        task_id = claim[1:]
-        logger.warning("compass: job %s: re-sending %r, claimed but never confirmed sent",
-                       job_id, name)
-    try:
-        c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
-                        task_id=task_id, headers={"compass": decision.as_header(),
-                                                  JOB_HEADER: header})
-    except Exception:
-        client.hdel(keys.tasks, name)  # unclaim, so a retried completion sends it
-        raise
-    pipe = client.pipeline()
-    pipe.hset(keys.tasks, name, task_id)
-    pipe.expire(keys.tasks, int(c.settings["job_ttl_s"]))
-    pipe.execute()
-    if charge:
-        c.store.charge(worker, charge)
+    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
+              "planned": planned if planned is not None else worker}
+    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+                    task_id=task_id, headers={"compass": decision.as_header(),
+                                              JOB_HEADER: header})
     c.remember(task_id, decision)
-    return task_id
+    return decision
 
 
 def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:

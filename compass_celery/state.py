@@ -49,9 +49,9 @@ class StateStore(Protocol):
 
     def publish(self, view: WorkerView, **extra: Any) -> None: ...
     def remove(self, name: str) -> None: ...
-    def charge(self, worker: str, ms: float) -> None: ...
+    def charge(self, worker: str, ms: float, pipe: Any = None) -> None: ...
     def set_backlog(self, worker: str, ms: float) -> None: ...
-    def add_pending(self, worker: str, ms: float) -> None: ...
+    def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None: ...
     def record_run(self, key: str, ms: float, alpha: float) -> None: ...
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot: ...
 
@@ -132,7 +132,7 @@ class MemoryStateStore:
             for table in (self.records, self.backlog, self.pending):
                 table.pop(name, None)
 
-    def charge(self, worker: str, ms: float) -> None:
+    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
         with self._lock:
             self.backlog[worker] = max(0.0, self.backlog.get(worker, 0.0) + ms)
 
@@ -140,7 +140,7 @@ class MemoryStateStore:
         with self._lock:
             self.backlog[worker] = max(0.0, ms)
 
-    def add_pending(self, worker: str, ms: float) -> None:
+    def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         with self._lock:
             self.pending[worker] = max(0.0, self.pending.get(worker, 0.0) + ms)
 
@@ -251,16 +251,20 @@ class RedisStateStore:
             pipe.execute()
         self._call(go)
 
-    def charge(self, worker: str, ms: float) -> None:
+    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
         _ = self.client
-        self._call(lambda: self._charge(keys=[self._keys["backlog"]], args=[worker, ms]))
+        self._call(lambda: self._charge(keys=[self._keys["backlog"]], args=[worker, ms],
+                                        client=pipe))
 
     def set_backlog(self, worker: str, ms: float) -> None:
         self._call(lambda: self.client.hset(self._keys["backlog"], worker, max(0.0, ms)))
 
-    def add_pending(self, worker: str, ms: float) -> None:
+    def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""
         _ = self.client
-        self._call(lambda: self._charge(keys=[self._keys["pending"]], args=[worker, ms]))
+        self._call(lambda: self._charge(keys=[self._keys["pending"]], args=[worker, ms],
+                                        client=pipe))
 
     def record_run(self, key: str, ms: float, alpha: float) -> None:
         _ = self.client
