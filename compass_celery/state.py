@@ -52,7 +52,7 @@ class StateStore(Protocol):
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None: ...
     def set_backlog(self, worker: str, ms: float) -> None: ...
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None: ...
-    def record_run(self, key: str, ms: float, alpha: float) -> None: ...
+    def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None: ...
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot: ...
 
 
@@ -144,7 +144,7 @@ class MemoryStateStore:
         with self._lock:
             self.pending[worker] = max(0.0, self.pending.get(worker, 0.0) + ms)
 
-    def record_run(self, key: str, ms: float, alpha: float) -> None:
+    def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         with self._lock:
             old = self.profiles.get(key)
             prof = json.loads(old) if old else None
@@ -266,9 +266,15 @@ class RedisStateStore:
         self._call(lambda: self._charge(keys=[self._keys["pending"]], args=[worker, ms],
                                         client=pipe))
 
-    def record_run(self, key: str, ms: float, alpha: float) -> None:
+    def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
+        """Fold a measured run time into the learned one; queued on ``pipe`` when given."""
         _ = self.client
-        self._call(lambda: self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha]))
+        self._call(lambda: self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha],
+                                      client=pipe))
+
+    def execute(self, pipe: Any) -> None:
+        """Run what was queued on ``pipe`` (one round trip)."""
+        self._call(pipe.execute)
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         def go() -> Snapshot:

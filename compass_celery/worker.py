@@ -412,12 +412,16 @@ class WorkerRuntime:
         if model is not None:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
-        try:  # bookkeeping is best effort: reconciliation corrects the backlog
+        store = self.compass.store
+        pipe = store.client.pipeline(transaction=False) if store.client is not None else None
+        try:  # bookkeeping is best effort (one round trip): reconciliation corrects it
             if decision is not None and decision.worker == self.name and decision.charge_ms:
-                self.compass.store.charge(self.name, -decision.charge_ms)
+                store.charge(self.name, -decision.charge_ms, pipe=pipe)
             if started is not None and state == "SUCCESS":
-                self.compass.store.record_run(profile_key(task.name, model), run_ms,
-                                              self.cfg["ewma_alpha"])
+                store.record_run(profile_key(task.name, model), run_ms,
+                                 self.cfg["ewma_alpha"], pipe=pipe)
+            if pipe is not None:
+                store.execute(pipe)  # type: ignore[attr-defined]
         except StateUnavailable as exc:
             logger.warning("compass: bookkeeping skipped, %s", exc)
         job = getattr(request, JOB_HEADER, None)
