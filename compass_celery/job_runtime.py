@@ -174,7 +174,7 @@ class JobRuntime:
             snapshot = c.reader.get()
         except StateUnavailable:
             snapshot = None
-        if snapshot is not None and snapshot.workers and c.policy.name == "compass":
+        if snapshot is not None and snapshot.workers and c.policy.adjusts:
             spec = TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"])
             cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
             better = reassign(spec, planned["worker"] if planned else "", cluster, where,

@@ -15,11 +15,9 @@ from typing import Any
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
-from .planner.types import ClusterView, DagSpec
+from .planner.types import SHARED, ClusterView, DagSpec
 from .profiles import Demand
 from .state import Snapshot
-
-SHARED = "*"
 
 
 class PlacementError(ValueError):

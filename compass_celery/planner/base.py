@@ -16,5 +16,9 @@ class Policy(Protocol):
     """
 
     name: str
+    #: Re-places a successor on completion against fresh state (the adjustment phase).
+    adjusts: bool
+    #: Places nothing: every task goes to the one shared queue (plain Celery).
+    shared: bool
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan: ...

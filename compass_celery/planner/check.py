@@ -5,9 +5,8 @@ Like dask's ``validate`` switch: costly asserts kept out of the hot path by defa
 
 from __future__ import annotations
 
-from .types import ClusterView, DagSpec, Plan, PlanningError
+from .types import SHARED, ClusterView, DagSpec, Plan, PlanningError
 
-SHARED = "*"
 EPS_MS = 1e-6
 
 

@@ -20,6 +20,8 @@ class CompassPolicy:
     """``collocate_slack_ms=None`` turns the collocation preference off."""
 
     name = "compass"
+    adjusts = True
+    shared = False
 
     def __init__(
         self,

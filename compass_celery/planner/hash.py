@@ -55,6 +55,8 @@ def ring_lookup(
 
 class HashPolicy:
     name = "hash"
+    adjusts = False
+    shared = False
 
     def __init__(self, vnodes: int = DEFAULT_VNODES) -> None:
         self.vnodes = vnodes

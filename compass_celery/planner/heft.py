@@ -15,6 +15,8 @@ class HeftPolicy:
     """Worker availability starts at the published backlog (pending work not counted)."""
 
     name = "heft"
+    adjusts = False
+    shared = False
 
     def __init__(self, count_pending: bool = False) -> None:
         self.count_pending = count_pending

@@ -16,6 +16,8 @@ from .walk import Estimate, Walk
 
 class JsqPolicy:
     name = "jsq"
+    adjusts = False
+    shared = False
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
         queued: np.ndarray | None = None

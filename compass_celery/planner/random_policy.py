@@ -13,6 +13,8 @@ from .walk import Estimate, Walk
 
 class RandomPolicy:
     name = "random"
+    adjusts = False
+    shared = False
 
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)

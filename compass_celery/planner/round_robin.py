@@ -14,6 +14,8 @@ from .walk import Estimate, Walk
 
 class RoundRobinPolicy:
     name = "round-robin"
+    adjusts = False
+    shared = False
 
     def __init__(self) -> None:
         self._next = 0

@@ -11,14 +11,16 @@ from dataclasses import replace
 
 from .baseline import plan_in_order
 from .choose import choose
-from .types import ClusterView, DagSpec, Plan
+from .types import SHARED, ClusterView, DagSpec, Plan
 from .walk import Estimate, Walk
 
-ANY = "*"
+ANY = SHARED
 
 
 class SharedQueuePolicy:
     name = "celery-default"
+    adjusts = False
+    shared = True
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:

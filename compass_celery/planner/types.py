@@ -11,6 +11,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+#: The worker name of a placement on the shared queue (any worker may take it).
+SHARED = "*"
+
 
 class PlanningError(ValueError):
     """A plan cannot be made (no live worker can hold a model, bad input)."""
