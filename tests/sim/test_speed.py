@@ -107,3 +107,17 @@ def test_plan_timing_rejects_unknown_names():
         main(["--policies", "fastest"])
     with pytest.raises(SystemExit):
         main(["--snapshots", "lukewarm"])
+
+
+@pytest.mark.parametrize("policy", ["compass", "celery-default", "hash"])
+def test_planning_never_walks_every_worker(policy, monkeypatch):
+    # the per-job pass over all workers is what made 1,000-worker runs slow: none is left
+    import compass_celery.planner.cost as cost
+
+    calls = []
+    real = cost.build_worker_arrays
+    monkeypatch.setattr(cost, "build_worker_arrays", lambda c: calls.append(1) or real(c))
+    w = load_workload(ROOT / "dags" / "edge-vision.json")
+    sim = Simulation(w, policy, job_stream(w, rate=300.0, jobs=300), workers=200)
+    assert all(j.end is not None for j in sim.run())
+    assert calls == []
