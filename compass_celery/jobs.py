@@ -23,8 +23,12 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import redis
+from kombu.exceptions import OperationalError
 
 from . import keys as _keys
 from .placement import Decision
@@ -138,30 +142,88 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
             **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
             **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
     client = c.store.client
-    pipe = client.pipeline()
-    pipe.hset(keys.job, mapping=body)
-    left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
-    if left:
-        pipe.hset(keys.left, mapping=left)
-    for key in keys.all():
-        pipe.expire(key, int(cfg["job_ttl_s"]))
-    pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
-    for name, node in nodes.items():  # planned work not sent yet counts on its worker
-        if node["preds"] and name in plan and plan[name].worker != "*":
-            c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
-    pipe.execute()
+
+    def record() -> None:
+        pipe = client.pipeline()  # one MULTI/EXEC: the job exists whole or not at all
+        pipe.hset(keys.job, mapping=body)
+        left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
+        if left:
+            pipe.hset(keys.left, mapping=left)
+        for key in keys.all():
+            pipe.expire(key, int(cfg["job_ttl_s"]))
+        pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
+        for name, node in nodes.items():  # planned work not sent yet counts on its worker
+            if node["preds"] and name in plan and plan[name].worker != "*":
+                c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
+        pipe.execute()
+
+    retry_transient(c, f"job {job_id}: recording it", record,
+                    done=lambda: bool(client.exists(keys.job)))
     handle = JobHandle(c, job_id)
     # sources: nobody else sends them, so they are recorded as sent after publishing
-    sent = {name: publish_node(c, job_id, name, nodes[name], plan.get(name), None, None,
-                               f"{job_id}.{name}") for name in spec.sources()}
-    pipe = client.pipeline(transaction=False)
-    pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
-    pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
-    for decision in sent.values():
-        if decision.charge_ms:
-            c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
-    pipe.execute()
+    sent = {}
+    for name in spec.sources():
+        task_id = f"{job_id}.{name}"
+        sent[name] = retry_transient(
+            c, f"job {job_id}: sending {name!r}",
+            lambda n=name, t=task_id: publish_node(c, job_id, n, nodes[n], plan.get(n), None,
+                                                   None, t),
+            done=lambda t=task_id: _queued(c, t))
+
+    def confirm() -> None:
+        pipe = client.pipeline()
+        pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
+        pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
+        for decision in sent.values():
+            if isinstance(decision, Decision) and decision.charge_ms:
+                c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+        pipe.execute()
+
+    retry_transient(c, f"job {job_id}: confirming its sources", confirm,
+                    done=lambda: client.hlen(keys.tasks) >= len(sent))
     return handle
+
+
+TRANSIENT = (redis.ConnectionError, redis.TimeoutError, OSError, OperationalError,
+             StateUnavailable)
+
+
+def retry_transient(c: Compass, what: str, step: Callable[[], Any],
+                    done: Callable[[], bool]) -> Any:
+    """Run ``step``, retrying Redis hiccups (a restart, a pause, a failover, AOF loading)
+    for up to ``compass_submit_retry_s``, so a short outage delays a submission instead
+    of failing it. ``done`` tells whether a step whose reply was lost took effect
+    anyway, so nothing is written or published twice."""
+    give_up = time.monotonic() + c.settings["submit_retry_s"]
+    delay = 0.1
+    while True:
+        try:
+            return step()
+        except TRANSIENT as exc:
+            try:
+                if done():
+                    return True
+            except TRANSIENT:
+                pass
+            if time.monotonic() > give_up:
+                raise JobError(f"{what}: Redis unavailable for "
+                               f"{c.settings['submit_retry_s']}s ({exc})") from exc
+            logger.warning("compass: %s failed (%s); retrying in %.1fs", what, exc, delay)
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+
+def _queued(c: Compass, task_id: str) -> bool:
+    """Whether a message with ``task_id`` already waits in a compass queue (a publish
+    whose reply was lost); only checked after a failure."""
+    queues = c.queues
+    if queues is None:
+        return False
+    from .transport import message_headers
+
+    names = [c.shared_queue, *(c.queue_for(w.name) for w in c.reader.get().workers)]
+    return any(message_headers(raw).get("id") == task_id
+               for q in names for raw in queues.peek(q))
 
 
 def _placement_json(p: Placement) -> dict[str, Any]:

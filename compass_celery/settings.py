@@ -52,6 +52,9 @@ OPTIONS: dict[str, Option] = {
                            "share no queue)"),
     "shared_queue": Option(None, (str, type(None)), "fallback queue every Compass worker "
                            "consumes (default '<key_prefix>.shared')"),
+    "submit_retry_s": Option(10.0, (int, float), "how long a Dag submission retries a "
+                             "Redis hiccup (restart, pause, failover) before it fails",
+                             "s", 0.0),
     "output_cache_mb": Option(256.0, (int, float), "memory a worker spends on recent task "
                               "outputs for collocated successors", "MB", 0.0),
     "default_exec_ms": Option(100.0, (int, float), "run time of a task nobody declared or "

@@ -77,3 +77,21 @@ def test_a_sender_dying_between_claim_and_publish_is_resumed(compass_redis_url,
     wait_until(lambda: job.status == "SUCCESS", 20, "b to be re-sent and finish")
     assert app.log.hget(keys.tasks, "b") == b"deadbeef"
     assert "never confirmed sent" in ws[0].log()
+
+
+def test_a_submission_during_a_redis_pause_waits_instead_of_failing(
+        compass_redis_server, compass_redis_url, compass_workers):
+    import threading
+
+    app, ws = start(compass_redis_url, compass_workers, ["s0@submit"])
+    pid = compass_redis_server.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    threading.Timer(3.0, os.kill, (pid, signal.SIGCONT)).start()
+    dag = Dag(app, "paused")
+    a = dag.node("a", app.tasks["j.src"].s(2))
+    dag.node("b", app.tasks["j.add"].s(3), after=[a])
+    started = time.monotonic()
+    job = dag.apply_async()  # Redis is frozen for 3 s: the submission retries
+    assert time.monotonic() - started >= 2.0
+    assert job.get(timeout=30) == {"b": 5}, worker_logs(ws)
+    assert _ran(app)[f"{job.id}:a"] == 1 and _ran(app)[f"{job.id}:b"] == 1
