@@ -19,7 +19,7 @@ from typing import Any
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..planner.cost import remember_arrays
-from ..planner.types import ClusterView, WorkerView
+from ..planner.types import SHARED, ClusterView, WorkerView
 from ..workload import WorkerSpec
 from .columns import LiveColumns
 from .engine import Engine
@@ -290,7 +290,7 @@ class SimCluster:
     def send(self, task: SimTask, worker: str) -> None:
         """Route a ready task: to a worker's own queue, or ``"*"`` to the shared queue."""
         task.sent_at = self.engine.now
-        if worker != "*":
+        if worker != SHARED:
             self.by_name[worker].enqueue(task)
         elif self.idle:
             self.idle.popleft().enqueue(task)

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..planner import PlanningError, get_policy
 from ..planner.adjust import DEFAULT_MOVE_FACTOR, reassign
-from ..planner.types import DagSpec
+from ..planner.types import SHARED, DagSpec
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
@@ -49,13 +49,13 @@ class Simulation:
                  refresh_ms: float = 0.0, hop_ms: float = 0.0) -> None:
         opts = {"count_pending": count_pending} if policy == "compass" else {}
         self.policy = get_policy(policy, seed=workload.seed, **opts)
-        self.adjusts = policy == "compass"
+        self.adjusts = self.policy.adjusts
         self.workload, self.stream = workload, stream
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.engine = Engine()
         self.cluster = SimCluster(specs, self.engine, workload.models,
-                                  shared=policy == "celery-default",
+                                  shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms)
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
@@ -75,7 +75,7 @@ class Simulation:
         return self.jobs
 
     def _speed(self, worker: str) -> float:
-        return self.cluster.by_name[worker].spec.speed if worker != "*" else 1.0
+        return self.cluster.by_name[worker].spec.speed if worker != SHARED else 1.0
 
     def _arrive(self, job: Job) -> None:
         dag = job.dag
@@ -92,7 +92,7 @@ class Simulation:
         for node, placement in plan.placements.items():
             job.planned[node] = placement.worker
             job.waiting[node] = len(preds[node])
-            if preds[node] and placement.worker != "*":
+            if preds[node] and placement.worker != SHARED:
                 ms = dag.nodes[node].exec_ms / self._speed(placement.worker)
                 self.cluster.by_name[placement.worker].add_pending(ms)
         for node in dag.nodes:
@@ -103,7 +103,7 @@ class Simulation:
         spec = job.dag.nodes[node]
         preds = self.preds[job.dag.name][node]
         planned = job.planned[node]
-        if preds and planned != "*":
+        if preds and planned != SHARED:
             self.cluster.by_name[planned].add_pending(-spec.exec_ms / self._speed(planned))
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
         self.cluster.send(SimTask(job, node, spec.model, spec.exec_ms, inputs), target)
@@ -130,7 +130,7 @@ class Simulation:
 
     def _target(self, job: Job, node: str) -> str:
         planned = job.planned[node]
-        if not self.adjusts or planned == "*":
+        if not self.adjusts or planned == SHARED:
             return planned
         spec, worker = job.dag.nodes[node], self.cluster.by_name[planned]
         if worker.backlog_ms <= DEFAULT_MOVE_FACTOR * spec.exec_ms / worker.spec.speed:
