@@ -31,7 +31,7 @@ EXECS = "{p}:bench:execs"
 
 _ledger_client: tuple[int, Any] | None = None
 
-#: The models of ../shared/workloads/edge-vision.json, sizes in MB.
+#: The models of dags/edge-vision.json, sizes in MB.
 EDGE_MODELS = {
     "detector": 250.0,
     "captioner": 950.0,

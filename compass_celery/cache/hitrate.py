@@ -6,7 +6,7 @@ worker (job round-robin, as a collocating planner would) or each task to the wor
 its model hashes to, and each worker sees a window of its own upcoming tasks as its
 queue. Also measures real CPU load time per MB of the example torch models.
 
-    python -m compass_celery.cache.hitrate --workload shared/workloads/edge-vision.json
+    python -m compass_celery.cache.hitrate --workload dags/edge-vision.json
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from compass_celery.cache.decisions import CacheDecider, Load
 
-DEFAULT_WORKLOAD = "/work/shared/workloads/edge-vision.json"
+DEFAULT_WORKLOAD = "dags/edge-vision.json"
 
 
 def _topo(dag: dict[str, Any]) -> list[str]:
