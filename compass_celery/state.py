@@ -64,25 +64,33 @@ def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
 def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
               pending: Mapping[Any, Any], profiles_raw: Mapping[Any, Any], now: float,
               timeout_s: float, ages: Mapping[str, float] | None = None,
-              queue_prefix: str | None = None) -> Snapshot:
+              queue_prefix: str | None = None,
+              decoded: dict[str, tuple[Any, WorkerView]] | None = None) -> Snapshot:
     """Decode the records of live workers.
 
     ``ages`` (seconds since each worker's last beat, on Redis's clock) decides
     liveness when given; a heartbeat's host time is then informational only and
     is replaced by ``now - age``, so two hosts' clocks are never compared. A record
     whose queue is not ``queue_prefix + name`` is refused: it would send work, or
-    recovery, to somebody else's queue.
+    recovery, to somebody else's queue. ``decoded`` keeps the last decoded view per
+    worker with its raw record, so an unchanged record is not decoded again.
     """
     records, backlog, pending, profiles_raw = (
         _str_keys(records), _str_keys(backlog), _str_keys(pending), _str_keys(profiles_raw))
     workers: list[WorkerView] = []
     skipped: list[str] = []
+    seen = decoded if decoded is not None else {}
     for name, raw in records.items():
-        try:
-            view = decode_record(raw, field_name=name)
-        except RecordError as exc:
-            skipped.append(str(exc))
-            continue
+        hit = seen.get(name)
+        if hit is not None and hit[0] == raw:
+            view = hit[1]
+        else:
+            try:
+                view = decode_record(raw, field_name=name)
+            except RecordError as exc:
+                skipped.append(str(exc))
+                continue
+            seen[name] = (raw, view)
         if queue_prefix is not None and view.queue != queue_prefix + view.name:
             skipped.append(f"worker record {name!r}: queue {view.queue!r} is not "
                            f"{queue_prefix + view.name!r} (forged or misconfigured)")
@@ -92,12 +100,17 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
             if age is None:
                 skipped.append(f"worker {name!r}: no heartbeat (dead)")
                 continue
-            view = replace(view, heartbeat=now - age)
-        if now - view.heartbeat > timeout_s:
-            skipped.append(f"worker {name!r}: heartbeat {now - view.heartbeat:.1f}s old (dead)")
+            beat = now - age
+        else:
+            beat = view.heartbeat
+        if now - beat > timeout_s:
+            skipped.append(f"worker {name!r}: heartbeat {now - beat:.1f}s old (dead)")
             continue
-        workers.append(replace(view, backlog_ms=decode_ms(backlog.get(name)),
+        workers.append(replace(view, heartbeat=beat, backlog_ms=decode_ms(backlog.get(name)),
                                pending_ms=decode_ms(pending.get(name))))
+    if decoded is not None:
+        for gone in set(decoded) - set(records):
+            decoded.pop(gone, None)
     profiles: dict[str, float] = {}
     for key, raw in profiles_raw.items():
         try:
@@ -212,6 +225,7 @@ class RedisStateStore:
         self.url = url
         self.prefix = prefix
         self.queue_prefix = queue_prefix
+        self._decoded: dict[str, tuple[Any, WorkerView]] = {}  # per process, see _assemble
         self._factory = client_factory
         self._pid = -1
         self._client: Any = None
@@ -288,7 +302,7 @@ class RedisStateStore:
             ages = {(n.decode() if isinstance(n, bytes) else n): max(0.0, redis_now - score)
                     for n, score in beats}
             return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s,
-                             ages, self.queue_prefix)
+                             ages, self.queue_prefix, self._decoded)
         return self._call(go)
 
 
