@@ -3,7 +3,11 @@
 Fixture names start with ``compass_`` and never shadow Celery's ``celery_*``
 fixtures (which pytest-celery's docker fixtures also claim). Layered like
 celery.contrib.pytest: ``compass_redis_server`` (whole run) ->
-``compass_redis_url`` (flushed per test) -> ``compass_workers`` (processes).
+``compass_redis_url`` (flushed per test) -> ``compass_workers`` (processes) ->
+``compass_cluster`` (N live emulated-GPU workers of your app). ``compass_app`` is an
+eager app with in-process worker state: no broker, no Redis.
+
+Opt in from your ``conftest.py``: ``pytest_plugins = ["compass_celery.testing"]``.
 
 Without ``redis-server`` the Redis-backed tests skip locally and fail in CI
 (``CI`` set in the environment), as dramatiq's ``check_redis`` does.
@@ -12,7 +16,9 @@ Without ``redis-server`` the Redis-backed tests skip locally and fail in CI
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -62,6 +68,88 @@ def compass_workers() -> Iterator[Callable[..., WorkerProcess]]:
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def compass_config() -> dict[str, Any]:
+    """Settings for ``compass_app`` (``compass_models`` and the like); override it."""
+    return {}
+
+
+@pytest.fixture
+def compass_app(compass_config: dict[str, Any]) -> Iterator[Any]:
+    """A fresh eager Celery app with Compass: tasks run inline, placement runs against
+    in-process workers you declare with ``compass_app.compass.add_worker(...)``."""
+    from celery import Celery
+
+    from .app import Compass
+
+    app = Celery("compass-test", set_as_current=False, broker="memory://")
+    app.conf.update(task_always_eager=True, task_eager_propagates=True, compass_validate=True,
+                    **compass_config)
+    Compass(app)
+    yield app
+
+
+@dataclass
+class Cluster:
+    """Live workers started by ``compass_cluster``."""
+
+    app: Any
+    workers: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def names(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def logs(self) -> str:
+        return worker_logs(self.workers)
+
+
+@pytest.fixture
+def compass_cluster(compass_workers: Callable[..., WorkerProcess],
+                    request: pytest.FixtureRequest) -> Iterator[Callable[..., Cluster]]:
+    """Factory: ``compass_cluster(app, "proj.celery", n=2, gpu_mb=4000, env={...})`` starts
+    ``n`` real emulated-GPU workers of the app module, waits until ``app`` sees them all
+    live in its state Redis, and returns a :class:`Cluster`. Their logs are printed when
+    the test fails. ``env`` carries what the module needs to find the broker."""
+    clusters: list[Cluster] = []
+
+    def start(app: Any, module: str, n: int = 2, *, gpu_mb: float = 4000.0,
+              preload: str = "", env: dict[str, str] | None = None,
+              timeout_s: float = 30.0) -> Cluster:
+        args = ["--compass-emulate-gpu-mb", str(gpu_mb)]
+        if preload:
+            args += ["--compass-preload", preload]
+        tag = request.node.name[-24:].replace("[", "-").replace("]", "")
+        cluster = Cluster(app, [compass_workers(module, f"w{i}@{tag}", *args, env=env)
+                                for i in range(n)])
+        clusters.append(cluster)
+        timeout = app.compass.settings["heartbeat_timeout_s"]
+        deadline = time.monotonic() + timeout_s
+        while len({w.name for w in app.compass.store.snapshot(time.time(), timeout).workers}
+                   & set(cluster.names)) < n:
+            if time.monotonic() > deadline or not all(w.alive() for w in cluster.workers):
+                pytest.fail(f"compass_cluster: {n} workers of {module} not live after "
+                            f"{timeout_s:.0f}s\n{cluster.logs()}")
+            time.sleep(0.05)
+        app.compass.reader.invalidate()
+        return cluster
+
+    yield start
+    report = getattr(request.node, "compass_report", None)
+    if report is not None and report.failed:
+        for cluster in clusters:
+            print(f"\ncompass_cluster worker logs:\n{cluster.logs()}")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: Any, call: Any) -> Iterator[None]:
+    """Keep the test's own outcome on the item, for ``compass_cluster``'s teardown."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.compass_report = report
 
 
 def worker_logs(workers: list[WorkerProcess]) -> str:
