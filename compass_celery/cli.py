@@ -180,6 +180,9 @@ def result_table(result: dict[str, Any]) -> str:
               "visibility timeout is lowered to half of it, so the task outlives it")
 @click.option("--cache-policy", type=click.Choice(["lookahead", "lru", "fifo"]), default=None,
               help="workers' eviction policy (default: lru for celery-default, else lookahead)")
+@click.option("--compare-sim", is_flag=True,
+              help="also simulate the same workload, arrivals and cluster, and print real "
+              "against simulated latency per policy (the gap is the real cluster's overhead)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
@@ -188,7 +191,8 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           restart_redis_after: float | None, redis_aof: bool,
           rolling_restart_after: float | None, pause_redis_after: float | None,
           pause_redis_for: float | None, skew_clock_s: float | None,
-          long_task_s: float | None, cache_policy: str | None, quiet: bool) -> None:
+          long_task_s: float | None, cache_policy: str | None, compare_sim: bool,
+          quiet: bool) -> None:
     from .bench.runner import POLICIES, BenchOptions
     from .bench.suite import run_suite
 
@@ -221,7 +225,36 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     click.echo(result_table(result))
     click.echo("dup: executions beyond the first; stranded: messages left in a queue, "
                "staging list or unacked entry after the run")
+    if compare_sim and not sweep_rate:
+        from .sim.runner import simulate as run_sim
+
+        simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
+                            jobs=n_jobs, warmup_frac=warmup_frac)
+        result["simulated"] = simulated["policies"]
+        result["real_over_sim"] = real_over_sim(result["policies"], simulated["policies"])
+        click.echo("\nreal cluster against the simulator (same arrivals, zero hop overhead), "
+                   "workload ms")
+        click.echo(_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
+                            f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
+                            f"{r['p99']:.2f}x"]
+                           for name, r in result["real_over_sim"].items()],
+                          ["policy", "real mean", "sim mean", "real/sim", "real p99",
+                           "sim p99", "real/sim"]))
     _write_outputs(result, json_out, plot_out)
+
+
+def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
+    """Per policy: real and simulated mean and p99 latency, and their ratios."""
+    out = {}
+    for name, r in real.items():
+        s = simulated.get(name)
+        if s is None:
+            continue
+        rm, sm = r["latency_ms"]["mean"], s["latency_ms"]["mean"]
+        rp, sp = r["latency_ms"]["p99"], s["latency_ms"]["p99"]
+        out[name] = {"real_mean": rm, "sim_mean": sm, "mean": rm / sm if sm else float("nan"),
+                     "real_p99": rp, "sim_p99": sp, "p99": rp / sp if sp else float("nan")}
+    return out
 
 
 @compass_command.command(help="Discrete-event simulation of the same planner on any cluster "

@@ -65,10 +65,15 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
     out = tmp_path / "bench.json"
     result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
                  compass_redis_url, "--policies", "celery-default,compass", "--jobs", "16",
-                 "--time-scale", "0.3", "--json", str(out), "--quiet")
+                 "--time-scale", "0.3", "--json", str(out), "--quiet", "--compare-sim")
     assert result.exit_code == 0, result.output
     assert "emulated GPU timings" in result.output
+    assert "real cluster against the simulator" in result.output
     data = json.loads(out.read_text())
+    for name in ("celery-default", "compass"):  # the same jobs, simulated, side by side
+        gap = data["real_over_sim"][name]
+        assert data["simulated"][name]["jobs"] == 16 and gap["sim_mean"] > 0
+        assert gap["mean"] == pytest.approx(gap["real_mean"] / gap["sim_mean"])
     assert data["emulated_gpu"] is True and data["time_scale"] == 0.3
     for name in ("celery-default", "compass"):
         r = data["policies"][name]
