@@ -91,6 +91,10 @@ class CompassWorker(bootsteps.StartStopStep):
 
     terminate = shutdown = stop
 
+    def info(self, worker: Any) -> dict[str, Any]:
+        """What ``celery inspect stats`` (and Flower's worker page) shows under "compass"."""
+        return {"compass": self.runtime.stats()} if self.runtime is not None else {}
+
 
 class WorkerRuntime:
     """Publishes this worker's record and keeps its backlog and cache honest."""
@@ -230,6 +234,19 @@ class WorkerRuntime:
         if self._publish_ok_since is None:
             self._publish_ok_since = self._last_publish_ok
         return True
+
+    def stats(self) -> dict[str, Any]:
+        """This worker's compass state, for ``inspect stats`` and Flower."""
+        c = self.cache
+        with self._lock:
+            running = len(self._running)
+        return {"queue": self.queue, "device": c.device,
+                "gpu_total_mb": round(c.total_mb, 1), "gpu_free_mb": round(c.free_mb, 1),
+                "resident_models": sorted(c.resident()),
+                "host_models": sorted(c.host_resident()),
+                "backlog_ms": round(self.queued_backlog_ms(), 1), "running": running,
+                "cache": {"hits": c.hits, "misses": c.misses, "loads": c.loads,
+                          "evictions": c.evictions}}
 
     def may_judge_peers(self) -> bool:
         """Only a worker that has reached Redis without a break for a whole heartbeat
