@@ -58,6 +58,9 @@ def _prometheus() -> Any:
 
 
 # -- counters and histograms fed by signals ------------------------------------------
+MB = 1024 * 1024  # compass sizes are MiB; Prometheus wants bytes
+
+
 class CompassMetrics:
     """The signal-fed metrics of one registry; :meth:`disconnect` stops counting."""
 
@@ -73,14 +76,14 @@ class CompassMetrics:
                                 ["worker", "model"], registry=r)
         self.evictions = pc.Counter("compass_model_evictions", "Models evicted from a GPU",
                                     ["worker", "model"], registry=r)
+        # Prometheus conventions: base units (seconds, bytes) in the metric names
         self.est_finish = pc.Histogram(
-            "compass_placement_estimated_finish_ms", "Estimated finish of placed tasks (ms)",
-            buckets=(5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 60000),
-            registry=r)
-        self.load_ms = pc.Histogram(
-            "compass_model_load_ms", "Measured model load time (ms)",
-            buckets=(10, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 30000, 120000),
-            registry=r)
+            "compass_placement_estimated_finish_seconds",
+            "Estimated finish of placed tasks, from placement",
+            buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60), registry=r)
+        self.load_seconds = pc.Histogram(
+            "compass_model_load_seconds", "Measured model load time",
+            buckets=(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 120), registry=r)
         self._uid = f"compass-metrics-{id(r)}"
         self._pairs: list[tuple[Any, Callable[..., None]]] = [
             (signals.task_placed, self._on_placed), (signals.task_reassigned, self._on_moved),
@@ -101,7 +104,7 @@ class CompassMetrics:
         self.placed.labels(decision.policy, decision.worker,
                            "true" if decision.fallback else "false").inc()
         if not decision.fallback:
-            self.est_finish.observe(max(0.0, float(decision.est_finish_ms)))
+            self.est_finish.observe(max(0.0, float(decision.est_finish_ms)) / 1000.0)
 
     def _on_moved(self, sender: Any = None, **kw: Any) -> None:
         self.reassigned.inc()
@@ -110,7 +113,7 @@ class CompassMetrics:
                    ) -> None:
         self.loads.labels(str(sender), str(model)).inc()
         if ms is not None:
-            self.load_ms.observe(max(0.0, float(ms)))
+            self.load_seconds.observe(max(0.0, float(ms)) / 1000.0)
 
     def _on_evicted(self, sender: Any = None, model: Any = None, **kw: Any) -> None:
         self.evictions.labels(str(sender), str(model)).inc()
@@ -156,11 +159,11 @@ def serve_metrics_in_worker(port: int | None = None) -> None:
 class CompassStateCollector:
     """Gauges per live worker from one snapshot per scrape; never raises at scrape."""
 
-    GAUGES = (("backlog_ms", "Queued and running work (ms)"),
-              ("pending_ms", "Planned work not yet sent (ms)"),
-              ("gpu_free_mb", "Free GPU memory (MB)"), ("gpu_total_mb", "GPU memory (MB)"),
+    GAUGES = (("backlog_seconds", "Queued and running work"),
+              ("pending_seconds", "Planned work not yet sent"),
+              ("gpu_free_bytes", "Free GPU memory"), ("gpu_total_bytes", "GPU memory"),
               ("resident_models", "Models resident in GPU memory"),
-              ("heartbeat_age_s", "Seconds since the worker's last record"))
+              ("heartbeat_age_seconds", "Time since the worker's last beat (Redis's clock)"))
 
     def __init__(self, store: StateStore, heartbeat_timeout_s: float = 5.0,
                  clock: Callable[[], float] = time.time) -> None:
@@ -191,10 +194,11 @@ class CompassStateCollector:
         fams = {k: Gauge(f"compass_worker_{k}", doc, labels=["worker"]) for k, doc in self.GAUGES}
         for w in snap.workers:
             info.add_metric([w.name, w.queue, str(w.device or "")], 1)
-            values = {"backlog_ms": w.backlog_ms, "pending_ms": w.pending_ms,
-                      "gpu_free_mb": w.gpu_free_mb, "gpu_total_mb": w.gpu_total_mb,
+            values = {"backlog_seconds": w.backlog_ms / 1000.0,
+                      "pending_seconds": w.pending_ms / 1000.0,
+                      "gpu_free_bytes": w.gpu_free_mb * MB, "gpu_total_bytes": w.gpu_total_mb * MB,
                       "resident_models": len(w.resident),
-                      "heartbeat_age_s": max(0.0, snap.taken_at - w.heartbeat)}
+                      "heartbeat_age_seconds": max(0.0, snap.taken_at - w.heartbeat)}
             for key, value in values.items():
                 fams[key].add_metric([w.name], float(value))
         yield from (live, skipped, info, *fams.values())

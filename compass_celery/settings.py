@@ -52,6 +52,9 @@ OPTIONS: dict[str, Option] = {
                            "share no queue)"),
     "shared_queue": Option(None, (str, type(None)), "fallback queue every Compass worker "
                            "consumes (default '<key_prefix>.shared')"),
+    "metrics_port": Option(None, (int, type(None)), "serve Prometheus metrics from each "
+                           "worker's main process on this port (needs the metrics extra)",
+                           "", 1),
     "submit_retry_s": Option(10.0, (int, float), "how long a Dag submission retries a "
                              "Redis hiccup (restart, pause, failover) before it fails",
                              "s", 0.0),

@@ -48,6 +48,7 @@ WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "speed": (float, "speed factor of this worker's GPU"),
     "preload": (str, "comma-separated models to load at start"),
     "time_scale": (float, "real seconds per workload second for emulated sleeps"),
+    "metrics_port": (int, "serve Prometheus metrics on this port (/metrics)"),
 }
 
 
@@ -159,6 +160,8 @@ class WorkerRuntime:
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
         set_current_cache(self.cache)
+        if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
+            self._serve_metrics(int(self.cfg["metrics_port"]))
         if self.cfg["preload"]:
             self.cache.preload(self.cfg["preload"])
         self.publish()
@@ -215,6 +218,22 @@ class WorkerRuntime:
                            "recovery leader drains it after the heartbeat timeout",
                            self.name, exc)
         set_current_cache(None)
+
+    def _serve_metrics(self, port: int) -> None:
+        """Prometheus metrics from this process: compass counters, histograms and the
+        process collectors of the default registry, at http://<host>:<port>/metrics."""
+        try:
+            from .monitoring import serve_metrics
+
+            serve_metrics(port)
+        except ImportError:
+            logger.warning("compass: --compass-metrics-port needs prometheus_client "
+                           "(pip install 'compass-celery[metrics]'); no metrics served")
+            return
+        except OSError as exc:
+            logger.warning("compass: cannot serve metrics on port %d: %s", port, exc)
+            return
+        logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
 
     def publish(self) -> bool:
         c = self.cache

@@ -17,11 +17,12 @@ GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "big,small"]
 
 def start(url: str, compass_workers: Any, names: list[str], *, timeout_s: float = 1.0,
           env: dict[str, str] | None = None, per_worker_env: dict[str, dict[str, str]] | None
-          = None, **conf: Any) -> tuple[Any, list[WorkerProcess]]:
+          = None, extra_args: list[str] | None = None, **conf: Any
+          ) -> tuple[Any, list[WorkerProcess]]:
     """Start real workers named ``names`` and a producer app; wait until all are live."""
     base = {"COMPASS_BROKER_URL": url, "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": str(timeout_s),
             **(env or {})}
-    ws = [compass_workers("tests.integration.jobapp", n, *GPU,
+    ws = [compass_workers("tests.integration.jobapp", n, *GPU, *(extra_args or []),
                           env={**base, **(per_worker_env or {}).get(n, {})}) for n in names]
     app = make_app(url, compass_snapshot_ttl_s=0.0, compass_heartbeat_timeout_s=timeout_s,
                    **conf)

@@ -53,10 +53,10 @@ def test_signals_move_counters_and_histograms(metrics: Any) -> None:
     assert value(metrics, "compass_model_loads_total", worker="gpu0", model="captioner") == 1
     assert value(metrics, "compass_model_evictions_total", worker="gpu0", model="ocr") == 1
     # fallbacks carry no estimate, so only the real placement is observed
-    assert value(metrics, "compass_placement_estimated_finish_ms_count") == 1
-    assert value(metrics, "compass_placement_estimated_finish_ms_sum") == 180.0
-    assert value(metrics, "compass_model_load_ms_bucket", le="1000.0") == 1
-    assert value(metrics, "compass_model_load_ms_bucket", le="500.0") == 0
+    assert value(metrics, "compass_placement_estimated_finish_seconds_count") == 1
+    assert value(metrics, "compass_placement_estimated_finish_seconds_sum") == 0.18
+    assert value(metrics, "compass_model_load_seconds_bucket", le="1.0") == 1  # 640 ms
+    assert value(metrics, "compass_model_load_seconds_bucket", le="0.5") == 0
 
 
 def test_install_is_idempotent_and_disconnect_stops_counting() -> None:
@@ -95,15 +95,15 @@ def test_state_collector_exports_live_workers() -> None:
     assert get("compass_state_up") == 1
     assert get("compass_workers_live") == 1
     assert get("compass_worker_records_skipped") == 1
-    assert get("compass_worker_backlog_ms", {"worker": "gpu0"}) == 250.0
-    assert get("compass_worker_pending_ms", {"worker": "gpu0"}) == 40.0
-    assert get("compass_worker_gpu_free_mb", {"worker": "gpu0"}) == 15050.0
-    assert get("compass_worker_gpu_total_mb", {"worker": "gpu0"}) == 16000.0
+    assert get("compass_worker_backlog_seconds", {"worker": "gpu0"}) == 0.25
+    assert get("compass_worker_pending_seconds", {"worker": "gpu0"}) == 0.04
+    assert get("compass_worker_gpu_free_bytes", {"worker": "gpu0"}) == 15050.0 * 2**20
+    assert get("compass_worker_gpu_total_bytes", {"worker": "gpu0"}) == 16000.0 * 2**20
     assert get("compass_worker_resident_models", {"worker": "gpu0"}) == 1
-    assert get("compass_worker_heartbeat_age_s", {"worker": "gpu0"}) == pytest.approx(1.0)
+    assert get("compass_worker_heartbeat_age_seconds", {"worker": "gpu0"}) == pytest.approx(1.0)
     assert get("compass_worker_info", {"worker": "gpu0", "queue": "compass.w.gpu0",
                                        "device": "emulated"}) == 1
-    assert get("compass_worker_backlog_ms", {"worker": "old"}) is None
+    assert get("compass_worker_backlog_seconds", {"worker": "old"}) is None
 
 
 def test_state_collector_reports_down_instead_of_failing_the_scrape() -> None:
