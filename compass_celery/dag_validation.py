@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import CompassInputError
 from .planner.types import DagSpec, TaskSpec
 
 MAX_NODES = 1000
@@ -21,7 +22,7 @@ MAX_VALUE = 1e12  # no time, size or rate in a workload is larger; keeps sums fi
 NODE_FIELDS = ("model", "exec_ms", "output_kb")
 
 
-class DagValidationError(ValueError):
+class DagValidationError(CompassInputError):
     """A DAG (or its template) is malformed; the message names the node, edge or field."""
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .errors import CompassInputError
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
@@ -20,7 +21,7 @@ from .profiles import Demand
 from .state import Snapshot
 
 
-class PlacementError(ValueError):
+class PlacementError(CompassInputError):
     """The task cannot be placed as declared; the message names the problem."""
 
 

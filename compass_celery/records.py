@@ -13,13 +13,14 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from .errors import CompassInputError
 from .planner.types import WorkerView
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_MODELS = 4096
 
 
-class RecordError(ValueError):
+class RecordError(CompassInputError):
     """A worker record in Redis is not valid; the message names the problem."""
 
 

@@ -18,8 +18,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CompassInputError
 
-class SettingsError(ValueError):
+
+class SettingsError(CompassInputError):
     """A ``compass_*`` setting has a wrong type or value."""
 
 

@@ -47,13 +47,26 @@ class StateStore(Protocol):
 
     client: Any
 
-    def publish(self, view: WorkerView, **extra: Any) -> None: ...
-    def remove(self, name: str) -> None: ...
-    def charge(self, worker: str, ms: float, pipe: Any = None) -> None: ...
-    def set_backlog(self, worker: str, ms: float) -> None: ...
-    def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None: ...
-    def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None: ...
-    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot: ...
+    def publish(self, view: WorkerView, **extra: Any) -> None:
+        """Write a worker's record and beat (``extra`` adds informational fields)."""
+
+    def remove(self, name: str) -> None:
+        """Forget a worker: its record, beat, backlog and pending counters."""
+
+    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` (negative to release) to a worker's backlog, never below zero."""
+
+    def set_backlog(self, worker: str, ms: float) -> None:
+        """Overwrite a worker's backlog with a reconciled value."""
+
+    def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` of planned-but-unsent work to a worker, never below zero."""
+
+    def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
+        """Fold one measured run time into the learned one for ``task|model``."""
+
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        """Every live worker (backlog and pending folded in) and the learned run times."""
 
 
 def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 import yaml
 
 from .dag_validation import DagValidationError, dag_from_dict, describe, name_ok, number
+from .errors import CompassInputError
 from .planner.types import DagSpec
 
 MAX_MODELS = 10_000
@@ -33,7 +34,7 @@ DEFAULTS = {"load_mb_per_s": 1500.0, "net_mb_per_s": 1000.0, "speed": 1.0,
             "host_load_mb_per_s": 12000.0}
 
 
-class WorkloadError(ValueError):
+class WorkloadError(CompassInputError):
     """A workload file is malformed; the message names the bad field by path."""
 
 

@@ -166,3 +166,17 @@ def test_reader_fails_fast_while_state_is_down_then_recovers():
     store.down = False
     now[0] += reader.retry_after_s + 0.01
     assert [w.name for w in reader.get().workers] == ["w1"]
+
+
+def test_every_input_error_shares_one_base_and_stays_a_value_error():
+    from compass_celery import CompassInputError
+    from compass_celery.dag_validation import DagValidationError
+    from compass_celery.placement import PlacementError
+    from compass_celery.records import RecordError, decode_record
+    from compass_celery.settings import SettingsError
+    from compass_celery.workload import WorkloadError
+
+    for error in (WorkloadError, DagValidationError, SettingsError, PlacementError, RecordError):
+        assert issubclass(error, CompassInputError) and issubclass(error, ValueError)
+    with pytest.raises(CompassInputError, match="not valid JSON"):
+        decode_record(b"{nope", field_name="w")
