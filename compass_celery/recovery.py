@@ -32,7 +32,6 @@ from . import keys
 from .jobs import sweep_overdue
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
-from .records import RecordError, decode_record
 from .state import StateUnavailable
 from .transport import MessageError, RedisQueues, parse_message, redis_time
 
@@ -44,37 +43,7 @@ logger = logging.getLogger("compass_celery.recovery")
 #: A drained dead queue is forgotten after staying empty this many heartbeat timeouts.
 PRUNE_AFTER_TIMEOUTS = 10
 
-_warned_forged: set[str] = set()
-
-
-def dead_workers(client: Any, prefix: str, queue_prefix: str, timeout_s: float
-                 ) -> list[tuple[str, str]]:
-    """(name, queue) of workers whose last beat is older than ``timeout_s`` on Redis's
-    clock. A record naming a queue other than its own is never trusted: logged once."""
-    pipe = client.pipeline(transaction=False)
-    pipe.hgetall(keys.key(keys.WORKERS, prefix))
-    pipe.zrange(keys.key(keys.BEATS, prefix), 0, -1, withscores=True)
-    pipe.time()
-    records, beats, (sec, usec) = pipe.execute()
-    now = sec + usec / 1e6
-    beat = {(n.decode() if isinstance(n, bytes) else n): s for n, s in beats}
-    out = []
-    for key, raw in records.items():
-        name = key.decode("utf-8", "replace")
-        try:
-            view = decode_record(raw, field_name=name)
-        except RecordError:
-            continue  # a garbled record names no trustworthy queue; readers skip it
-        if view.queue != queue_prefix + view.name:
-            if name not in _warned_forged:
-                _warned_forged.add(name)
-                logger.error("compass: worker record %r names queue %r, not %r: ignored "
-                             "(forged or misconfigured); its queue is never drained", name,
-                             view.queue, queue_prefix + view.name)
-            continue
-        if now - beat.get(name, float("-inf")) > timeout_s:
-            out.append((view.name, view.queue))
-    return out
+_reported: set[str] = set()  # skipped-record reasons already logged by this process
 
 
 def mark_dead(c: Compass, queue: str) -> None:
@@ -110,7 +79,14 @@ def recover(c: Compass, me: str, interval_s: float) -> int:
     if swept:
         logger.warning("compass: failed %d job(s) past their deadline", swept)
     timeout = cfg["heartbeat_timeout_s"]
-    for name, queue in dead_workers(client, prefix, cfg["queue_prefix"], timeout):
+    # liveness, like every reader's, from the snapshot: beats on Redis's clock, and
+    # records naming a queue other than their own refused (never drained)
+    snapshot = c.store.snapshot(time.time(), timeout)
+    for why in snapshot.skipped:
+        if "forged" in why and why not in _reported:
+            _reported.add(why)
+            logger.error("compass: %s", why)
+    for name, queue in snapshot.dead:
         if name == me:
             continue
         logger.warning("compass: worker %s is dead (no heartbeat for %.1fs on Redis's "
@@ -122,13 +98,13 @@ def recover(c: Compass, me: str, interval_s: float) -> int:
               for q, t in client.zrange(dead_key, 0, -1, withscores=True)}
     if not marked:
         return 0
-    live = set(client.hkeys(keys.key(keys.WORKERS, prefix)))
+    live = {w.name for w in snapshot.workers}
     todo = []
     for queue in marked:
         name = queue[len(cfg["queue_prefix"]):]
         if not queue.startswith(cfg["queue_prefix"]):
             client.zrem(dead_key, queue)  # never drain a queue compass does not own
-        elif name.encode() in live:
+        elif name in live:
             client.zrem(dead_key, queue)  # the worker came back under the same name
         else:
             todo.append(queue)

@@ -33,12 +33,14 @@ class StateUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Snapshot:
-    """Live workers (backlog and pending folded in), learned run times, skipped records."""
+    """Live workers (backlog and pending folded in), learned run times, skipped records,
+    and the (name, queue) of well-formed records whose beat lapsed: recovery's work."""
 
     workers: tuple[WorkerView, ...]
     profiles: Mapping[str, float] = field(default_factory=dict)
     skipped: tuple[str, ...] = ()
     taken_at: float = 0.0
+    dead: tuple[tuple[str, str], ...] = ()
 
 
 class StateStore(Protocol):
@@ -92,6 +94,7 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
         _str_keys(records), _str_keys(backlog), _str_keys(pending), _str_keys(profiles_raw))
     workers: list[WorkerView] = []
     skipped: list[str] = []
+    dead: list[tuple[str, str]] = []
     seen = decoded if decoded is not None else {}
     for name, raw in records.items():
         hit = seen.get(name)
@@ -105,19 +108,22 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
                 continue
             seen[name] = (raw, view)
         if queue_prefix is not None and view.queue != queue_prefix + view.name:
-            skipped.append(f"worker record {name!r}: queue {view.queue!r} is not "
-                           f"{queue_prefix + view.name!r} (forged or misconfigured)")
+            skipped.append(f"worker record {name!r} names queue {view.queue!r}, not "
+                           f"{queue_prefix + view.name!r} (forged or misconfigured): ignored, "
+                           "and its queue is never drained")
             continue
         if ages is not None:
             age = ages.get(name)
             if age is None:
                 skipped.append(f"worker {name!r}: no heartbeat (dead)")
+                dead.append((view.name, view.queue))
                 continue
             beat = now - age
         else:
             beat = view.heartbeat
         if now - beat > timeout_s:
             skipped.append(f"worker {name!r}: heartbeat {now - beat:.1f}s old (dead)")
+            dead.append((view.name, view.queue))
             continue
         workers.append(replace(view, heartbeat=beat, backlog_ms=decode_ms(backlog.get(name)),
                                pending_ms=decode_ms(pending.get(name))))
@@ -133,7 +139,7 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
         if math.isfinite(ms) and ms >= 0:
             profiles[key] = ms
     workers.sort(key=lambda w: w.name)
-    return Snapshot(tuple(workers), profiles, tuple(skipped), now)
+    return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead))
 
 
 class MemoryStateStore:
