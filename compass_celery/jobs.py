@@ -157,7 +157,7 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
                 c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
         pipe.execute()
 
-    retry_transient(c, f"job {job_id}: recording it", record,
+    retry_transient(f"job {job_id}: recording it", record, give_up_s=cfg["submit_retry_s"],
                     done=lambda: bool(client.exists(keys.job)))
     handle = JobHandle(c, job_id)
     # sources: nobody else sends them, so they are recorded as sent after publishing
@@ -165,10 +165,10 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
     for name in spec.sources():
         task_id = f"{job_id}.{name}"
         sent[name] = retry_transient(
-            c, f"job {job_id}: sending {name!r}",
+            f"job {job_id}: sending {name!r}",
             lambda n=name, t=task_id: publish_node(c, job_id, n, nodes[n], plan.get(n), None,
                                                    None, t),
-            done=lambda t=task_id: _queued(c, t))
+            give_up_s=cfg["submit_retry_s"], done=lambda t=task_id: _queued(c, t))
 
     def confirm() -> None:
         pipe = client.pipeline()
@@ -179,7 +179,8 @@ def submit(dag: Dag, *, timeout_s: float | None = None) -> Any:
                 c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
         pipe.execute()
 
-    retry_transient(c, f"job {job_id}: confirming its sources", confirm,
+    retry_transient(f"job {job_id}: confirming its sources", confirm,
+                    give_up_s=cfg["submit_retry_s"],
                     done=lambda: client.hlen(keys.tasks) >= len(sent))
     return handle
 
@@ -188,29 +189,39 @@ TRANSIENT = (redis.ConnectionError, redis.TimeoutError, OSError, OperationalErro
              StateUnavailable)
 
 
-def retry_transient(c: Compass, what: str, step: Callable[[], Any],
-                    done: Callable[[], bool]) -> Any:
+class RetriesExhausted(JobError):
+    """Redis stayed unavailable for longer than a step may wait for it."""
+
+
+def retry_transient(what: str, step: Callable[[], Any], *, give_up_s: float,
+                    done: Callable[[], bool] | None = None,
+                    errors: tuple[type[BaseException], ...] = TRANSIENT,
+                    delay_s: float = 0.1, max_delay_s: float = 1.0) -> Any:
     """Run ``step``, retrying Redis hiccups (a restart, a pause, a failover, AOF loading)
-    for up to ``compass_submit_retry_s``, so a short outage delays a submission instead
-    of failing it. ``done`` tells whether a step whose reply was lost took effect
-    anyway, so nothing is written or published twice."""
-    give_up = time.monotonic() + c.settings["submit_retry_s"]
-    delay = 0.1
+    with a doubling delay for up to ``give_up_s``, then raise :class:`RetriesExhausted`.
+
+    ``done`` tells whether a step whose reply was lost took effect anyway, so
+    nothing is written or published twice. Submissions and worker completions both
+    retry through here.
+    """
+    give_up = time.monotonic() + give_up_s
+    delay = delay_s
     while True:
         try:
             return step()
-        except TRANSIENT as exc:
-            try:
-                if done():
-                    return True
-            except TRANSIENT:
-                pass
+        except errors as exc:
+            if done is not None:
+                try:
+                    if done():
+                        return True
+                except errors:
+                    pass
             if time.monotonic() > give_up:
-                raise JobError(f"{what}: Redis unavailable for "
-                               f"{c.settings['submit_retry_s']}s ({exc})") from exc
+                raise RetriesExhausted(f"{what}: Redis unavailable for {give_up_s:g}s "
+                                       f"({exc})") from exc
             logger.warning("compass: %s failed (%s); retrying in %.1fs", what, exc, delay)
             time.sleep(delay)
-            delay = min(1.0, delay * 2)
+            delay = min(max_delay_s, delay * 2)
 
 
 def _queued(c: Compass, task_id: str) -> bool:

@@ -23,7 +23,7 @@ from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from .job_runtime import JobRuntime
-from .jobs import JOB_HEADER, JobError
+from .jobs import JOB_HEADER, JobError, RetriesExhausted, retry_transient
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
@@ -492,22 +492,13 @@ class WorkerRuntime:
         never stranded. Past the job timeout there is nothing left to do: the
         recovery leader has failed the job at its deadline.
         """
-        give_up = time.monotonic() + self.cfg["job_timeout_s"]
-        delay = COMPLETION_BACKOFF_S
-        while True:
-            try:
-                step()
-                return
-            except (RedisError, OSError, StateUnavailable) as exc:
-                if time.monotonic() > give_up:
-                    logger.error("compass: could not record %s/%s for %.0fs (%s); the job "
-                                 "fails at its deadline", job.get("id"), job.get("node"),
-                                 self.cfg["job_timeout_s"], exc)
-                    return
-                logger.warning("compass: recording %s/%s failed (%s); retrying in %.1fs",
-                               job.get("id"), job.get("node"), exc, delay)
-                time.sleep(delay)
-                delay = min(COMPLETION_BACKOFF_CAP_S, delay * 2)
+        try:
+            retry_transient(f"recording {job.get('id')}/{job.get('node')}", step,
+                            give_up_s=self.cfg["job_timeout_s"],
+                            errors=(RedisError, OSError, StateUnavailable),
+                            delay_s=COMPLETION_BACKOFF_S, max_delay_s=COMPLETION_BACKOFF_CAP_S)
+        except RetriesExhausted as exc:
+            logger.error("compass: %s; the job fails at its deadline", exc)
 
     def task_received(self, request: Any) -> None:
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
