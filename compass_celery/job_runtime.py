@@ -19,16 +19,13 @@ from .placement import Decision
 from .planner.adjust import reassign
 from .planner.types import ClusterView, TaskSpec
 from .scripts import script
-from .state import StateUnavailable
+from .state import StateUnavailable, text
 
 if TYPE_CHECKING:
     from .app import Compass
 
 logger = logging.getLogger("compass_celery.jobs")
 
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class OutputCache:
@@ -122,8 +119,8 @@ class JobRuntime:
                 "planned": job.get("planned"), **timing}
         result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
                                                        json.dumps(info), time.time(), job_id])
-        status = _text(result[0])
-        released = [tuple(_text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
+        status = text(result[0])
+        released = [tuple(text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
         if status == "expired":
             self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out")
             return []

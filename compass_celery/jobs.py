@@ -35,7 +35,7 @@ from .placement import Decision
 from .planner.check import check_plan
 from .planner.types import ClusterView, DagSpec, Placement
 from .scripts import script
-from .state import StateUnavailable
+from .state import StateUnavailable, text
 
 if TYPE_CHECKING:
     from .app import Compass
@@ -76,7 +76,7 @@ class JobKeys:
 
     @classmethod
     def of(cls, prefix: str, job_id: str) -> JobKeys:
-        base = f"{prefix}:job:{job_id}"
+        base = _keys.key(_keys.JOB, prefix, id=job_id)
         return cls(base, f"{base}:out", f"{base}:left", f"{base}:done", f"{base}:info",
                    f"{base}:tasks")
 
@@ -276,7 +276,7 @@ def fail_job(c: Compass, job_id: str, error: dict[str, Any]) -> str:
     fail = client.register_script(script("fail"))
     state = fail(keys=[keys.job, keys.done], args=[json.dumps(error),
                                                      int(c.settings["job_ttl_s"])])
-    state = state.decode() if isinstance(state, bytes) else state
+    state = text(state)
     if state != "FAILURE":
         return state
     logger.warning("compass: job %s failed at %r: %s", job_id, error.get("node"),
@@ -307,7 +307,7 @@ def sweep_overdue(c: Compass, now: float, limit: int = 100) -> int:
     key = deadlines_key(c.settings["key_prefix"])
     failed = 0
     for raw in client.zrangebyscore(key, "-inf", now, start=0, num=limit):
-        job_id = raw.decode() if isinstance(raw, bytes) else raw
+        job_id = text(raw)
         state = fail_job(c, job_id, {"job": job_id, "node": None, "task": None,
                                      "worker": None, "exc_type": "JobTimeout",
                                      "exc": "job deadline passed before it finished"})

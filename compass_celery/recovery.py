@@ -32,7 +32,7 @@ from . import keys
 from .jobs import sweep_overdue
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
-from .state import StateUnavailable
+from .state import StateUnavailable, text
 from .transport import MessageError, RedisQueues, parse_message, redis_time
 
 if TYPE_CHECKING:
@@ -94,7 +94,7 @@ def recover(c: Compass, me: str, interval_s: float) -> int:
         mark_dead(c, queue)
         c.store.remove(name)
     dead_key = keys.key(keys.DEAD_QUEUES, prefix)
-    marked = {(q.decode() if isinstance(q, bytes) else q): t
+    marked = {text(q): t
               for q, t in client.zrange(dead_key, 0, -1, withscores=True)}
     if not marked:
         return 0

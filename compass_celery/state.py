@@ -71,9 +71,13 @@ class StateStore(Protocol):
         """Every live worker (backlog and pending folded in) and the learned run times."""
 
 
+def text(value: Any) -> str:
+    """A Redis reply as text (the client returns bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
 def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
-    return {(k.decode("utf-8", "replace") if isinstance(k, bytes) else str(k)): v
-            for k, v in table.items()}
+    return {text(k): v for k, v in table.items()}
 
 
 def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
@@ -318,8 +322,7 @@ class RedisStateStore:
             pipe.time()
             records, backlog, pending, profiles, beats, (sec, usec) = pipe.execute()
             redis_now = sec + usec / 1e6
-            ages = {(n.decode() if isinstance(n, bytes) else n): max(0.0, redis_now - score)
-                    for n, score in beats}
+            ages = {text(n): max(0.0, redis_now - score) for n, score in beats}
             return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s,
                              ages, self.queue_prefix, self._decoded)
         return self._call(go)

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import keys
 from .scripts import script
+from .state import text
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``
@@ -200,9 +201,6 @@ class RedisQueues:
         """The staged message to re-place next (it stays staged until moved)."""
         return self.client.lindex(self.staging_key(queue), -1)
 
-    def staged_count(self, queue: str) -> int:
-        return int(self.client.llen(self.staging_key(queue)))
-
     def move(self, queue: str, expected: bytes, target_list: str, raw: str) -> bool:
         """Atomically pop ``expected`` off ``queue``'s staging and push ``raw`` onto
         ``target_list``; False (and nothing done) when another drainer moved it first."""
@@ -211,15 +209,12 @@ class RedisQueues:
 
     def dead_letter(self, queue: str, expected: bytes, reason: str) -> bool:
         """Move an unusable staged entry to the dead-letter list, with why."""
-        entry = json.dumps({"queue": queue, "reason": reason,
-                            "raw": expected.decode("utf-8", "replace")})
-        return self.move(queue, expected, self.dead_letter_key, entry)
+        return self.move(queue, expected, self.dead_letter_key,
+                         _dead_entry(queue, expected, reason))
 
     def dead_letter_raw(self, queue: str, raw: bytes | str, reason: str) -> None:
         """Keep an unusable message a consumer already took, with why."""
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
-        self.client.lpush(self.dead_letter_key,
-                          json.dumps({"queue": queue, "reason": reason, "raw": text}))
+        self.client.lpush(self.dead_letter_key, _dead_entry(queue, raw, reason))
 
     def has_work(self, queue: str) -> bool:
         pipe = self.client.pipeline(transaction=False)
@@ -238,12 +233,17 @@ class RedisQueues:
                                  self.layout.keyprefix + self.layout.unacked_index,
                                  self.layout.keyprefix + self.layout.unacked],
                            args=[host_now, *tags])
-        return [g.decode() if isinstance(g, bytes) else g for g in gone]
+        return [text(g) for g in gone]
 
     def prune_leases(self, older_than_s: float) -> int:
         """Forget leases not renewed for ``older_than_s`` (on Redis's clock)."""
         now = redis_time(self.client)
         return int(self.client.zremrangebyscore(self.leases_key, "-inf", now - older_than_s))
+
+
+def _dead_entry(queue: str, raw: bytes | str, reason: str) -> str:
+    """A dead-letter list entry: where it came from, why, and the raw message."""
+    return json.dumps({"queue": queue, "reason": reason, "raw": text(raw)})
 
 
 def redis_time(client: Any) -> float:
