@@ -1,0 +1,107 @@
+"""The placement rides on ``kwargsrepr``, which Flower shows as the task's kwargs.
+
+No Redis: rendering is pure, and the publish path runs on an in-memory broker with
+in-process worker state.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery, signals
+
+from compass_celery import Compass
+from compass_celery.jobs import JOB_HEADER
+from compass_celery.placement import JOB_HEADER as PLACEMENT_JOB_HEADER
+from compass_celery.placement import Decision, annotate_headers, describe_placement
+
+HEADER = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",
+                  policy="compass", charge_ms=120.0, est_finish_ms=753.4, load_ms=633.0,
+                  run_ms=120.0, reason="least finish 753ms (load 633ms)").as_header()
+
+
+def test_describe_placement_names_every_field() -> None:
+    line = describe_placement(HEADER, {"moved_from": None})
+    assert line == ("compass: worker=gpu0 model=captioner policy=compass est_finish=753ms "
+                    "moved_from=- reason=least finish 753ms (load 633ms)")
+    assert "moved_from=gpu1" in describe_placement(HEADER, {"moved_from": "gpu1"})
+
+
+def test_describe_placement_survives_missing_and_odd_fields() -> None:
+    assert describe_placement({}) == ("compass: worker=- policy=- est_finish=- moved_from=- "
+                                      "reason=-")
+    assert describe_placement(None, "not a dict") == describe_placement({})
+    line = describe_placement({"worker": "*", "est_finish_ms": "soon", "fallback": True,
+                               "reason": "no live\ncompass worker " + "x" * 500})
+    assert "worker=shared" in line and "est_finish=-" in line and "fallback=yes" in line
+    assert "\n" not in line and len(line) < 220 and line.endswith("...")
+
+
+def test_job_header_name_matches_the_job_runtime() -> None:
+    assert PLACEMENT_JOB_HEADER == JOB_HEADER
+
+
+def test_annotate_keeps_the_kwargs_repr_in_front() -> None:
+    headers: dict[str, Any] = {"kwargsrepr": "{'x': 1}", "compass": HEADER,
+                               JOB_HEADER: {"id": "j", "node": "b", "moved_from": "gpu1"}}
+    annotate_headers(headers)
+    assert headers["kwargsrepr"].startswith("{'x': 1} | compass: worker=gpu0 ")
+    assert "moved_from=gpu1" in headers["kwargsrepr"]
+    # a re-placed retry re-annotates: the old placement is replaced, not stacked
+    headers["compass"] = {**HEADER, "worker": "gpu2"}
+    annotate_headers(headers)
+    assert headers["kwargsrepr"].count("compass:") == 1
+    assert headers["kwargsrepr"].startswith("{'x': 1} | compass: worker=gpu2 ")
+
+
+def test_annotate_leaves_other_messages_alone() -> None:
+    headers: dict[str, Any] = {"kwargsrepr": "{}", "compass": None}
+    annotate_headers(headers)
+    assert headers == {"kwargsrepr": "{}", "compass": None}
+    bare: dict[str, Any] = {"compass": HEADER}  # no kwargsrepr (protocol 1): set it
+    annotate_headers(bare)
+    assert bare["kwargsrepr"].startswith("compass: worker=gpu0")
+
+
+@pytest.fixture
+def sent_headers() -> Any:
+    """Headers of every message published meanwhile, as the broker would get them."""
+    seen: list[dict[str, Any]] = []
+
+    def capture(sender: Any = None, headers: dict | None = None, **kw: Any) -> None:
+        seen.append(dict(headers or {}))
+
+    yield seen, capture
+    signals.before_task_publish.disconnect(capture)
+
+
+def test_a_routed_task_and_a_successor_carry_the_placement(sent_headers: Any) -> None:
+    seen, capture = sent_headers
+    app = Celery("repr", broker="memory://", set_as_current=False)  # not eager: it publishes
+    app.conf.compass_models = {"captioner": 950}
+    compass = Compass(app)
+    signals.before_task_publish.connect(capture)  # after Compass's own receiver
+
+    @app.task(shared=False, name="t.caption", compass_model="captioner", compass_exec_ms=120)
+    def caption(text: str, lang: str = "en") -> str:
+        return text
+
+    compass.add_worker("gpu0", gpu_mb=1600, resident=["captioner"])
+    compass.add_worker("gpu1", gpu_mb=1600)
+    result = caption.apply_async(("a cat",), {"lang": "fr"})
+    decision = compass.placement(result.id)
+    assert decision is not None and decision.worker == "gpu0"
+    (headers,) = [h for h in seen if h.get("id") == result.id]
+    assert headers["kwargsrepr"].startswith("{'lang': 'fr'} | compass: worker=gpu0 ")
+    for field in ("policy=compass", "est_finish=", "moved_from=-", "reason="):
+        assert field in headers["kwargsrepr"]
+
+    # what publish_node sends: an explicit queue (the router stays out), its own headers
+    job = {"id": "job1", "node": "b", "moved_from": "gpu0", "planned": "gpu0"}
+    app.send_task("t.caption", args=["a dog"], kwargs={}, queue="compass.w.gpu1",
+                  task_id="succ-1", headers={"compass": {**HEADER, "worker": "gpu1"},
+                                             JOB_HEADER: job})
+    (succ,) = [h for h in seen if h.get("id") == "succ-1"]
+    assert succ["kwargsrepr"].startswith("{} | compass: worker=gpu1 ")
+    assert "moved_from=gpu0" in succ["kwargsrepr"]
