@@ -180,12 +180,18 @@ class Compass:
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
                         **kw: Any) -> None:
+        from .placement import annotate_headers
+
         decision = self.router.take_pending(sender or "")
-        if decision is None or headers is None:
+        if headers is None:
             return
-        headers["compass"] = decision.as_header()
-        if headers.get("id"):
-            self.remember(headers["id"], decision)
+        if decision is not None:
+            headers["compass"] = decision.as_header()
+            if headers.get("id"):
+                self.remember(headers["id"], decision)
+        # Routed tasks and the successors workers send (their compass header is set by
+        # publish_node) alike: the placement rides on kwargsrepr into Flower.
+        annotate_headers(headers)
 
     def place_eagerly(self, task: Any, options: dict[str, Any]) -> Decision | None:
         """Eager mode's placement (routers are not called there), charged like the router's."""
