@@ -8,9 +8,7 @@ state in :mod:`compass_celery.state`, worker behaviour in
 from __future__ import annotations
 
 import logging
-import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from functools import cached_property, partial
 from typing import Any
 
@@ -18,11 +16,9 @@ from celery import Celery, signals
 
 from . import settings as settings_mod
 from .eager import install_task_class
-from .placement import Decision, decide
+from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
-from .planner.types import WorkerView
-from .profiles import resolve_demand
 from .router import CompassRouter
 from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore, connect
 from .transport import RedisLayout, RedisQueues
@@ -139,39 +135,16 @@ class Compass:
 
         return {**default_registry.sizes_mb(), **self.settings["models"]}
 
-    # -- eager mode and tests --------------------------------------------------------
-    def add_worker(self, name: str, *, gpu_mb: float = 16000.0, resident: Iterable[str] = (),
-                   backlog_ms: float = 0.0, speed: float = 1.0, free_mb: float | None = None,
-                   load_mb_per_s: float | None = None) -> WorkerView:
-        """Declare a worker in the in-process state (eager mode, tests, what-if planning)."""
-        sizes = self.model_sizes()
-        resident = frozenset(resident)
-        used = sum(sizes.get(m, 0.0) for m in resident)
-        view = WorkerView(
-            name=name, queue=self.queue_for(name), gpu_total_mb=gpu_mb,
-            gpu_free_mb=max(0.0, gpu_mb - used) if free_mb is None else free_mb,
-            resident=resident, speed=speed, heartbeat=time.time(),
-            load_mb_per_s=load_mb_per_s or self.settings["load_mb_per_s"],
-            host_load_mb_per_s=self.settings["host_load_mb_per_s"],
-            net_mb_per_s=self.settings["net_mb_per_s"], device="emulated")
-        self.store.publish(view)
-        self.store.set_backlog(name, backlog_ms)
-        self.reader.invalidate()
-        return view
-
+    # -- what this process placed ---------------------------------------------------
     def placement(self, task_id: str) -> Decision | None:
         """Where a task this process sent (or ran eagerly) was placed, and why."""
         return self.decisions.get(task_id)
 
     def remember(self, task_id: str, decision: Decision) -> None:
+        """Keep a decision for :meth:`placement`; the oldest go past ``MAX_DECISIONS``."""
         self.decisions[task_id] = decision
         while len(self.decisions) > MAX_DECISIONS:
             self.decisions.popitem(last=False)
-
-    def on_routed(self, decision: Decision) -> None:
-        from .signals import task_placed
-
-        task_placed.send(sender=self, decision=decision)
 
     # -- signals ---------------------------------------------------------------------
     def _connect_signals(self) -> None:
@@ -192,21 +165,3 @@ class Compass:
         # Routed tasks and the successors workers send (their compass header is set by
         # publish_node) alike: the placement rides on kwargsrepr into Flower.
         annotate_headers(headers)
-
-    def place_eagerly(self, task: Any, options: dict[str, Any]) -> Decision | None:
-        """Eager mode's placement (routers are not called there), charged like the router's."""
-        snapshot = self.reader.get()
-        demand = resolve_demand(task.name, task, options, snapshot.profiles,
-                                self.settings["default_exec_ms"])
-        if demand is None:
-            return None
-        decision = decide(demand, snapshot, self.policy, self.model_sizes(), self.shared_queue,
-                          self.settings["validate"])
-        self._charge_local(decision, +1)
-        self.on_routed(decision)
-        return decision
-
-    def _charge_local(self, decision: Decision, sign: int) -> None:
-        if decision.charge_ms:
-            self.store.charge(decision.worker, sign * decision.charge_ms)
-            self.reader.note_charge(decision.worker, sign * decision.charge_ms)

@@ -4,19 +4,43 @@ class places the task itself before running it inline, against in-process state.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+
+from .placement import Decision, decide
+from .profiles import resolve_demand
+from .router import announce, charge_backlog
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+
+
+def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Decision | None:
+    """Eager mode's placement (routers are not called there), charged like the router's.
+
+    None for a task without compass options; raises PlacementError on bad input."""
+    snapshot = c.reader.get()
+    demand = resolve_demand(task.name, task, options, snapshot.profiles,
+                            c.settings["default_exec_ms"])
+    if demand is None:
+        return None
+    decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+                      c.settings["validate"])
+    charge_backlog(c, decision, +1)
+    announce(c, decision)
+    return decision
 
 
 class CompassTaskMixin:
     """Mixed into ``app.Task`` by ``Compass(app)``; only acts in eager mode."""
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Place the task against in-process state, then run it inline as Celery does."""
         compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
         if compass is None or not compass.eager:
             return super().apply(args, kwargs, **options)  # type: ignore[misc]
-        decision = compass.place_eagerly(self, options)  # raises PlacementError on bad input
+        decision = place_eagerly(compass, self, options)
         if decision is None:
             return super().apply(args, kwargs, **options)  # type: ignore[misc]
         headers = dict(options.pop("headers", None) or {})
@@ -24,7 +48,7 @@ class CompassTaskMixin:
         try:
             result = super().apply(args, kwargs, headers=headers, **options)  # type: ignore[misc]
         finally:
-            compass._charge_local(decision, -1)
+            charge_backlog(compass, decision, -1)
         compass.remember(result.id, decision)
         return result
 

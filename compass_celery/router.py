@@ -15,18 +15,32 @@ from typing import TYPE_CHECKING, Any
 
 from .placement import Decision, decide, fallback
 from .profiles import resolve_demand
+from .signals import task_placed
 from .state import StateUnavailable
 
 if TYPE_CHECKING:
-    from .app import Compass
+    from .context import CompassContext
 
 logger = logging.getLogger("compass_celery.router")
+
+
+def charge_backlog(c: CompassContext, decision: Decision, sign: int) -> None:
+    """Add (``+1``) or take back (``-1``) a decision's run time on its worker's backlog,
+    in the store and in this process's snapshot, so the next decision sees it at once."""
+    if decision.charge_ms:
+        c.store.charge(decision.worker, sign * decision.charge_ms)
+        c.reader.note_charge(decision.worker, sign * decision.charge_ms)
+
+
+def announce(c: CompassContext, decision: Decision) -> None:
+    """Tell ``task_placed`` listeners (metrics, Flower, tests) where a task went."""
+    task_placed.send(sender=c, decision=decision)
 
 
 class CompassRouter:
     """Callable router for ``task_routes``; per process, fork-safe through its store."""
 
-    def __init__(self, compass: Compass) -> None:
+    def __init__(self, compass: CompassContext) -> None:
         self.compass = compass
         self._local = threading.local()
         self._warned: set[str] = set()
@@ -60,16 +74,15 @@ class CompassRouter:
                               c.settings["validate"])
             if decision.fallback:
                 decision = self._fallback(demand, decision.reason)
-            elif decision.charge_ms:
+            else:
                 try:
-                    c.store.charge(decision.worker, decision.charge_ms)
-                    c.reader.note_charge(decision.worker, decision.charge_ms)
+                    charge_backlog(c, decision, +1)
                 except StateUnavailable as exc:
                     decision = self._fallback(demand, f"state unavailable ({exc})")
         if not decision.fallback:
             self._warned.clear()  # healthy again: warn afresh on the next outage
         self._local.pending = decision
-        c.on_routed(decision)
+        announce(c, decision)
         return {"queue": decision.queue}
 
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:

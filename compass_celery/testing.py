@@ -17,13 +17,36 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from .local import LocalRedisError, RedisServer, WorkerProcess
+from .planner.types import WorkerView
+
+
+def add_worker(app: Any, name: str, *, gpu_mb: float = 16000.0, resident: Iterable[str] = (),
+               backlog_ms: float = 0.0, speed: float = 1.0, free_mb: float | None = None,
+               load_mb_per_s: float | None = None) -> WorkerView:
+    """Declare a worker in an eager app's in-process state, for tests and what-if planning:
+    ``add_worker(app, "gpu0", gpu_mb=16000, resident=["captioner"])``."""
+    c = app.compass
+    sizes = c.model_sizes()
+    resident = frozenset(resident)
+    used = sum(sizes.get(m, 0.0) for m in resident)
+    view = WorkerView(
+        name=name, queue=c.queue_for(name), gpu_total_mb=gpu_mb,
+        gpu_free_mb=max(0.0, gpu_mb - used) if free_mb is None else free_mb,
+        resident=resident, speed=speed, heartbeat=time.time(),
+        load_mb_per_s=load_mb_per_s or c.settings["load_mb_per_s"],
+        host_load_mb_per_s=c.settings["host_load_mb_per_s"],
+        net_mb_per_s=c.settings["net_mb_per_s"], device="emulated")
+    c.store.publish(view)
+    c.store.set_backlog(name, backlog_ms)
+    c.reader.invalidate()
+    return view
 
 
 @pytest.fixture(scope="session")
@@ -79,7 +102,7 @@ def compass_config() -> dict[str, Any]:
 @pytest.fixture
 def compass_app(compass_config: dict[str, Any]) -> Iterator[Any]:
     """A fresh eager Celery app with Compass: tasks run inline, placement runs against
-    in-process workers you declare with ``compass_app.compass.add_worker(...)``."""
+    in-process workers you declare with :func:`add_worker`."""
     from celery import Celery
 
     from .app import Compass

@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from compass_celery.testing import add_worker
+
 from .helpers import CAT, CAT_FR, DEAD_REDIS, DJANGO_DIR, DOG, DOG_DE, NODES
 
 pytest.importorskip("django")
@@ -64,9 +66,9 @@ def submit(client: Any, **body: Any) -> dict[str, Any]:
 
 
 def test_job_runs_where_its_models_are_resident(celery_app: Any, client: Any) -> None:
-    celery_app.compass.add_worker("gpu0", gpu_mb=16000,
+    add_worker(celery_app, "gpu0", gpu_mb=16000,
                                   resident=["detector", "captioner", "translator"])
-    celery_app.compass.add_worker("gpu1", gpu_mb=16000)
+    add_worker(celery_app, "gpu1", gpu_mb=16000)
     posted = submit(client, image_url=CAT)
     assert posted["status_url"] == f"/jobs/{posted['job_id']}/"
     res = client.get(posted["status_url"])
@@ -81,8 +83,8 @@ def test_job_runs_where_its_models_are_resident(celery_app: Any, client: Any) ->
 
 
 def test_each_node_follows_its_model(celery_app: Any, client: Any) -> None:
-    celery_app.compass.add_worker("gpu0", gpu_mb=16000, resident=["detector"])
-    celery_app.compass.add_worker("gpu1", gpu_mb=16000, resident=["captioner", "translator"])
+    add_worker(celery_app, "gpu0", gpu_mb=16000, resident=["detector"])
+    add_worker(celery_app, "gpu1", gpu_mb=16000, resident=["captioner", "translator"])
     body = client.get(submit(client, image_url=DOG, lang="de")["status_url"]).json()
     assert body["results"] == {"translate": DOG_DE}
     workers = {n: p["worker"] for n, p in body["placement"].items()}
@@ -92,7 +94,7 @@ def test_each_node_follows_its_model(celery_app: Any, client: Any) -> None:
 def test_no_redis_was_opened(celery_app: Any, client: Any) -> None:
     from compass_celery.state import MemoryStateStore
 
-    celery_app.compass.add_worker("gpu0", gpu_mb=16000)
+    add_worker(celery_app, "gpu0", gpu_mb=16000)
     body = client.get(submit(client, image_url=CAT)["status_url"]).json()
     assert body["status"] == "SUCCESS"
     assert isinstance(celery_app.compass.store, MemoryStateStore)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from compass_celery.testing import worker_logs
+from compass_celery.testing import add_worker, worker_logs
 
 from .helpers import (
     CAT,
@@ -43,8 +43,8 @@ def eager_app() -> Any:
     """An eager app on a broker URL where nothing listens, with two in-process GPUs."""
     app = make(task_always_eager=True, broker_url=DEAD_REDIS, result_backend=DEAD_REDIS)
     compass = app.extensions["celery"].compass
-    compass.add_worker("gpu0", gpu_mb=16000, resident=["detector"])
-    compass.add_worker("gpu1", gpu_mb=16000, resident=["captioner", "translator"])
+    add_worker(compass.app, "gpu0", gpu_mb=16000, resident=["detector"])
+    add_worker(compass.app, "gpu1", gpu_mb=16000, resident=["captioner", "translator"])
     return app
 
 

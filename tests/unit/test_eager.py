@@ -9,6 +9,7 @@ from celery import Celery
 
 from compass_celery import Compass, PlacementError
 from compass_celery.state import MemoryStateStore
+from compass_celery.testing import add_worker
 
 
 @pytest.fixture
@@ -36,8 +37,8 @@ def eager_app(monkeypatch):
     def plain(x):
         return -x
 
-    compass.add_worker("cap", gpu_mb=1600, resident=["captioner"])
-    compass.add_worker("det", gpu_mb=1600, resident=["detector", "translator"])
+    add_worker(compass.app, "cap", gpu_mb=1600, resident=["captioner"])
+    add_worker(compass.app, "det", gpu_mb=1600, resident=["detector", "translator"])
     return app
 
 
@@ -55,7 +56,7 @@ def test_eager_results_and_placements_without_redis(eager_app):
 
 def test_eager_busy_worker_loses_like_redis_mode(eager_app):
     compass = eager_app.compass
-    compass.add_worker("cap", gpu_mb=1600, resident=["captioner"], backlog_ms=2000)
+    add_worker(compass.app, "cap", gpu_mb=1600, resident=["captioner"], backlog_ms=2000)
     res = eager_app.tasks["t.caption"].delay("x")
     placed = compass.placement(res.id)
     assert placed.worker == "det"

@@ -9,6 +9,7 @@ from compass_celery import Compass
 from compass_celery.dag import Dag
 from compass_celery.dag_validation import DagValidationError
 from compass_celery.jobs import JobFailed
+from compass_celery.testing import add_worker
 
 
 @pytest.fixture
@@ -34,8 +35,8 @@ def app():
     def boom(inp):
         raise ValueError("middle failed")
 
-    app.compass.add_worker("g0", gpu_mb=4000, resident=["small", "big"])
-    app.compass.add_worker("g1", gpu_mb=4000, resident=["small"])
+    add_worker(app, "g0", gpu_mb=4000, resident=["small", "big"])
+    add_worker(app, "g1", gpu_mb=4000, resident=["small"])
     return app
 
 

@@ -15,6 +15,7 @@ from compass_celery import Compass
 from compass_celery.jobs import JOB_HEADER
 from compass_celery.placement import JOB_HEADER as PLACEMENT_JOB_HEADER
 from compass_celery.placement import Decision, annotate_headers, describe_placement
+from compass_celery.testing import add_worker
 
 HEADER = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",
                   policy="compass", charge_ms=120.0, est_finish_ms=753.4, load_ms=633.0,
@@ -87,8 +88,8 @@ def test_a_routed_task_and_a_successor_carry_the_placement(sent_headers: Any) ->
     def caption(text: str, lang: str = "en") -> str:
         return text
 
-    compass.add_worker("gpu0", gpu_mb=1600, resident=["captioner"])
-    compass.add_worker("gpu1", gpu_mb=1600)
+    add_worker(app, "gpu0", gpu_mb=1600, resident=["captioner"])
+    add_worker(app, "gpu1", gpu_mb=1600)
     result = caption.apply_async(("a cat",), {"lang": "fr"})
     decision = compass.placement(result.id)
     assert decision is not None and decision.worker == "gpu0"

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from compass_celery.testing import add_worker
+
 
 @pytest.fixture
 def compass_config():
@@ -18,8 +20,8 @@ def test_compass_app_runs_eagerly_and_places_on_in_process_workers(compass_app):
     def caption(url: str) -> str:
         return f"a caption of {url}"
 
-    compass_app.compass.add_worker("gpu0", gpu_mb=16000)
-    compass_app.compass.add_worker("gpu1", gpu_mb=16000, resident=["captioner"])
+    add_worker(compass_app, "gpu0", gpu_mb=16000)
+    add_worker(compass_app, "gpu1", gpu_mb=16000, resident=["captioner"])
     res = caption.delay("x.jpg")
     assert res.get() == "a caption of x.jpg"
     assert compass_app.compass.placement(res.id).worker == "gpu1"  # the model is resident

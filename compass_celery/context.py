@@ -1,0 +1,64 @@
+"""The narrow view of Compass that the Celery edges take: what they read, nothing more.
+
+The router, the job runtime, recovery, the worker step and eager mode are given
+a :class:`CompassContext` instead of the whole :class:`~compass_celery.app.Compass`,
+so each of them can be built and tested with a small stand-in, and none of them
+imports the app module (which imports them). This module imports no other module
+of the package at run time; the names under ``TYPE_CHECKING`` are lower layers
+that never import it back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from .placement import Decision
+    from .planner.base import Policy
+    from .state import SnapshotReader, StateStore
+    from .transport import RedisQueues
+
+
+class CompassContext(Protocol):
+    """What a Celery edge needs from one Compass-enabled app."""
+
+    app: Celery
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The typed ``compass_*`` settings."""
+
+    @property
+    def eager(self) -> bool:
+        """Whether the app runs tasks inline (``task_always_eager``)."""
+
+    @property
+    def store(self) -> StateStore:
+        """Where worker records, backlogs and profiles live."""
+
+    @property
+    def reader(self) -> SnapshotReader:
+        """This process's cached view of the store."""
+
+    @property
+    def policy(self) -> Policy:
+        """The placement policy."""
+
+    @property
+    def shared_queue(self) -> str:
+        """The fallback queue every worker consumes."""
+
+    @property
+    def queues(self) -> RedisQueues | None:
+        """The broker's compass queues (None when eager or not on Redis)."""
+
+    def queue_for(self, worker_name: str) -> str:
+        """The name of ``worker_name``'s own queue."""
+
+    def model_sizes(self) -> dict[str, float]:
+        """Every known model's size in MB."""
+
+    def remember(self, task_id: str, decision: Decision) -> None:
+        """Keep ``decision`` for ``placement(task_id)`` in this process."""
