@@ -13,6 +13,7 @@ from typing import Any
 import click
 
 from . import settings as settings_mod
+from .tables import result_table, text_table
 
 
 def _app_from(ctx: click.Context, app_path: str | None) -> Any:
@@ -26,12 +27,6 @@ def _app_from(ctx: click.Context, app_path: str | None) -> Any:
         if not hasattr(app, "conf"):
             app = getattr(found, "app", None) or getattr(found, "celery", None)
     return app
-
-
-def _table(rows: list[list[str]], header: list[str]) -> str:
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    line = lambda r: "  ".join(str(x).ljust(w) for x, w in zip(r, widths, strict=True))  # noqa: E731
-    return "\n".join([line(header), line(["-" * w for w in widths]), *map(line, rows)])
 
 
 @click.group(name="compass", help="Compass scheduling for Celery: status, demo, bench, simulate.")
@@ -67,12 +62,12 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
              f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
     click.echo(f"{len(snap.workers)} live compass worker(s) at {redis_url}")
     if rows:
-        click.echo(_table(rows, ["worker", "device", "free/total MB", "resident models",
+        click.echo(text_table(rows, ["worker", "device", "free/total MB", "resident models",
                                  "backlog ms", "pending ms", "heartbeat"]))
     for why in snap.skipped:
         click.echo(f"skipped: {why}")
     if show_settings:
-        click.echo(_table([list(r) for r in settings_mod.describe(values)],
+        click.echo(text_table([list(r) for r in settings_mod.describe(values)],
                           ["setting", "value", "meaning"]))
 
 
@@ -123,20 +118,6 @@ def _floats(text: str | None, what: str) -> list[float]:
     except ValueError:
         raise click.BadParameter(f"expected numbers separated by commas, got {text!r}",
                                  param_hint=what) from None
-
-
-def result_table(result: dict[str, Any]) -> str:
-    rows = []
-    for name, r in result["policies"].items():
-        lat = r["latency_ms"]
-        rows.append([name, r["jobs"], r["completed"], r["failed"], r["lost"],
-                     r.get("duplicates", "-"), r.get("stranded", "-"), f"{lat['mean']:.1f}",
-                     f"{lat['p50']:.1f}", f"{lat['p95']:.1f}",
-                     f"{lat['p99']:.1f}", f"{r['cache_hit_rate']:.3f}", r["model_loads"],
-                     f"{r['throughput_jobs_per_s']:.2f}"])
-    return _table([[str(x) for x in r] for r in rows],
-                  ["policy", "jobs", "done", "failed", "lost", "dup", "stranded", "mean ms",
-                   "p50", "p95", "p99", "hit rate", "loads", "jobs/s"])
 
 
 @compass_command.command(help="Real Redis-backed Celery cluster of emulated-GPU workers; "
@@ -234,7 +215,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
         result["real_over_sim"] = real_over_sim(result["policies"], simulated["policies"])
         click.echo("\nreal cluster against the simulator (same arrivals, zero hop overhead), "
                    "workload ms")
-        click.echo(_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
+        click.echo(text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
                             f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
                             f"{r['p99']:.2f}x"]
                            for name, r in result["real_over_sim"].items()],
@@ -286,7 +267,7 @@ def simulate(workload_path: str, n_workers: int | None, policies: str | None,
              f"{r['plan_ms']['p50']:.3f}", f"{r['plan_ms']['p99']:.3f}"]
             for name, r in result["policies"].items()]
     click.echo("\nmean per task (ms), and planning wall time per job (ms)")
-    click.echo(_table(rows, ["policy", "queued", "load", "hop", "run", "plan p50", "plan p99"]))
+    click.echo(text_table(rows, ["policy", "queued", "load", "hop", "run", "plan p50", "plan p99"]))
     _write_outputs(result, json_out, None)
 
 

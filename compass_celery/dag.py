@@ -23,7 +23,8 @@ from .planner.types import DagSpec, TaskSpec
 from .profiles import TaskDeclarationError, resolve_demand
 
 if TYPE_CHECKING:
-    from .jobs import JobHandle
+    from .eager_jobs import EagerJobHandle
+    from .job_handle import JobHandle
 
 
 @dataclass
@@ -101,11 +102,29 @@ class Dag:
         return validate_dag(spec, known_models=c.model_sizes(),
                             max_nodes=c.settings["max_dag_nodes"])
 
-    def apply_async(self, *, timeout_s: float | None = None) -> JobHandle:
-        """Plan the whole job, send its sources, and return a handle at once."""
-        from .jobs import submit
+    def records(self, spec: DagSpec) -> dict[str, dict[str, Any]]:
+        """Each node as plain JSON data (task, arguments, model, estimates, edges): what
+        submission stores and what eager mode runs, so neither needs the Dag itself."""
+        out = {}
+        for name, node in self.nodes.items():
+            sig = node.signature
+            out[name] = {"task": sig.task, "args": list(sig.args or ()),
+                         "kwargs": dict(sig.kwargs or {}), "model": node.model,
+                         "exec_ms": node.exec_ms, "output_kb": node.output_kb,
+                         "preds": list(node.preds), "succs": spec.succs(name)}
+        return out
 
-        return submit(self, timeout_s=timeout_s)
+    def apply_async(self, *, timeout_s: float | None = None) -> JobHandle | EagerJobHandle:
+        """Plan the whole job, send its sources, and return a handle at once; an eager
+        app runs the job inline and returns its finished handle."""
+        from .eager_jobs import run_eagerly
+        from .submission import submit
+
+        spec = self.spec()
+        c = self.app.compass
+        if c.eager:
+            return run_eagerly(c, spec, self.records(spec))
+        return submit(c, spec, self.records(spec), timeout_s=timeout_s)
 
     @classmethod
     def from_spec(cls, app: Celery, spec: DagSpec, task: str = "emulated.infer",

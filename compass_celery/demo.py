@@ -67,9 +67,9 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
             rows.append([name, d.model, d.worker, out["worker"], f"{d.wait_ms:.0f}",
                          f"{d.load_ms:.0f}", f"{d.run_ms:.0f}", f"{d.est_finish_ms:.0f}",
                          d.reason])
-        from .cli import _table
+        from .tables import text_table
 
-        echo(_table(rows, ["task", "model", "placed on", "ran on", "wait ms", "load ms",
+        echo(text_table(rows, ["task", "model", "placed on", "ran on", "wait ms", "load ms",
                            "run ms", "est. finish", "why"]))
         moved = sum(1 for r in rows if r[2] != r[3])
         echo(f"\n{len(rows)} tasks done; {moved} ran somewhere other than planned. "
@@ -88,7 +88,7 @@ def side_by_side(redis_url: str, jobs: int, plot_path: str | None,
     import dags
 
     from .bench.runner import BenchOptions, run_bench
-    from .cli import result_table
+    from .tables import result_table
     from .workload import load_workload
 
     workload = load_workload(dags.path("edge-vision.json"))

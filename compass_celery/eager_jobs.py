@@ -5,13 +5,14 @@ Same inputs shape and same results as the Redis runtime; no Redis is opened.
 
 from __future__ import annotations
 
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from .jobs import JobFailed
+from .errors import JobFailed
 from .planner.types import ClusterView, DagSpec
 
 if TYPE_CHECKING:
-    from .dag import Dag
+    from .context import CompassContext
 
 
 class EagerJobHandle:
@@ -37,10 +38,10 @@ class EagerJobHandle:
         return {n: {"planned": p, "worker": p, "moved": False} for n, p in self.plan.items()}
 
 
-def run_eagerly(dag: Dag, spec: DagSpec) -> EagerJobHandle:
-    import uuid
-
-    c = dag.app.compass
+def run_eagerly(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]
+                ) -> EagerJobHandle:
+    """Plan the job against in-process state, then run each node inline in order; the
+    first failure ends the job as a failed node ends a real one."""
     snapshot = c.reader.get()
     plan: dict[str, Any] = {}
     if snapshot.workers:
@@ -49,20 +50,19 @@ def run_eagerly(dag: Dag, spec: DagSpec) -> EagerJobHandle:
     results: dict[str, Any] = {}
     job_id = uuid.uuid4().hex
     for name in spec.topological_order():
-        node = dag.nodes[name]
-        sig = node.signature
-        args = list(sig.args or ())
-        if node.preds:
-            inputs = [results[p] for p in node.preds]
+        node = nodes[name]
+        args = list(node["args"])
+        if node["preds"]:
+            inputs = [results[p] for p in node["preds"]]
             args.insert(0, inputs[0] if len(inputs) == 1 else inputs)
-        task = dag.app.tasks[sig.task]
-        res = task.apply(args=args, kwargs=dict(sig.kwargs or {}),
-                         compass={k: v for k, v in (("model", node.model),
-                                                   ("exec_ms", node.exec_ms)) if v is not None})
+        task = c.app.tasks[node["task"]]
+        res = task.apply(args=args, kwargs=dict(node["kwargs"]),
+                         compass={k: v for k, v in (("model", node["model"]),
+                                                   ("exec_ms", node["exec_ms"])) if v is not None})
         if res.failed():
             exc = res.result
             return EagerJobHandle(job_id, plan, results, spec.sinks(), {
-                "job": job_id, "node": name, "task": sig.task, "worker": plan.get(name),
+                "job": job_id, "node": name, "task": node["task"], "worker": plan.get(name),
                 "exc_type": type(exc).__name__, "exc": str(exc)})
         results[name] = res.result
     return EagerJobHandle(job_id, plan, results, spec.sinks(), None)

@@ -1,4 +1,6 @@
-"""The one base of every "your input is wrong" error compass raises.
+"""Compass's exceptions: bad input on one side, job outcomes on the other.
+
+Input errors:
 
 A malformed DAG, a workload file, a setting, a task that cannot be placed and a
 garbled worker record all raise a subclass of :class:`CompassInputError`, whose
@@ -8,6 +10,30 @@ message names the bad field; callers can catch them together (and still as
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class CompassInputError(ValueError):
     """Bad input to compass; the message names what and where."""
+
+
+class JobError(RuntimeError):
+    """Base of job outcomes that are not a result."""
+
+
+class JobFailed(JobError):
+    """A node failed after its retries; names the node, task, worker and exception."""
+
+    def __init__(self, info: dict[str, Any]) -> None:
+        self.info = info
+        super().__init__(f"job {info.get('job')} failed at node {info.get('node')!r} "
+                         f"(task {info.get('task')}, worker {info.get('worker')}): "
+                         f"{info.get('exc_type')}: {info.get('exc')}")
+
+
+class JobTimeout(JobError, TimeoutError):
+    """The job did not finish in time."""
+
+
+class RetriesExhausted(JobError):
+    """Redis stayed unavailable for longer than a step may wait for it."""

@@ -14,15 +14,18 @@ import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
-from .jobs import INPUT_REF, JobError, JobKeys, JobTimeout, fail_job, publish_node
+from .errors import JobError, JobTimeout
+from .job_failure import fail_job
+from .job_keys import INPUT_REF, JobKeys
 from .placement import Decision
 from .planner.adjust import reassign
 from .planner.types import ClusterView, TaskSpec
 from .scripts import script
 from .state import StateUnavailable, text
+from .submission import publish_node
 
 if TYPE_CHECKING:
-    from .app import Compass
+    from .context import CompassContext
 
 logger = logging.getLogger("compass_celery.jobs")
 
@@ -63,7 +66,7 @@ class OutputCache:
 class JobRuntime:
     """Worker-side job bookkeeping: inputs in, outputs out, successors on."""
 
-    def __init__(self, compass: Compass, worker_name: str) -> None:
+    def __init__(self, compass: CompassContext, worker_name: str) -> None:
         self.c, self.name = compass, worker_name
         self.outputs = OutputCache(int(compass.settings["output_cache_mb"] * 2**20))
         client = compass.store.client

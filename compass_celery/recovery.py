@@ -29,14 +29,14 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import keys
-from .jobs import sweep_overdue
+from .job_failure import sweep_overdue
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
 from .state import StateUnavailable, text
 from .transport import MessageError, RedisQueues, parse_message, redis_time
 
 if TYPE_CHECKING:
-    from .app import Compass
+    from .context import CompassContext
 
 logger = logging.getLogger("compass_celery.recovery")
 
@@ -46,24 +46,24 @@ PRUNE_AFTER_TIMEOUTS = 10
 _reported: set[str] = set()  # skipped-record reasons already logged by this process
 
 
-def mark_dead(c: Compass, queue: str) -> None:
+def mark_dead(c: CompassContext, queue: str) -> None:
     """Put ``queue`` in the dead-queue set: the leader drains it until it stays empty."""
     client = c.store.client
     dead = keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"])
     client.zadd(dead, {queue: redis_time(client)}, nx=True)
 
 
-def mark_alive(c: Compass, queue: str) -> None:
+def mark_alive(c: CompassContext, queue: str) -> None:
     """A worker (re)starting under a name found dead takes its queue back."""
     c.store.client.zrem(keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"]), queue)
 
 
-def lease_timeout_s(c: Compass) -> float:
+def lease_timeout_s(c: CompassContext) -> float:
     """A lease not renewed for this long is lapsed (renewed every third of it)."""
     return float(c.settings["heartbeat_timeout_s"])
 
 
-def recover(c: Compass, me: str, interval_s: float) -> int:
+def recover(c: CompassContext, me: str, interval_s: float) -> int:
     """One recovery round if this worker wins the leader lock; returns tasks re-placed."""
     queues = c.queues
     if queues is None:
@@ -120,7 +120,7 @@ def recover(c: Compass, me: str, interval_s: float) -> int:
     return moved
 
 
-def hand_back(c: Compass, me: str) -> int:
+def hand_back(c: CompassContext, me: str) -> int:
     """A stopping worker re-places everything waiting in its own queue (priority lists
     too) on the other live workers, or on the shared queue when none is left."""
     queues = c.queues
@@ -131,7 +131,7 @@ def hand_back(c: Compass, me: str) -> int:
     return replace_staged(c, queues, queue, exclude=me)
 
 
-def take_back(c: Compass, me: str) -> int:
+def take_back(c: CompassContext, me: str) -> int:
     """A starting worker re-places what a previous process under its name left in
     flight or staged (a same-name restart); nothing of its own runs yet."""
     queues = c.queues
@@ -142,7 +142,7 @@ def take_back(c: Compass, me: str) -> int:
     return replace_staged(c, queues, queue)
 
 
-def replace_staged(c: Compass, queues: RedisQueues, queue: str,
+def replace_staged(c: CompassContext, queues: RedisQueues, queue: str,
                    exclude: str | None = None) -> int:
     """Re-place ``queue``'s staged messages one at a time; unusable ones are
     dead-lettered with a log line naming why. Redis errors propagate: the rest
@@ -169,7 +169,7 @@ def replace_staged(c: Compass, queues: RedisQueues, queue: str,
     return moved
 
 
-def plan_message(c: Compass, message: dict[str, Any], exclude: str | None = None
+def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None = None
                  ) -> tuple[str, Decision | None]:
     """Re-plan one message against live state (never on ``exclude``); rewrite its
     compass header and routing key in place; return its new queue."""

@@ -22,17 +22,19 @@ from celery import Celery, bootsteps, signals
 from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
+from .errors import JobError, RetriesExhausted
+from .job_keys import JOB_HEADER
 from .job_runtime import JobRuntime
-from .jobs import JOB_HEADER, JobError, RetriesExhausted, retry_transient
 from .placement import SHARED, Decision
 from .planner.types import WorkerView
 from .profiles import profile_key, resolve_demand
 from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
+from .retry import retry_transient
 from .state import StateUnavailable
 from .transport import RedisLayout, guard_undecodable, message_headers, peek
 
 if TYPE_CHECKING:
-    from .app import Compass
+    from .context import CompassContext
 
 logger = logging.getLogger("compass_celery.worker")
 
@@ -81,7 +83,7 @@ class CompassWorker(bootsteps.StartStopStep):
         queues.select_add(compass.shared_queue)
 
     def start(self, worker: Any) -> None:
-        compass: Compass = worker.app.compass
+        compass: CompassContext = worker.app.compass
         self.runtime = WorkerRuntime(compass, worker.hostname, self.own_queue, self.overrides)
         self.runtime.start()
 
@@ -100,7 +102,7 @@ class CompassWorker(bootsteps.StartStopStep):
 class WorkerRuntime:
     """Publishes this worker's record and keeps its backlog and cache honest."""
 
-    def __init__(self, compass: Compass, name: str, queue: str,
+    def __init__(self, compass: CompassContext, name: str, queue: str,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.compass, self.name, self.queue = compass, name, queue
         self.cfg = {**compass.settings, **(overrides or {})}

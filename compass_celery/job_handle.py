@@ -1,0 +1,92 @@
+"""``JobHandle``: like an AsyncResult for a whole job, read from its Redis record."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from .errors import JobError, JobFailed, JobTimeout
+from .job_failure import fail_job
+from .job_keys import JobKeys
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+
+
+class JobHandle:
+    """Like an AsyncResult for a whole job: ``get()``, ``status``, ``placement()``."""
+
+    def __init__(self, compass: CompassContext, job_id: str) -> None:
+        self.c, self.id = compass, job_id
+        self.keys = JobKeys.of(compass.settings["key_prefix"], job_id)
+
+    @property
+    def client(self) -> Any:
+        return self.c.store.client
+
+    @property
+    def status(self) -> str:
+        state = self.client.hget(self.keys.job, "state")
+        return state.decode() if state else "UNKNOWN"
+
+    def ready(self) -> bool:
+        return self.status in ("SUCCESS", "FAILURE")
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the job ends (or ``timeout``); fail it when its deadline passes."""
+        deadline_raw = self.client.hget(self.keys.job, "deadline")
+        if deadline_raw is None:
+            raise JobError(f"job {self.id} is unknown or expired")
+        deadline = float(deadline_raw)
+        until = deadline if timeout is None else min(deadline, time.time() + timeout)
+        while True:
+            state = self.status
+            if state in ("SUCCESS", "FAILURE"):
+                return state
+            if state == "UNKNOWN":
+                raise JobError(f"job {self.id}: its record is gone from Redis (expired after "
+                               "compass_job_ttl_s, or Redis restarted without persistence)")
+            left = until - time.time()
+            if left <= 0:
+                if time.time() >= deadline:
+                    fail_job(self.c, self.id, {"job": self.id, "node": None, "task": None,
+                                               "worker": None, "exc_type": "JobTimeout",
+                                               "exc": "job deadline passed"})
+                    continue
+                raise JobTimeout(f"job {self.id} not finished within {timeout}s "
+                                 f"(state {state})")
+            # rotate the list onto itself: wakes on the end, leaves it (and its TTL) for
+            # other waiters instead of recreating the key without one
+            self.client.blmove(self.keys.done, self.keys.done, max(0.01, min(left, 1.0)),
+                               "RIGHT", "LEFT")
+
+    def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
+        """The sink results ``{node: result}``; raises JobFailed / JobTimeout."""
+        state = self.wait(timeout)
+        if state == "FAILURE":
+            error = json.loads(self.client.hget(self.keys.job, "error") or "{}")
+            if propagate:
+                raise JobFailed(error)
+            return {}
+        nodes = json.loads(self.client.hget(self.keys.job, "nodes"))
+        sinks = [n for n, v in nodes.items() if not v["succs"]]
+        raw = self.client.hmget(self.keys.outputs, sinks)
+        return {n: json.loads(r) if r is not None else None for n, r in zip(sinks, raw,
+                                                                             strict=True)}
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        raw = self.client.hget(self.keys.job, "error")
+        return json.loads(raw) if raw else None
+
+    def placement(self) -> dict[str, dict[str, Any]]:
+        """Per node: planned worker, where it ran, whether it moved, its timings."""
+        plan = json.loads(self.client.hget(self.keys.job, "plan") or "{}")
+        info = {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.info).items()}
+        nodes = json.loads(self.client.hget(self.keys.job, "nodes") or "{}")
+        return {n: {"planned": (plan.get(n) or {}).get("worker"), **info.get(n, {}),
+                    "moved": bool(info.get(n, {}).get("moved_from"))} for n in nodes}
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id}>"

@@ -1,0 +1,55 @@
+"""Where one job lives in Redis, and the names its messages carry.
+
+The job, its plan and its progress live under ``{prefix}:job:{id}`` (see
+:mod:`compass_celery.keys`); these helpers are shared by submission, the
+worker-side runtime, failure handling and the handle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from . import keys as _keys
+from .placement import JOB_HEADER
+from .planner.types import Placement
+
+__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "placement_json"]
+
+#: The first argument of a node with predecessors: where to find its inputs.
+INPUT_REF = "__compass_inputs__"
+
+
+@dataclass(frozen=True)
+class JobKeys:
+    """The Redis keys of one job."""
+
+    job: str
+    outputs: str
+    left: str
+    done: str
+    info: str
+    tasks: str
+
+    @classmethod
+    def of(cls, prefix: str, job_id: str) -> JobKeys:
+        """The keys of job ``job_id`` under key prefix ``prefix``."""
+        base = _keys.key(_keys.JOB, prefix, id=job_id)
+        return cls(base, f"{base}:out", f"{base}:left", f"{base}:done", f"{base}:info",
+                   f"{base}:tasks")
+
+    def all(self) -> list[str]:
+        """In the order complete.lua expects its KEYS."""
+        return [self.job, self.outputs, self.left, self.done, self.info, self.tasks]
+
+
+def deadlines_key(prefix: str) -> str:
+    """The sorted set of running jobs by deadline, swept by every worker's recovery."""
+    return _keys.key(_keys.JOB_DEADLINES, prefix)
+
+
+def placement_json(p: Placement) -> dict[str, Any]:
+    """A plan entry as stored in the job record (and read back by complete.lua)."""
+    return {"worker": p.worker, "queue": p.queue, "start_ms": p.start_ms,
+            "finish_ms": p.finish_ms, "load_ms": p.load_ms, "run_ms": p.run_ms,
+            "reason": p.reason}

@@ -1,0 +1,148 @@
+"""Submitting a planned job: record it whole in Redis, send its sources, confirm them.
+
+Only sources are sent at submission; the worker that finishes a node releases its
+successors (:mod:`compass_celery.job_runtime`). Every step retries Redis hiccups
+and checks whether a step whose reply was lost took effect, so a job is never
+recorded or sent twice. :func:`publish_node` is also how workers send successors.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from .dag_validation import DagValidationError
+from .job_handle import JobHandle
+from .job_keys import JOB_HEADER, JobKeys, deadlines_key, placement_json
+from .placement import Decision
+from .planner.check import check_plan
+from .planner.types import ClusterView, DagSpec, Placement
+from .retry import retry_transient
+from .state import StateUnavailable
+from .transport import message_headers
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+
+
+def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *,
+           timeout_s: float | None = None) -> JobHandle:
+    """Plan a validated job and start it: record it whole, send its sources, confirm.
+
+    ``nodes`` holds each node's task, arguments, model, estimates and edges as
+    :meth:`~compass_celery.dag.Dag.records` gives them."""
+    cfg = c.settings
+    job_id = uuid.uuid4().hex
+    keys = JobKeys.of(cfg["key_prefix"], job_id)
+    try:
+        snapshot = c.reader.get()
+    except StateUnavailable:
+        snapshot = None
+    live = snapshot.workers if snapshot else ()
+    if live:
+        largest = max(w.gpu_total_mb for w in live)
+        sizes = c.model_sizes()
+        for n in spec.nodes.values():
+            if n.model is not None and sizes.get(n.model, 0) > largest:
+                raise DagValidationError(
+                    f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
+                    f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
+                    f"(largest {largest:.0f} MB)")
+        cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at)
+        full = c.policy.plan(spec, cluster)
+        if cfg["validate"]:
+            check_plan(full, spec, cluster)
+        plan = full.placements
+    else:
+        plan = {}
+    timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
+    now = time.time()
+    plan_json = {k: placement_json(p) for k, p in plan.items()}
+    body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
+            "nodes": json.dumps(nodes), "plan": json.dumps(plan_json),
+            "created": now, "deadline": now + timeout, "policy": c.policy.name,
+            # per node, for completions that must not read the whole DAG (complete.lua)
+            **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
+            **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
+    client = c.store.client
+
+    def record() -> None:
+        pipe = client.pipeline()  # one MULTI/EXEC: the job exists whole or not at all
+        pipe.hset(keys.job, mapping=body)
+        left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
+        if left:
+            pipe.hset(keys.left, mapping=left)
+        for key in keys.all():
+            pipe.expire(key, int(cfg["job_ttl_s"]))
+        pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
+        for name, node in nodes.items():  # planned work not sent yet counts on its worker
+            if node["preds"] and name in plan and plan[name].worker != "*":
+                c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
+        pipe.execute()
+
+    retry_transient(f"job {job_id}: recording it", record, give_up_s=cfg["submit_retry_s"],
+                    done=lambda: bool(client.exists(keys.job)))
+    handle = JobHandle(c, job_id)
+    # sources: nobody else sends them, so they are recorded as sent after publishing
+    sent = {}
+    for name in spec.sources():
+        task_id = f"{job_id}.{name}"
+        sent[name] = retry_transient(
+            f"job {job_id}: sending {name!r}",
+            lambda n=name, t=task_id: publish_node(c, job_id, n, nodes[n], plan.get(n), None,
+                                                   None, t),
+            give_up_s=cfg["submit_retry_s"], done=lambda t=task_id: _queued(c, t))
+
+    def confirm() -> None:
+        pipe = client.pipeline()
+        pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
+        pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
+        for decision in sent.values():
+            if isinstance(decision, Decision) and decision.charge_ms:
+                c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+        pipe.execute()
+
+    retry_transient(f"job {job_id}: confirming its sources", confirm,
+                    give_up_s=cfg["submit_retry_s"],
+                    done=lambda: client.hlen(keys.tasks) >= len(sent))
+    return handle
+
+
+def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],
+                 placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
+                 moved_from: str | None, task_id: str, planned: str | None = None
+                 ) -> Decision:
+    """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
+    stays out) under ``task_id``; the caller has claimed it and confirms it after."""
+    p = placement_json(placement) if isinstance(placement, Placement) else placement
+    if not p or p.get("worker") in (None, "*"):
+        queue, worker, charge = c.shared_queue, "*", 0.0
+    else:
+        queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
+    decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
+                        policy=c.policy.name, charge_ms=charge,
+                        est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
+                        load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
+                        reason=(p or {}).get("reason", "no live worker: shared queue"),
+                        fallback=worker == "*")
+    args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
+    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
+              "planned": planned if planned is not None else worker}
+    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+                    task_id=task_id, headers={"compass": decision.as_header(),
+                                              JOB_HEADER: header})
+    c.remember(task_id, decision)
+    return decision
+
+
+def _queued(c: CompassContext, task_id: str) -> bool:
+    """Whether a message with ``task_id`` already waits in a compass queue (a publish
+    whose reply was lost); only checked after a failure."""
+    queues = c.queues
+    if queues is None:
+        return False
+    names = [c.shared_queue, *(c.queue_for(w.name) for w in c.reader.get().workers)]
+    return any(message_headers(raw).get("id") == task_id
+               for q in names for raw in queues.peek(q))
