@@ -154,3 +154,17 @@ class Dag:
             raise DagValidationError(f"{path}: no DAG named {dag_name!r}; it has "
                                      f"{sorted(workload.dags)}")
         return cls.from_spec(app, workload.dags[dag_name], task, step_task)
+
+    @classmethod
+    def from_canvas(cls, sig: Signature, name: str = "canvas", *, app: Celery | None = None
+                    ) -> Dag:
+        """Plan a Celery canvas (chain, group, chord, nested) as one job; the app defaults
+        to the canvas's tasks' app. See :mod:`compass_celery.canvas` for the mapping and
+        ``canvas_result`` for Celery's result shape."""
+        from .canvas import app_of, dag_from_canvas  # canvas.py imports this module
+
+        app = app or app_of(sig)
+        if app is None:
+            raise DagValidationError(f"DAG {name!r}: the canvas has no task bound to an "
+                                     "app; pass app=")
+        return dag_from_canvas(app, sig, name)
