@@ -25,17 +25,16 @@ Shapes whose Celery meaning a Dag cannot reproduce raise
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from celery import Celery
 from celery.canvas import Signature, _chain, _chord, group
 
-from .dag import Dag
 from .dag_validation import DagValidationError
 
-__all__ = ["CanvasDag", "GroupShape", "canvas_result", "dag_from_canvas"]
+__all__ = ["DagBuilder", "GroupShape", "app_of", "canvas_result", "walk_canvas"]
 
 
 @dataclass(frozen=True)
@@ -72,21 +71,25 @@ REFUSED_OPTIONS = {
 }
 
 
-class _Handle(Protocol):
-    def get(self, timeout: float | None = None) -> dict[str, Any]: ...
+class DagBuilder(Protocol):
+    """What a canvas walk adds nodes to: a :class:`~compass_celery.dag.Dag` (typed here
+    as a Protocol so this module does not import dag.py, which imports it)."""
+
+    app: Celery
+    name: str
+    nodes: Mapping[str, Any]
+
+    def node(self, name: str, sig: Signature, *, after: Iterable[str] = ()) -> Any:
+        """Add node ``name`` running ``sig`` after ``after``."""
 
 
-class CanvasDag(Dag):
-    """A Dag built from a canvas; it remembers the canvas's result shape."""
-
-    shape: Shape
-
-    def canvas_result(self, job: _Handle, timeout: float | None = None) -> Any:
-        """Wait for ``job`` and return what Celery's ``apply_async().get()`` would."""
-        return canvas_result(self, job.get(timeout=timeout))
+def walk_canvas(dag: DagBuilder, sig: Any) -> Shape:
+    """Add ``sig``'s tasks to ``dag`` as nodes and edges; return the canvas's result shape
+    (see the module docstring); unsupported shapes raise DagValidationError."""
+    return _Walk(dag).walk(sig, [], "canvas")
 
 
-def canvas_result(dag: CanvasDag, results: Mapping[str, Any]) -> Any:
+def canvas_result(name: str, shape: Shape, results: Mapping[str, Any]) -> Any:
     """Map a job's ``{sink node: result}`` to the value Celery returns for the canvas.
 
     Works on results read later by another process too: rebuilding the Dag from
@@ -96,19 +99,12 @@ def canvas_result(dag: CanvasDag, results: Mapping[str, Any]) -> Any:
     def build(shape: Shape) -> Any:
         if isinstance(shape, str):
             if shape not in results:
-                raise KeyError(f"canvas {dag.name!r}: no result for node {shape!r} (results "
+                raise KeyError(f"canvas {name!r}: no result for node {shape!r} (results "
                                f"hold {sorted(results)})")
             return results[shape]
         return [build(m) for m in shape.members]
 
-    return build(dag.shape)
-
-
-def dag_from_canvas(app: Celery, sig: Signature, name: str = "canvas") -> CanvasDag:
-    """Build a :class:`CanvasDag` from a Celery canvas (see the module docstring)."""
-    dag = CanvasDag(app, name)
-    dag.shape = _Walk(dag).walk(sig, [], "canvas")
-    return dag
+    return build(shape)
 
 
 def app_of(sig: Any) -> Celery | None:
@@ -140,7 +136,7 @@ def _leaves(sig: Any) -> Iterator[Signature]:
 class _Walk:
     """One walk of a canvas into ``dag``; ``where`` strings locate errors in the canvas."""
 
-    def __init__(self, dag: CanvasDag) -> None:
+    def __init__(self, dag: DagBuilder) -> None:
         self.dag = dag
         self.used: set[str] = set()
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.canvas import Signature
 
+from .canvas import Shape, app_of, canvas_result, walk_canvas
 from .dag_validation import DagValidationError, validate_dag
 from .planner.types import DagSpec, TaskSpec
 from .profiles import TaskDeclarationError, resolve_demand
@@ -127,11 +128,11 @@ class Dag:
         return submit(c, spec, self.records(spec), timeout_s=timeout_s)
 
     @classmethod
-    def from_spec(cls, app: Celery, spec: DagSpec, task: str = "emulated.infer",
-                  step_task: str = "emulated.step", args: Mapping[str, Any] | None = None
-                  ) -> Dag:
-        """A Dag of a workload template (bench, dags/): sources run ``task(model, exec_ms,
-        data)``, other nodes ``step_task(inputs, model, exec_ms)``."""
+    def from_spec(cls, app: Celery, spec: DagSpec, *, task: str, step_task: str,
+                  args: Mapping[str, Any] | None = None) -> Dag:
+        """A Dag of a workload template (the benchmark's, a workload file's): sources run
+        ``task(model, exec_ms, data)``, other nodes ``step_task(inputs, model, exec_ms)``;
+        both are task names of ``app``."""
         dag = cls(app, spec.name)
         for name in spec.topological_order():
             t = spec.nodes[name]
@@ -144,27 +145,44 @@ class Dag:
         return dag
 
     @classmethod
-    def from_file(cls, app: Celery, path: str | Path, dag_name: str,
-                  task: str = "emulated.infer", step_task: str = "emulated.step") -> Dag:
-        """Load DAG template ``dag_name`` from a workload file (JSON or YAML)."""
+    def from_file(cls, app: Celery, path: str | Path, dag_name: str, *, task: str,
+                  step_task: str) -> Dag:
+        """Load DAG template ``dag_name`` from a workload file (JSON or YAML); ``task`` and
+        ``step_task`` as in :meth:`from_spec`."""
         from .workload import load_workload
 
         workload = load_workload(path)
         if dag_name not in workload.dags:
             raise DagValidationError(f"{path}: no DAG named {dag_name!r}; it has "
                                      f"{sorted(workload.dags)}")
-        return cls.from_spec(app, workload.dags[dag_name], task, step_task)
+        return cls.from_spec(app, workload.dags[dag_name], task=task, step_task=step_task)
 
     @classmethod
     def from_canvas(cls, sig: Signature, name: str = "canvas", *, app: Celery | None = None
-                    ) -> Dag:
+                    ) -> CanvasDag:
         """Plan a Celery canvas (chain, group, chord, nested) as one job; the app defaults
         to the canvas's tasks' app. See :mod:`compass_celery.canvas` for the mapping and
-        ``canvas_result`` for Celery's result shape."""
-        from .canvas import app_of, dag_from_canvas  # canvas.py imports this module
-
+        :meth:`CanvasDag.canvas_result` for Celery's result shape."""
         app = app or app_of(sig)
         if app is None:
             raise DagValidationError(f"DAG {name!r}: the canvas has no task bound to an "
                                      "app; pass app=")
-        return dag_from_canvas(app, sig, name)
+        dag = CanvasDag(app, name)
+        dag.shape = walk_canvas(dag, sig)
+        return dag
+
+
+class CanvasDag(Dag):
+    """A Dag built from a canvas; it remembers the canvas's result shape."""
+
+    shape: Shape
+
+    def canvas_result(self, job: Any, timeout: float | None = None) -> Any:
+        """Wait for ``job`` (its handle) and return what Celery's ``apply_async().get()``
+        returns for the canvas."""
+        return canvas_result(self.name, self.shape, job.get(timeout=timeout))
+
+    def result_of(self, results: Mapping[str, Any]) -> Any:
+        """Celery's result for the canvas, from a job's ``{sink node: result}`` read
+        elsewhere (rebuilding the Dag from the same canvas gives the same node names)."""
+        return canvas_result(self.name, self.shape, results)

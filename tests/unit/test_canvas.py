@@ -11,8 +11,7 @@ from celery import Celery, chain, chord, group
 from celery.canvas import Signature, _chain
 
 from compass_celery import Compass
-from compass_celery.canvas import CanvasDag, canvas_result, dag_from_canvas
-from compass_celery.dag import Dag
+from compass_celery.dag import CanvasDag, Dag
 from compass_celery.dag_validation import DagValidationError
 from compass_celery.testing import add_worker
 
@@ -117,7 +116,7 @@ def test_the_canvas_is_left_as_it_was(app: Celery) -> None:
 
 def test_node_names_follow_task_names_and_edges_follow_the_canvas(app: Celery) -> None:
     s, a, t, p = tasks(app)
-    dag = dag_from_canvas(app, chain(s.s(1), group(a.s(1), a.s(2)), t.s(), a.s(3)), "named")
+    dag = Dag.from_canvas(chain(s.s(1), group(a.s(1), a.s(2)), t.s(), a.s(3)), "named", app=app)
     assert list(dag.nodes) == ["src", "add", "add-2", "total", "add-3"]
     assert {n: v.preds for n, v in dag.nodes.items()} == {
         "src": [], "add": ["src"], "add-2": ["src"], "total": ["add", "add-2"],
@@ -133,7 +132,7 @@ def test_results_can_be_mapped_again_from_a_rebuilt_dag(app: Celery) -> None:
     first = Dag.from_canvas(group(s.s(1) | a.s(1), chord([s.s(2), s.s(3)], t.s())))
     sinks = first.apply_async().get()
     again = Dag.from_canvas(group(s.s(1) | a.s(1), chord([s.s(2), s.s(3)], t.s())))
-    assert canvas_result(again, sinks) == [2, 5]
+    assert again.result_of(sinks) == [2, 5]
     assert list(again.nodes) == list(first.nodes)
 
 
@@ -212,4 +211,4 @@ def test_refused_shapes_are_named(app: Celery, build: Canvas, message: str) -> N
 
 def test_not_a_signature_is_named(app: Celery) -> None:
     with pytest.raises(DagValidationError, match="expected a Celery signature, got int"):
-        dag_from_canvas(app, 3, "x")  # type: ignore[arg-type]
+        Dag.from_canvas(3, "x", app=app)  # type: ignore[arg-type]
