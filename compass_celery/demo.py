@@ -31,12 +31,12 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
             echo(f"started a private redis-server at {redis_url}")
         env = {"COMPASS_BROKER_URL": redis_url, "COMPASS_KEY_PREFIX": "compass-demo"}
         os.environ.update(env)
-        from workers.emulated import make_app
+        from .emulated import make_app
 
         app = make_app(redis_url, compass_key_prefix="compass-demo", compass_snapshot_ttl_s=0.0)
         workers = []
         for i in range(n_workers):
-            w = WorkerProcess("workers.emulated", f"gpu{i}@demo",
+            w = WorkerProcess("compass_celery.emulated_app", f"gpu{i}@demo",
                               ["--compass-emulate-gpu-mb", "1600", "--compass-preload",
                                PRELOADS[i]], env=env)
             stack.callback(w.stop)
@@ -85,13 +85,12 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
 def side_by_side(redis_url: str, jobs: int, plot_path: str | None,
                  echo: Callable[[str], Any]) -> dict[str, Any]:
     """Plain Celery (shared queue, LRU caches) against Compass on the same job stream."""
-    import dags
-
     from .bench.runner import BenchOptions, run_bench
     from .tables import result_table
     from .workload import load_workload
+    from .workloads import path as workload_path
 
-    workload = load_workload(dags.path("edge-vision.json"))
+    workload = load_workload(workload_path("edge-vision.json"))
     echo(f"\nside by side: {jobs} edge-vision jobs (3 ML pipelines, 6 models, 4 GPUs of "
          "1600 MB) under plain Celery and under Compass ...")
     opts = BenchOptions(policies=["celery-default", "compass"], jobs=jobs, time_scale=0.5,

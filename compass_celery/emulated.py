@@ -1,6 +1,7 @@
-"""An emulated-GPU worker app: the demo's and the benchmark's cluster.
+"""Emulated-GPU tasks and their app factory: the demo's and the benchmark's cluster.
 
-Run with ``celery -A workers.emulated worker -P solo --compass-emulate-gpu-mb 1600``.
+Run with ``celery -A compass_celery.emulated_app worker -P solo --compass-emulate-gpu-mb 1600``
+(or the example ``workers.emulated``, which is the same app).
 Each task sleeps its workload run time (times ``compass_time_scale``) after the
 worker's model cache has made its model resident, so a cluster of GPUs is
 reproduced honestly on a machine without one. Configured through environment
@@ -20,7 +21,7 @@ from celery import Celery
 from compass_celery import Compass, keys
 from compass_celery.cache import current_cache
 
-logger = logging.getLogger("workers.emulated")
+logger = logging.getLogger("compass_celery.emulated")
 
 #: The benchmark's execution ledger (hash: task id -> count), in the Redis named by
 #: ``COMPASS_BENCH_LEDGER_URL``: a private server the faults never touch, so the
@@ -40,6 +41,11 @@ EDGE_MODELS = {
     "classifier": 100.0,
     "ocr": 600.0,
 }
+
+#: The generic task names a workload template's nodes run (:meth:`Dag.from_spec`).
+INFER_TASK = "emulated.infer"
+STEP_TASK = "emulated.step"
+
 
 def make_app(broker: str | None = None, *, state_url: str | None = None,
              **conf: Any) -> Celery:
@@ -130,12 +136,12 @@ DECLARED = {"detect": ("detector", 30), "caption": ("captioner", 120),
 
 
 def _register_tasks(app: Celery) -> None:
-    @app.task(name="emulated.infer", bind=True, shared=False)
+    @app.task(name=INFER_TASK, bind=True, shared=False)
     def infer(self: Any, model: str | None, exec_ms: float, data: Any = None) -> dict:
         """Generic node: the caller passes ``compass={"model": ..., "exec_ms": ...}``."""
         return _run(self, model, exec_ms, data)
 
-    @app.task(name="emulated.step", bind=True, shared=False)
+    @app.task(name=STEP_TASK, bind=True, shared=False)
     def step(self: Any, inputs: Any, model: str | None, exec_ms: float) -> dict:
         """A DAG node after others: ``inputs`` is its predecessors' output(s)."""
         return _run(self, model, exec_ms, _lineage(inputs))
@@ -152,5 +158,3 @@ def _register_tasks(app: Celery) -> None:
         """A task without compass options: routed exactly as Celery would."""
         return x * 2
 
-
-app = make_app()

@@ -49,7 +49,7 @@ def _fake_workers(app: Any, n: int) -> None:
 
 
 def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
-    from workers.emulated import make_app
+    from ..emulated import make_app
 
     for n in (4, 64):
         for ttl, label in ((60.0, "cached snapshot"), (0.0, "fresh snapshot")):
@@ -67,15 +67,14 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
 def run(echo: Callable[[str], Any] = print) -> None:
     from celery import chain
 
-    from workers.emulated import make_app
-
     from ..dag import Dag
+    from ..emulated import make_app
 
     with RedisServer() as server:
         url = server.url
         placement_cost(url, echo)
         env = {"COMPASS_BROKER_URL": url, "COMPASS_KEY_PREFIX": "ovh"}
-        workers = [WorkerProcess("workers.emulated", f"ovh{i}@bench",
+        workers = [WorkerProcess("compass_celery.emulated_app", f"ovh{i}@bench",
                                  ["--compass-emulate-gpu-mb", "1600", "--compass-preload",
                                   "detector,translator,classifier"], env=env).start()
                    for i in range(2)]

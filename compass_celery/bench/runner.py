@@ -132,9 +132,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     """One policy, one fresh cluster, the whole job stream."""
     import redis as redis_lib
 
-    from workers.emulated import EXEC_STARTS, EXECS, make_app
-
     from ..dag import Dag
+    from ..emulated import EXEC_STARTS, EXECS, INFER_TASK, STEP_TASK, make_app
 
     if server is not None and restart is None:
         restart = server.restart
@@ -173,7 +172,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             wenv["PYTHONPATH"] = os.pathsep.join(
                 [CLOCKSKEW_DIR, os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
             wenv["COMPASS_CLOCK_SKEW_S"] = str(opts.skew_clock_s)
-        workers.append(WorkerProcess("workers.emulated", f"{s.name}@{policy}",
+        workers.append(WorkerProcess("compass_celery.emulated_app", f"{s.name}@{policy}",
                                      _worker_args(s, opts.time_scale), env=wenv,
                                      log_path=os.path.join(log_dir, f"{policy}-{s.name}.log")))
     faults: list[dict[str, Any]] = []
@@ -186,7 +185,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                        f"{len(workers)} {policy} workers")
         except TimeoutError:
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
-        dags = {name: Dag.from_spec(app, spec) for name, spec in workload.dags.items()}
+        dags = {name: Dag.from_spec(app, spec, task=INFER_TASK, step_task=STEP_TASK)
+                for name, spec in workload.dags.items()}
         if opts.long_task_s is not None:
             dags["long-task"] = _long_task_dag(app, workload, opts)
         stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
@@ -263,12 +263,13 @@ def _live(app: Any) -> set[str]:
 def _long_task_dag(app: Any, workload: Workload, opts: BenchOptions) -> Any:
     """One node on the workload's smallest model that runs ``long_task_s`` real seconds."""
     from ..dag import Dag
+    from ..emulated import INFER_TASK
 
     assert opts.long_task_s is not None
     model = min(workload.models, key=lambda m: workload.models[m])
     exec_ms = opts.long_task_s * 1000.0 / opts.time_scale  # workload ms
     dag = Dag(app, "long-task")
-    dag.node("long", app.signature("emulated.infer", args=(model, exec_ms, None)),
+    dag.node("long", app.signature(INFER_TASK, args=(model, exec_ms, None)),
              model=model, exec_ms=exec_ms)
     return dag
 

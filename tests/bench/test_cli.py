@@ -8,7 +8,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-import dags
+from compass_celery import workloads
 from compass_celery.cli import compass_command
 
 RESULT_FIELDS = {"jobs", "completed", "failed", "lost", "latency_ms", "cache_hit_rate",
@@ -20,7 +20,7 @@ def run(*args: str) -> object:
 
 
 def test_malformed_workload_names_the_field(tmp_path):
-    bad = json.loads(dags.path("edge-vision.json").read_text())
+    bad = json.loads(workloads.path("edge-vision.json").read_text())
     bad["dags"]["document"]["nodes"]["ocr"]["exec_ms"] = "fast"
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(bad))
@@ -36,13 +36,13 @@ def test_missing_workload_file_is_a_clear_error(tmp_path):
 
 
 def test_unknown_policy_is_rejected():
-    result = run("simulate", "--workload", str(dags.path("edge-vision.json")),
+    result = run("simulate", "--workload", str(workloads.path("edge-vision.json")),
                  "--policies", "compass,fastest")
     assert result.exit_code != 0 and "unknown policy 'fastest'" in result.output
 
 
 def test_unreachable_redis_is_a_clear_error():
-    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--redis",
                  "redis://127.0.0.1:1/0", "--jobs", "2")
     assert result.exit_code != 0 and "cannot reach Redis at redis://127.0.0.1:1/0" in \
         result.output
@@ -50,7 +50,7 @@ def test_unreachable_redis_is_a_clear_error():
 
 def test_simulate_writes_the_design_json(tmp_path):
     out = tmp_path / "sim.json"
-    result = run("simulate", "--workload", str(dags.path("edge-vision.json")), "--jobs", "60",
+    result = run("simulate", "--workload", str(workloads.path("edge-vision.json")), "--jobs", "60",
                  "--policies", "celery-default,compass", "--json", str(out))
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
@@ -63,7 +63,7 @@ def test_simulate_writes_the_design_json(tmp_path):
 @pytest.mark.redis
 def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path):
     out = tmp_path / "bench.json"
-    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--redis",
                  compass_redis_url, "--policies", "celery-default,compass", "--jobs", "16",
                  "--time-scale", "0.3", "--json", str(out), "--quiet", "--compare-sim")
     assert result.exit_code == 0, result.output

@@ -8,7 +8,7 @@ import pytest
 import redis
 from click.testing import CliRunner
 
-import dags
+from compass_celery import workloads
 from compass_celery.bench.runner import stranded_messages
 from compass_celery.bench.stats import duplicate_count, duplicated_ids
 from compass_celery.cli import compass_command
@@ -28,7 +28,7 @@ def test_duplicates_count_executions_beyond_the_first():
 
 @pytest.mark.parametrize("flag", ["--pause-redis-after", "--restart-redis-after"])
 def test_redis_faults_need_the_private_redis(flag):
-    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--redis",
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--redis",
                  "redis://127.0.0.1:1/0", flag, "3")
     assert result.exit_code != 0 and f"{flag} needs the bench's private Redis" in result.output
 
@@ -64,7 +64,7 @@ def test_stranded_counts_every_place_a_message_can_wait(compass_redis_url):
 def test_rolling_restart_loses_strands_and_repeats_nothing(tmp_path):
     """A deploy under load: every worker warm-stopped and started again by name."""
     out = tmp_path / "bench.json"
-    result = run("bench", "--workload", str(dags.path("edge-vision.json")), "--policies",
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--policies",
                  "compass", "--workers", "2", "--jobs", "30", "--rate", "1.5",
                  "--time-scale", "0.5", "--rolling-restart-after", "1", "--json", str(out),
                  "--quiet")
