@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import CompassInputError
+from .planner.adjust import DEFAULT_MOVE_FACTOR
+from .planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S, DEFAULT_NET_MB_PER_S
 
 
 class SettingsError(CompassInputError):
@@ -73,12 +75,12 @@ OPTIONS: dict[str, Option] = {
                              "emulate a GPU of this capacity instead of using torch", "MB", 1.0),
     "emulate_host_mb": Option(0.0, (int, float), "host-RAM tier of an emulated GPU (evicted "
                               "models reload at host_load_mb_per_s); 0 = none", "MB", 0.0),
-    "load_mb_per_s": Option(1500.0, (int, float), "model load bandwidth (emulated GPU; "
-                            "initial estimate for a real one)", "MB/s", 1e-6),
-    "host_load_mb_per_s": Option(12000.0, (int, float), "host RAM to GPU bandwidth", "MB/s",
-                                 1e-6),
-    "net_mb_per_s": Option(1000.0, (int, float), "network bandwidth between workers",
-                           "MB/s", 1e-6),
+    "load_mb_per_s": Option(DEFAULT_LOAD_MB_PER_S, (int, float), "model load bandwidth "
+                            "(emulated GPU; initial estimate for a real one)", "MB/s", 1e-6),
+    "host_load_mb_per_s": Option(DEFAULT_HOST_LOAD_MB_PER_S, (int, float),
+                                 "host RAM to GPU bandwidth", "MB/s", 1e-6),
+    "net_mb_per_s": Option(DEFAULT_NET_MB_PER_S, (int, float),
+                           "network bandwidth between workers", "MB/s", 1e-6),
     "speed": Option(1.0, (int, float), "speed factor of this worker's GPU (2 = twice as fast)",
                     "", 1e-6),
     "time_scale": Option(1.0, (int, float), "real seconds per workload second for emulated "
@@ -86,8 +88,8 @@ OPTIONS: dict[str, Option] = {
     "preload": Option([], (list, tuple, str), "models to load at worker start"),
     "cache_policy": Option("lookahead", str, "eviction policy: lookahead, lru or fifo"),
     "prefetch_depth": Option(3, int, "queued tasks to look ahead when prefetching", "", 0),
-    "move_factor": Option(1.5, (int, float), "re-place a successor when its worker's backlog "
-                          "exceeds this times its run time", "", 0.0),
+    "move_factor": Option(DEFAULT_MOVE_FACTOR, (int, float), "re-place a successor when its "
+                          "worker's backlog exceeds this times its run time", "", 0.0),
     "job_ttl_s": Option(3600, (int, float), "expiry of job records and outputs", "s", 1.0),
     "job_timeout_s": Option(600, (int, float), "a job not finished by then fails", "s", 0.01),
     "max_dag_nodes": Option(1000, int, "largest DAG accepted", "", 1),

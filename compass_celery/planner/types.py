@@ -14,6 +14,16 @@ from dataclasses import dataclass, field
 #: The worker name of a placement on the shared queue (any worker may take it).
 SHARED = "*"
 
+# Bandwidths (MB/s) assumed for a worker that does not declare its own. Settings, workload
+# files, worker records and the emulated GPU all default to these, so a worker that says
+# nothing is costed the same way by the planner, the simulator and the benchmark.
+#: Model load from storage to GPU memory.
+DEFAULT_LOAD_MB_PER_S = 1500.0
+#: Model reload from the host-RAM tier to GPU memory.
+DEFAULT_HOST_LOAD_MB_PER_S = 12000.0
+#: Task inputs moved between workers.
+DEFAULT_NET_MB_PER_S = 1000.0
+
 
 class PlanningError(ValueError):
     """A plan cannot be made (no live worker can hold a model, bad input)."""
@@ -31,9 +41,9 @@ class WorkerView:
     host_resident: frozenset[str] = frozenset()
     backlog_ms: float = 0.0
     speed: float = 1.0
-    load_mb_per_s: float = 1500.0
-    host_load_mb_per_s: float = 12000.0
-    net_mb_per_s: float = 1000.0
+    load_mb_per_s: float = DEFAULT_LOAD_MB_PER_S
+    host_load_mb_per_s: float = DEFAULT_HOST_LOAD_MB_PER_S
+    net_mb_per_s: float = DEFAULT_NET_MB_PER_S
     heartbeat: float = 0.0
     device: str = "cpu"
     # Work planned onto this worker but not yet sent (successors waiting for
@@ -64,16 +74,20 @@ class DagSpec:
     name: str = "dag"
 
     def preds(self, node: str) -> list[str]:
+        """The node's predecessors in edge order (O(edges); cache it in hot loops)."""
         return [a for a, b in self.edges if b == node]
 
     def succs(self, node: str) -> list[str]:
+        """The node's successors in edge order (O(edges); cache it in hot loops)."""
         return [b for a, b in self.edges if a == node]
 
     def sources(self) -> list[str]:
+        """Nodes with no predecessor: sent at submission, nobody else releases them."""
         targets = {b for _, b in self.edges}
         return [n for n in self.nodes if n not in targets]
 
     def sinks(self) -> list[str]:
+        """Nodes with no successor: their outputs are the job's results."""
         origins = {a for a, _ in self.edges}
         return [n for n in self.nodes if n not in origins]
 
@@ -122,6 +136,7 @@ class ClusterView:
     def of(
         cls, workers: Iterable[WorkerView], model_sizes_mb: Mapping[str, float], now: float = 0.0
     ) -> ClusterView:
+        """A snapshot with workers sorted by name, so equal states give equal views."""
         return cls(tuple(sorted(workers, key=lambda w: w.name)), dict(model_sizes_mb), now)
 
 
@@ -150,7 +165,9 @@ class Plan:
 
     @property
     def makespan_ms(self) -> float:
+        """Estimated finish of the plan's last task, ms from the snapshot."""
         return max((p.finish_ms for p in self.placements.values()), default=0.0)
 
     def worker_of(self, task: str) -> str:
+        """The worker ``task`` is placed on."""
         return self.placements[task].worker
