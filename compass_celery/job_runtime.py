@@ -18,7 +18,7 @@ from .errors import JobError, JobTimeout
 from .job_failure import fail_job
 from .job_keys import INPUT_REF, JobKeys
 from .placement import Decision
-from .planner.adjust import reassign
+from .planner.adjust import choose_successor
 from .planner.types import ClusterView, TaskSpec
 from .scripts import script
 from .state import StateUnavailable, text
@@ -173,19 +173,22 @@ class JobRuntime:
         try:
             snapshot = c.reader.get()
         except StateUnavailable:
-            snapshot = None
-        if snapshot is not None and snapshot.workers and c.policy.adjusts:
-            spec = TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"])
-            cluster = ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at)
-            better = reassign(spec, planned["worker"] if planned else "", cluster, where,
-                              factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1)
-            if better is not None:
-                moved_from = planned["worker"] if planned else None
-                placement = better
-                from .signals import task_reassigned
+            snapshot = None  # no fresh state to judge by: keep the plan
+        better = None
+        if snapshot is not None:
+            better = choose_successor(
+                TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
+                planned["worker"] if planned else "",
+                lambda: ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at),
+                where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
+                adjusts=c.policy.adjusts)
+        if better is not None:
+            moved_from = planned["worker"] if planned else None
+            placement = better
+            from .signals import task_reassigned
 
-                task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
-                                     new=better.worker)
+            task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
+                                 new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
         return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
                             planned=(planned or {}).get("worker"))

@@ -5,20 +5,63 @@ the one the job was planned on. Following the Compass authors, a task moves only
 its planned worker's backlog exceeds ``factor`` times the task's run time there (the
 plan has gone stale), and then only to a worker whose estimated finish is better by
 more than ``min_gain_ms``. Inputs are ready now (time 0 of the snapshot).
+
+:func:`choose_successor` is the whole decision, made the same way by the worker runtime
+(``job_runtime``) and the simulator; :func:`reassign` is its costed part.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
 from .choose import candidates, check_task, choose
 from .cost import finish_ms, run_ms, worker_arrays
-from .types import ClusterView, Placement, PlanningError, TaskSpec
+from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
 # The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
+# The ``compass_move_factor`` setting and the simulator default to this.
 DEFAULT_MOVE_FACTOR = 1.5
+
+
+def plan_still_holds(backlog_ms: float, run_ms: float, factor: float) -> bool:
+    """The authors' first rule: a backlog within ``factor`` x the run time keeps the plan."""
+    return backlog_ms <= factor * run_ms
+
+
+def choose_successor(
+    task: TaskSpec,
+    planned_worker: str,
+    cluster: ClusterView | Callable[[], ClusterView],
+    inputs_kb_by_worker: Mapping[str, float],
+    *,
+    factor: float,
+    is_join: bool,
+    adjusts: bool,
+    planned: WorkerView | None = None,
+) -> Placement | None:
+    """Where a released successor runs: a new placement, or None to keep its planned worker.
+
+    The one adjustment decision the worker runtime and the simulator share. Nothing moves
+    under a policy that does not adjust, nor when the snapshot has no live worker to move
+    to. A planned worker that is not in the snapshot (gone, or ``""``/the shared queue
+    when the job was planned without state) is always replaced, as in :func:`reassign`.
+    ``cluster`` may be a callable that builds the snapshot: with ``planned`` (the planned
+    worker's own current record, when the caller holds it without a snapshot, as the
+    simulator does) a plan that :func:`plan_still_holds` is kept without building one,
+    which is what happens to most successors.
+    """
+    if not adjusts:
+        return None
+    if planned is not None and planned.name == planned_worker and plan_still_holds(
+            planned.backlog_ms, task.exec_ms / planned.speed, factor):
+        return None  # reassign keeps it too; skip the snapshot and the costing
+    view = cluster() if callable(cluster) else cluster
+    if not view.workers:
+        return None  # no live worker to move to: keep the plan
+    return reassign(task, planned_worker, view, inputs_kb_by_worker, factor=factor,
+                    is_join=is_join)
 
 
 def reassign(
@@ -70,7 +113,7 @@ def reassign(
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")
     else:
-        if avail[p] <= factor * run[p] or best == p:
+        if plan_still_holds(avail[p], run[p], factor) or best == p:
             return None
         gain = float(finish[p] - finish[best])
         need = min_gain_ms + (max(float(transfer[best] - transfer[p]), 0.0) if is_join else 0.0)

@@ -11,12 +11,14 @@ import argparse
 import json
 import sys
 
+from ..errors import CompassInputError
 from ..planner import POLICIES
-from ..workload import WorkloadError, load_workload
-from .runner import compare_count_pending, simulate
+from ..workload import load_workload
+from .runner import MOVE_FACTOR, compare_count_pending, simulate
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the simulator from the command line; 2 on a bad workload or argument."""
     ap = argparse.ArgumentParser(prog="python -m compass_celery.sim", description=__doc__)
     ap.add_argument("--workload", required=True)
     ap.add_argument("--workers", type=int)
@@ -26,13 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh-ms", type=float, default=0.0, help="snapshot staleness, ms")
     ap.add_argument("--hop-ms", type=float, default=0.0,
                     help="modelled dispatch overhead per task, workload ms (calibrate from bench)")
+    ap.add_argument("--move-factor", type=float, default=MOVE_FACTOR,
+                    help="re-place a successor when its worker's backlog exceeds this times "
+                         "its run time (compass_move_factor)")
     ap.add_argument("--compare-pending", action="store_true")
     ap.add_argument("--json", help="write the result object here")
     args = ap.parse_args(argv)
     try:
         workload = load_workload(args.workload)
         kw = {"workers": args.workers, "rate": args.rate, "jobs": args.jobs,
-              "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms}
+              "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms,
+              "move_factor": args.move_factor}
         if args.compare_pending:
             result = compare_count_pending(workload, **kw)
         else:
@@ -41,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 ap.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
             result = simulate(workload, names, **kw)
-    except WorkloadError as exc:
+    except CompassInputError as exc:  # a bad workload file, or a bad --jobs/--rate
         print(f"error: {exc}", file=sys.stderr)
         return 2
     text = json.dumps(result, indent=2)

@@ -2,9 +2,10 @@
 
 Semantics follow the real system: a job is planned at arrival by the policy against
 the cluster's current snapshot; only its sources are sent then, and the rest are
-recorded as pending work on their planned workers. When a task finishes, each
-successor whose inputs are all done is re-placed (compass only, through
-``planner.adjust.reassign``) and sent. Results use the benchmark's JSON shape.
+recorded as pending work on their planned workers (``planner.pending``, as the real
+runtime does). When a task finishes, each successor whose inputs are all done is
+re-placed by ``planner.adjust.choose_successor``, the runtime's own decision, and sent.
+Results use the benchmark's JSON shape.
 """
 
 from __future__ import annotations
@@ -16,12 +17,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..planner import PlanningError, get_policy
-from ..planner.adjust import DEFAULT_MOVE_FACTOR, reassign
-from ..planner.types import SHARED, DagSpec
+from ..planner.adjust import choose_successor
+from ..planner.pending import pending_work
+from ..planner.types import DagSpec
+from ..settings import OPTIONS
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
 from .stats import summarize
+
+#: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
+MOVE_FACTOR = float(OPTIONS["move_factor"].default)
 
 
 @dataclass(eq=False)
@@ -35,6 +41,7 @@ class Job:
     waiting: dict[str, int] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)
     where: dict[str, str] = field(default_factory=dict)
+    pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # charged, not sent
     end: float | None = None
     failed: bool = False
     # Sums over finished tasks, workload ms: queued, load, hop, run; and the task count.
@@ -46,10 +53,12 @@ class Simulation:
 
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
                  workers: int | None = None, count_pending: bool = True,
-                 refresh_ms: float = 0.0, hop_ms: float = 0.0) -> None:
+                 refresh_ms: float = 0.0, hop_ms: float = 0.0,
+                 move_factor: float = MOVE_FACTOR) -> None:
         opts = {"count_pending": count_pending} if policy == "compass" else {}
         self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
+        self.move_factor = move_factor
         self.workload, self.stream = workload, stream
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
@@ -74,9 +83,6 @@ class Simulation:
         self.engine.run(until_ms)
         return self.jobs
 
-    def _speed(self, worker: str) -> float:
-        return self.cluster.by_name[worker].spec.speed if worker != SHARED else 1.0
-
     def _arrive(self, job: Job) -> None:
         dag = job.dag
         snapshot = self.cluster.snapshot()
@@ -92,9 +98,9 @@ class Simulation:
         for node, placement in plan.placements.items():
             job.planned[node] = placement.worker
             job.waiting[node] = len(preds[node])
-            if preds[node] and placement.worker != SHARED:
-                ms = dag.nodes[node].exec_ms / self._speed(placement.worker)
-                self.cluster.by_name[placement.worker].add_pending(ms)
+        job.pending = pending_work(plan.placements, preds)
+        for worker, ms in job.pending.values():
+            self.cluster.by_name[worker].add_pending(ms)
         for node in dag.nodes:
             if not preds[node]:
                 self._send(job, node, job.planned[node])
@@ -102,9 +108,9 @@ class Simulation:
     def _send(self, job: Job, node: str, target: str) -> None:
         spec = job.dag.nodes[node]
         preds = self.preds[job.dag.name][node]
-        planned = job.planned[node]
-        if preds and planned != SHARED:
-            self.cluster.by_name[planned].add_pending(-spec.exec_ms / self._speed(planned))
+        charged = job.pending.pop(node, None)
+        if charged is not None:
+            self.cluster.by_name[charged[0]].add_pending(-charged[1])
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
         self.cluster.send(SimTask(job, node, spec.model, spec.exec_ms, inputs), target)
 
@@ -129,18 +135,17 @@ class Simulation:
                 self._send(job, succ, self._target(job, succ))
 
     def _target(self, job: Job, node: str) -> str:
+        """The worker a released successor goes to: the runtime's adjustment decision."""
         planned = job.planned[node]
-        if not self.adjusts or planned == SHARED:
-            return planned
-        spec, worker = job.dag.nodes[node], self.cluster.by_name[planned]
-        if worker.backlog_ms <= DEFAULT_MOVE_FACTOR * spec.exec_ms / worker.spec.speed:
-            return planned  # reassign's own first rule keeps it; skip building a snapshot
         preds = self.preds[job.dag.name][node]
         inputs: dict[str, float] = {}
         for p in preds:
             inputs[job.where[p]] = inputs.get(job.where[p], 0.0) + job.dag.nodes[p].output_kb
-        moved = reassign(spec, planned, self.cluster.snapshot(), inputs,
-                         is_join=len(preds) > 1)
+        worker = self.cluster.by_name.get(planned)
+        moved = choose_successor(job.dag.nodes[node], planned, self.cluster.snapshot, inputs,
+                                 factor=self.move_factor, is_join=len(preds) > 1,
+                                 adjusts=self.adjusts,
+                                 planned=worker.view() if worker is not None else None)
         if moved is None:
             return planned
         self.moved += 1
@@ -153,13 +158,14 @@ class Simulation:
 def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
              rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
              warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
-             details: bool = False) -> dict[str, Any]:
+             move_factor: float = MOVE_FACTOR, details: bool = False) -> dict[str, Any]:
     """Every policy on the same cluster and job stream; the DESIGN.md result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
     periodically); 0 gives every plan the exact current state. ``hop_ms`` is a fixed
     per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
     bookkeeping round trips); 0, the default, is the limit a real cluster chases.
+    ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
     per policy.
     """
@@ -168,7 +174,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     for name in policies:
         started = time.perf_counter()
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
-                         refresh_ms=refresh_ms, hop_ms=hop_ms)
+                         refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if details:
@@ -180,10 +186,11 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
 def compare_count_pending(workload: Workload, *, workers: int | None = None,
                           rate: float | None = None, jobs: int | None = None,
                           warmup_frac: float = 0.1, refresh_ms: float = 0.0,
-                          hop_ms: float = 0.0) -> dict[str, Any]:
+                          hop_ms: float = 0.0,
+                          move_factor: float = MOVE_FACTOR) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
     kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
-          "refresh_ms": refresh_ms, "hop_ms": hop_ms}
+          "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor}
     on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
     off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
     return {"workload": workload.name, "count_pending": {"on": on, "off": off}}

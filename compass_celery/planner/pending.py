@@ -1,0 +1,27 @@
+"""Pending work: what a plan charges to workers before their tasks are sent.
+
+A job is planned whole at submission, but only its sources are sent then; every other
+task waits for its inputs. Its planned run time counts on its planned worker meanwhile
+(``WorkerView.pending_ms``), so jobs planned one after another do not all pick the same
+worker, and is released when the task is sent. The real runtime and the simulator both
+decide what to charge here, and release the same amounts when they send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .types import SHARED, Placement
+
+
+def pending_work(
+    placements: Mapping[str, Placement], preds: Mapping[str, Sequence[str]]
+) -> dict[str, tuple[str, float]]:
+    """Node -> (planned worker, run ms) for each task a new plan leaves waiting.
+
+    Sources are sent at once and shared-queue tasks have no worker to charge, so
+    neither is pending. Entries keep the plan's order, so callers charge (and a
+    simulator sums) in the same order every run.
+    """
+    return {node: (p.worker, p.run_ms) for node, p in placements.items()
+            if preds.get(node) and p.worker != SHARED}
