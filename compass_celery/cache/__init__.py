@@ -13,6 +13,7 @@ from typing import Any
 from compass_celery.cache.backends import Backend, EmulatedBackend, EmulatedModel, TorchBackend
 from compass_celery.cache.decisions import POLICIES, CacheDecider, Evict, Load
 from compass_celery.cache.errors import CacheFullError, ModelTooLargeError, UnknownModelError
+from compass_celery.cache.host_tier import HostTier
 from compass_celery.cache.manager import ModelCache
 from compass_celery.cache.registry import ModelRegistry, ModelSpec, default_registry
 
@@ -24,6 +25,7 @@ __all__ = [
     "EmulatedBackend",
     "EmulatedModel",
     "Evict",
+    "HostTier",
     "Load",
     "ModelCache",
     "ModelRegistry",

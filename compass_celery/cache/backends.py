@@ -12,11 +12,12 @@ import math
 import os
 import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from compass_celery.cache.host_tier import HostTier
 from compass_celery.cache.registry import Loader
+from compass_celery.planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S
 
 MB = float(1 << 20)
 
@@ -26,19 +27,36 @@ class EmulatedOOM(MemoryError):
 
 
 class Backend(Protocol):
+    """Where models live; the cache manager drives it and never asks which kind it is."""
+
     device: str
 
-    def total_mb(self) -> float: ...
-    def free_mb(self) -> float: ...
+    def total_mb(self) -> float:
+        """Memory models may use in all, MB."""
+
+    def free_mb(self) -> float:
+        """Memory free for models now, MB."""
+
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
         """Make ``name`` resident; return (model, measured MB)."""
 
-    def evict(self, name: str) -> None: ...
-    def get(self, name: str) -> Any: ...
-    def host_resident(self) -> dict[str, float]: ...
-    def is_oom(self, exc: BaseException) -> bool: ...
-    def run(self, exec_ms: float) -> None: ...
-    def clear(self) -> None: ...
+    def evict(self, name: str) -> None:
+        """Drop ``name`` from device memory (into the host tier, where there is one)."""
+
+    def get(self, name: str) -> Any:
+        """The resident model ``name``; KeyError when it is not resident."""
+
+    def host_resident(self) -> dict[str, float]:
+        """Models in the host-RAM tier, name -> MB."""
+
+    def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` means the device ran out of memory."""
+
+    def run(self, exec_ms: float) -> None:
+        """Spend a task's run time, where the backend emulates it."""
+
+    def clear(self) -> None:
+        """Forget every model, resident or in the host tier."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +77,8 @@ class EmulatedBackend:
     def __init__(
         self,
         capacity_mb: float,
-        load_mb_per_s: float = 1500.0,
-        host_load_mb_per_s: float = 12000.0,
+        load_mb_per_s: float = DEFAULT_LOAD_MB_PER_S,
+        host_load_mb_per_s: float = DEFAULT_HOST_LOAD_MB_PER_S,
         time_scale: float = 1.0,
         host_capacity_mb: float = math.inf,
         device: str = "emulated",
@@ -69,15 +87,22 @@ class EmulatedBackend:
             raise ValueError("emulated GPU needs capacity and bandwidths > 0 and time_scale >= 0")
         self.capacity_mb, self.load_mb_per_s = float(capacity_mb), float(load_mb_per_s)
         self.host_load_mb_per_s, self.time_scale = float(host_load_mb_per_s), float(time_scale)
-        self.host_capacity_mb, self.device = host_capacity_mb, device
+        self.device = device
         self._gpu: dict[str, EmulatedModel] = {}
-        self._host: OrderedDict[str, float] = OrderedDict()
+        self._host = HostTier(host_capacity_mb)
         self._lock = threading.Lock()
 
+    @property
+    def host_capacity_mb(self) -> float:
+        """Capacity of the host-RAM tier, MB."""
+        return self._host.capacity_mb
+
     def total_mb(self) -> float:
+        """The emulated GPU's capacity, MB."""
         return self.capacity_mb
 
     def free_mb(self) -> float:
+        """Capacity minus the models loaded, MB."""
         with self._lock:
             return self.capacity_mb - sum(m.size_mb for m in self._gpu.values())
 
@@ -87,6 +112,7 @@ class EmulatedBackend:
         return 1000.0 * size_mb / bw
 
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
+        """Reserve ``size_mb`` and sleep the load time (host tier or storage); raise on OOM."""
         with self._lock:  # reserve first so concurrent loads cannot overcommit
             used = sum(m.size_mb for m in self._gpu.values())
             if used + size_mb > self.capacity_mb + 1e-9:
@@ -97,33 +123,36 @@ class EmulatedBackend:
             ms = self.load_ms(name, size_mb)
             model = EmulatedModel(name, size_mb)
             self._gpu[name] = model
-            self._host.pop(name, None)
+            self._host.discard(name)
         time.sleep(ms * self.time_scale / 1000.0)
         return model, size_mb
 
     def evict(self, name: str) -> None:
+        """Free the model's memory; keep it in the host tier if it fits."""
         with self._lock:
             model = self._gpu.pop(name, None)
-            if model is None or model.size_mb > self.host_capacity_mb:
-                return
-            self._host[name] = model.size_mb
-            while sum(self._host.values()) > self.host_capacity_mb:
-                self._host.popitem(last=False)
+            if model is not None:
+                self._host.add(name, model.size_mb)
 
     def get(self, name: str) -> Any:
+        """The resident model's placeholder."""
         return self._gpu[name]
 
     def host_resident(self) -> dict[str, float]:
+        """Models in the host-RAM tier, name -> MB, oldest first."""
         with self._lock:
-            return dict(self._host)
+            return self._host.sizes()
 
     def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is this GPU's out-of-memory error."""
         return isinstance(exc, EmulatedOOM)
 
     def run(self, exec_ms: float) -> None:
+        """Sleep the task's run time (times ``time_scale``)."""
         time.sleep(max(0.0, exec_ms) * self.time_scale / 1000.0)
 
     def clear(self) -> None:
+        """Empty the GPU and the host tier."""
         with self._lock:
             self._gpu.clear()
             self._host.clear()
@@ -165,6 +194,7 @@ class TorchBackend:
         self._lock = threading.Lock()
 
     def total_mb(self) -> float:
+        """The device's memory (CUDA), or ``capacity_mb``, or physical RAM, MB."""
         if self.is_cuda:
             return self._torch.cuda.mem_get_info(self._torch.device(self.device))[1] / MB
         if self.capacity_mb is not None:
@@ -172,12 +202,14 @@ class TorchBackend:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MB
 
     def free_mb(self) -> float:
+        """Free device memory as CUDA reports it; on CPU, total minus our modules."""
         if self.is_cuda:
             return self._torch.cuda.mem_get_info(self._torch.device(self.device))[0] / MB
         with self._lock:
             return self.total_mb() - sum(mb for _, mb in self._gpu.values())
 
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
+        """Move the module (from the host tier, else the loader) onto the device; measure it."""
         with self._lock:
             host = self._host.pop(name, None)
         if host is None:
@@ -196,6 +228,7 @@ class TorchBackend:
         return model, mb
 
     def evict(self, name: str) -> None:
+        """Drop the module from the device; on CUDA keep a pinned host copy."""
         with self._lock:
             entry = self._gpu.pop(name, None)
         if entry is None:
@@ -216,13 +249,16 @@ class TorchBackend:
             self._torch.cuda.empty_cache()
 
     def get(self, name: str) -> Any:
+        """The resident module."""
         return self._gpu[name][0]
 
     def host_resident(self) -> dict[str, float]:
+        """Pinned host copies, name -> MB."""
         with self._lock:
             return {n: _module_mb(m) or 0.0 for n, m in self._host.items()}
 
     def is_oom(self, exc: BaseException) -> bool:
+        """Whether ``exc`` is a CUDA or host out-of-memory error."""
         oom = getattr(self._torch.cuda, "OutOfMemoryError", None)
         return (oom is not None and isinstance(exc, oom)) or isinstance(exc, MemoryError)
 
@@ -230,6 +266,7 @@ class TorchBackend:
         """Real work happens in the task's own forward pass; nothing to emulate."""
 
     def clear(self) -> None:
+        """Drop every module, resident or pinned, and free the memory."""
         with self._lock:
             self._gpu.clear()
             self._host.clear()

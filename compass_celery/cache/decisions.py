@@ -22,12 +22,16 @@ POLICIES = ("lookahead", "lru", "fifo")
 
 @dataclass(frozen=True)
 class Load:
+    """Load model ``name`` (``size_mb``) onto the GPU."""
+
     name: str
     size_mb: float
 
 
 @dataclass(frozen=True)
 class Evict:
+    """Drop model ``name`` from the GPU (the backend may keep it in host RAM)."""
+
     name: str
 
 
@@ -75,12 +79,15 @@ class CacheDecider:
 
     # -- accounting ---------------------------------------------------------
     def resident_mb(self) -> float:
+        """MB held by resident models and by loads under way (both occupy memory)."""
         return sum(self.resident.values()) + sum(self.loading.values())
 
     def free_mb(self) -> float:
+        """MB neither resident nor reserved by a load."""
         return self.capacity_mb - self.resident_mb()
 
     def is_resident(self, name: str) -> bool:
+        """Whether ``name`` is loaded (not merely loading)."""
         return name in self.resident
 
     # -- eviction order -----------------------------------------------------
@@ -219,13 +226,16 @@ class CacheDecider:
         return evicts
 
     def on_load_failed(self, name: str) -> None:
+        """A load did not happen: release its reservation."""
         self.loading.pop(name, None)
 
     def on_evicted(self, name: str) -> None:
+        """The backend dropped ``name`` (e.g. after a real OOM): forget it."""
         self.resident.pop(name, None)
         self.loading.pop(name, None)
 
     def on_used(self, name: str, now: float) -> None:
+        """A task ran on ``name`` at ``now`` (LRU and lookahead read it)."""
         self._last_use[name] = now
 
     def victims(
@@ -235,6 +245,7 @@ class CacheDecider:
         return self._victims(_running(running) | set(self.loading), queued, allow_needed=True)
 
     def clear(self) -> list[Evict]:
+        """Forget every resident model; the evictions the backend must carry out."""
         out = [Evict(m) for m in self.resident]
         self.resident.clear()
         return out

@@ -10,7 +10,7 @@ next ready task, the way prefetch-one Celery workers pull from a broker.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
@@ -18,14 +18,13 @@ from typing import Any
 
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
-from ..planner.cost import remember_arrays
+from ..cache.host_tier import HostTier
+from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..workload import WorkerSpec
 from .columns import LiveColumns
 from .engine import Engine
 
-MS_PER_S = 1000.0
-KB_PER_MB = 1000.0
 PREFETCH_LOOKAHEAD = 3  # queued tasks whose models are prefetched, as in the authors' code
 
 
@@ -61,7 +60,7 @@ class SimWorker:
         self.sizes = sizes
         self.decider = CacheDecider(spec.gpu_mem_mb, cache_policy, sizes=sizes)
         self.prefetching = cache_policy != "lru"
-        self.host: OrderedDict[str, float] = OrderedDict()
+        self.host = HostTier(spec.host_mem_mb)  # the emulated GPU's tier, same rules
         self.queue: deque[SimTask] = deque()
         self.queued_models: dict[str, int] = {}  # model -> queued tasks that need it
         self.running: SimTask | None = None
@@ -74,10 +73,12 @@ class SimWorker:
 
     # -- bookkeeping --------------------------------------------------------
     def touch(self) -> None:
+        """Mark this worker changed, so the next snapshot re-reads it."""
         self._view = None
         self.cluster.dirty.add(self.index)
 
     def view(self) -> WorkerView:
+        """This worker's record as a real worker would publish it (cached until touched)."""
         if self._view is None:
             s, d = self.spec, self.decider
             self._view = WorkerView(
@@ -89,6 +90,7 @@ class SimWorker:
         return self._view
 
     def add_pending(self, ms: float) -> None:
+        """Charge (or with a negative ``ms``, release) planned-not-sent work."""
         self.pending_ms += ms
         self.touch()
 
@@ -210,7 +212,7 @@ class SimWorker:
     def _apply(self, actions: list[Any]) -> None:
         for action in actions:
             if isinstance(action, Evict):
-                self._to_host(action.name)
+                self.host.add(action.name, self.sizes.get(action.name, 0.0))
                 continue
             s = self.spec
             bw = s.host_load_mb_per_s if action.name in self.host else s.load_mb_per_s
@@ -221,21 +223,11 @@ class SimWorker:
         if actions:
             self.touch()
 
-    def _to_host(self, name: str) -> None:
-        """Keep an evicted model in the host-RAM tier, LRU within ``host_mem_mb``."""
-        size = self.sizes.get(name, 0.0)
-        if size > self.spec.host_mem_mb:
-            return
-        self.host[name] = size
-        self.host.move_to_end(name)
-        while sum(self.host.values()) > self.spec.host_mem_mb:
-            self.host.popitem(last=False)
-
     def _loaded(self, name: str) -> None:
         running = self.running.model if self.running else None
         extra = self.decider.on_loaded(name, now=self.engine.now, queued=self._queued(),
                                        protect=[running] if running else [])
-        self.host.pop(name, None)
+        self.host.discard(name)
         self._apply(extra)
         self.touch()
         self.try_start()
@@ -298,6 +290,7 @@ class SimCluster:
             self.shared_queue.append(task)
 
     def on_idle(self, worker: SimWorker) -> None:
+        """An idle worker takes the next shared-queue task (celery-default), or waits."""
         if not self.shared:
             return
         if self.shared_queue:

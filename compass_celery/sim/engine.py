@@ -26,6 +26,7 @@ class Engine:
         heapq.heappush(self._heap, (max(time_ms, self.now), self._seq, fn, args))
 
     def after(self, delay_ms: float, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` ``delay_ms`` from now."""
         self.at(self.now + delay_ms, fn, *args)
 
     def run(self, until_ms: float = float("inf")) -> float:
