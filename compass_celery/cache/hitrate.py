@@ -1,10 +1,13 @@
 """Replay a workload's task stream through CacheDecider: hit rate and loads per policy.
 
 A quick, deterministic check of the eviction policies alone (no planner, no timing):
-jobs are drawn from the workload's mix with its seed, each job's tasks go to one
-worker (job round-robin, as a collocating planner would) or each task to the worker
-its model hashes to, and each worker sees a window of its own upcoming tasks as its
-queue. Also measures real CPU load time per MB of the example torch models.
+the jobs are the workload's own seeded job stream (the one the simulator and the
+benchmark replay, read through :mod:`compass_celery.workload`), each job's tasks in
+topological order; they go to one worker per job (job round-robin, as a collocating
+planner would) or each task to the worker its model hashes to, and each worker sees
+a window of its own upcoming tasks as its queue. ``--models MODULE:FUNCTION`` also
+measures real CPU load time per MB of the torch models that function registers
+(``workers.models:register_example_models`` for the repository's examples).
 
     python -m compass_celery.cache.hitrate --workload dags/edge-vision.json
 """
@@ -12,46 +15,30 @@ queue. Also measures real CPU load time per MB of the example torch models.
 from __future__ import annotations
 
 import argparse
-import json
-import random
+import importlib
 import statistics
+import sys
 import time
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from compass_celery import workloads
 from compass_celery.cache.decisions import CacheDecider, Load
+from compass_celery.cache.registry import ModelRegistry
+from compass_celery.errors import CompassInputError
+from compass_celery.workload import Workload, job_stream, load_workload
 
-DEFAULT_WORKLOAD = "dags/edge-vision.json"
-
-
-def _topo(dag: dict[str, Any]) -> list[str]:
-    nodes = list(dag["nodes"])
-    indeg = {n: 0 for n in nodes}
-    for _, b in dag.get("edges", []):
-        indeg[b] += 1
-    order, ready = [], [n for n in nodes if indeg[n] == 0]
-    while ready:
-        n = ready.pop(0)
-        order.append(n)
-        for a, b in dag.get("edges", []):
-            if a == n:
-                indeg[b] -= 1
-                if indeg[b] == 0:
-                    ready.append(b)
-    return order
+DEFAULT_WORKLOAD = str(workloads.path("edge-vision.json"))
 
 
-def task_streams(wl: dict[str, Any], workers: int, assign: str) -> list[list[str]]:
-    """Per worker, the models of its tasks in arrival order."""
-    arr = wl.get("arrivals", {})
-    rng = random.Random(arr.get("seed", 0))
-    names, weights = zip(*wl["mix"].items(), strict=True)
+def task_streams(workload: Workload, workers: int, assign: str) -> list[list[str]]:
+    """Per worker, the models of its tasks in arrival order (``assign``: "rr" or "hash")."""
     streams: list[list[str]] = [[] for _ in range(workers)]
-    for job in range(int(arr.get("jobs", 400))):
-        dag = wl["dags"][rng.choices(names, weights)[0]]
-        for node in _topo(dag):
-            model = dag["nodes"][node].get("model")
+    for job, (_, name) in enumerate(job_stream(workload)):
+        dag = workload.dags[name]
+        for node in dag.topological_order():
+            model = dag.nodes[node].model
             if model is None:
                 continue
             w = job % workers if assign == "rr" else zlib.crc32(model.encode()) % workers
@@ -87,41 +74,51 @@ def replay(
     return {"hit_rate": hits / n if n else 0.0, "loads": loads, "tasks": n}
 
 
-def cpu_load_ms_per_mb(reps: int = 3) -> dict[str, tuple[float, float]]:
-    """Median real load (build + move to cpu, eval) time per MB of each example model."""
+def cpu_load_ms_per_mb(registry: ModelRegistry, reps: int = 3) -> dict[str, tuple[float, float]]:
+    """Per registered model: (MB, median real load time per MB) building it onto the CPU."""
     from compass_celery.cache.backends import TorchBackend
-    from compass_celery.cache.registry import ModelRegistry
-    from workers.models import register_example_models
 
-    reg = ModelRegistry()
     backend = TorchBackend("cpu")
     out = {}
-    for name in register_example_models(reg):
+    for name in registry.names():
+        spec = registry.get(name)
         times, mb = [], 0.0
         for _ in range(reps):
             t0 = time.perf_counter()
-            _, mb = backend.load(name, reg.get(name).loader, reg.get(name).size_mb)
+            _, mb = backend.load(name, spec.loader, spec.size_mb)
             times.append((time.perf_counter() - t0) * 1000)
             backend.evict(name)
         out[name] = (mb, statistics.median(times) / mb)
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def registrar(spec: str) -> Callable[[ModelRegistry], Any]:
+    """The function ``MODULE:FUNCTION`` names, which registers models into a registry."""
+    module, _, attr = spec.partition(":")
+    if not module or not attr:
+        raise ValueError(f"--models: expected MODULE:FUNCTION, got {spec!r}")
+    return getattr(importlib.import_module(module), attr)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Print the hit-rate table (and load times with ``--models``); 2 on a bad workload."""
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--workload", default=DEFAULT_WORKLOAD)
-    p.add_argument("--workers", type=int)
-    p.add_argument("--gpu-mb", type=float)
+    p.add_argument("--workers", type=int, help="default: the workload's worker count")
+    p.add_argument("--gpu-mb", type=float, help="default: the workload's smallest GPU")
     p.add_argument("--window", type=int, default=6, help="queued tasks each worker sees")
+    p.add_argument("--models", metavar="MODULE:FUNCTION",
+                   help="register torch models with this function and time their CPU loads")
     p.add_argument("--no-torch", action="store_true", help="skip the CPU load-time measurement")
     args = p.parse_args(argv)
-    with open(args.workload) as f:
-        wl = json.load(f)
-    cluster = wl.get("cluster", {})
-    workers = args.workers or int(cluster.get("workers", 4))
-    cap = args.gpu_mb or float(cluster.get("gpu_mem_mb", 1600))
-    sizes = {m: float(v["size_mb"]) for m, v in wl["models"].items()}
-    print(f"workload {wl.get('name')}: {workers} workers x {cap:.0f} MB, window {args.window}")
+    try:
+        wl = load_workload(args.workload)
+    except CompassInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    workers = args.workers or len(wl.cluster.workers)
+    cap = args.gpu_mb or min(w.gpu_mem_mb for w in wl.cluster.workers)
+    print(f"workload {wl.name}: {workers} workers x {cap:.0f} MB, window {args.window}")
     for assign in ("rr", "hash"):
         label = "job round-robin" if assign == "rr" else "model hash"
         streams = task_streams(wl, workers, assign)
@@ -132,14 +129,17 @@ def main(argv: Sequence[str] | None = None) -> None:
             ("fifo", False),
             ("lookahead", True),
         ):
-            r = replay(streams, sizes, cap, policy, args.window, pf)
+            r = replay(streams, wl.models, cap, policy, args.window, pf)
             name = policy + ("+prefetch" if pf else "")
             print(f"  {name:<28}{r['hit_rate']:>8.3f}{r['loads']:>7}{r['tasks']:>7}")
-    if not args.no_torch:
-        print("\nreal CPU load time of the example models (build + to('cpu')), measured:")
-        for name, (mb, ms_per_mb) in cpu_load_ms_per_mb().items():
+    if args.models and not args.no_torch:
+        registry = ModelRegistry()
+        registrar(args.models)(registry)
+        print("\nreal CPU load time of the registered models (build + to('cpu')), measured:")
+        for name, (mb, ms_per_mb) in cpu_load_ms_per_mb(registry).items():
             print(f"  {name:<18}{mb:>8.1f} MB {ms_per_mb:>8.2f} ms/MB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
