@@ -39,32 +39,38 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def number(value: Any, path: str, *, minimum: float = 0.0, positive: bool = False) -> float:
-    """A finite real number (never a bool) at or above ``minimum`` (above it if ``positive``)."""
+def number(value: Any, path: str, *, minimum: float = 0.0, positive: bool = False,
+           error: type[CompassInputError] = DagValidationError) -> float:
+    """A finite real number (never a bool) at or above ``minimum`` (above it if ``positive``).
+
+    ``error`` is the class raised, so a workload field is reported as a WorkloadError
+    without catching and re-raising.
+    """
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise DagValidationError(f"{path}: expected a number, got {describe(value)}")
+        raise error(f"{path}: expected a number, got {describe(value)}")
     try:
         out = float(value)
     except OverflowError:
-        raise DagValidationError(f"{path}: number too large") from None
+        raise error(f"{path}: number too large") from None
     if not math.isfinite(out):
-        raise DagValidationError(f"{path}: expected a finite number, got {value!r}")
+        raise error(f"{path}: expected a finite number, got {value!r}")
     if out > MAX_VALUE:
-        raise DagValidationError(f"{path}: {value!r} is larger than {MAX_VALUE:g}")
+        raise error(f"{path}: {value!r} is larger than {MAX_VALUE:g}")
     if out < minimum or (positive and out <= minimum):
         word = "above" if positive else "at least"
-        raise DagValidationError(f"{path}: must be {word} {minimum:g}, got {value!r}")
+        raise error(f"{path}: must be {word} {minimum:g}, got {value!r}")
     return out
 
 
-def name_ok(value: Any, path: str) -> str:
-    """A non-empty string of bounded length, for node and model names."""
+def name_ok(value: Any, path: str,
+            error: type[CompassInputError] = DagValidationError) -> str:
+    """A non-empty string of bounded length, for node and model names (``error`` as above)."""
     if not isinstance(value, str):
-        raise DagValidationError(f"{path}: expected a name (string), got {describe(value)}")
+        raise error(f"{path}: expected a name (string), got {describe(value)}")
     if not value.strip():
-        raise DagValidationError(f"{path}: name must be a non-empty string")
+        raise error(f"{path}: name must be a non-empty string")
     if len(value) > MAX_NAME_LEN:
-        raise DagValidationError(f"{path}: name longer than {MAX_NAME_LEN} characters")
+        raise error(f"{path}: name longer than {MAX_NAME_LEN} characters")
     return value
 
 

@@ -13,6 +13,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,12 @@ import yaml
 
 from .dag_validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .errors import CompassInputError
-from .planner.types import DagSpec
+from .planner.types import (
+    DEFAULT_HOST_LOAD_MB_PER_S,
+    DEFAULT_LOAD_MB_PER_S,
+    DEFAULT_NET_MB_PER_S,
+    DagSpec,
+)
 
 MAX_MODELS = 10_000
 MAX_DAGS = 1_000
@@ -30,12 +36,17 @@ TOP_FIELDS = ("name", "description", "models", "dags", "mix", "cluster", "arriva
 WORKER_FIELDS = ("name", "count", "gpu_mem_mb", "load_mb_per_s", "net_mb_per_s", "speed",
                  "host_load_mb_per_s", "host_mem_mb")
 ARRIVAL_FIELDS = ("process", "rate_per_s", "jobs", "seed", "on_s", "off_s", "times_ms")
-DEFAULTS = {"load_mb_per_s": 1500.0, "net_mb_per_s": 1000.0, "speed": 1.0,
-            "host_load_mb_per_s": 12000.0}
+DEFAULTS = {"load_mb_per_s": DEFAULT_LOAD_MB_PER_S, "net_mb_per_s": DEFAULT_NET_MB_PER_S,
+            "speed": 1.0, "host_load_mb_per_s": DEFAULT_HOST_LOAD_MB_PER_S}
 
 
 class WorkloadError(CompassInputError):
     """A workload file is malformed; the message names the bad field by path."""
+
+
+# The DAG validator's field checks, raising WorkloadError directly (no catch and re-raise).
+_num = partial(number, error=WorkloadError)
+_name = partial(name_ok, error=WorkloadError)
 
 
 @dataclass(frozen=True)
@@ -44,10 +55,10 @@ class WorkerSpec:
 
     name: str
     gpu_mem_mb: float
-    load_mb_per_s: float = 1500.0
-    net_mb_per_s: float = 1000.0
+    load_mb_per_s: float = DEFAULT_LOAD_MB_PER_S
+    net_mb_per_s: float = DEFAULT_NET_MB_PER_S
     speed: float = 1.0
-    host_load_mb_per_s: float = 12000.0
+    host_load_mb_per_s: float = DEFAULT_HOST_LOAD_MB_PER_S
     # Host-RAM tier for evicted models (reloaded at host_load_mb_per_s); 0 = none, so
     # every load costs size / load_mb_per_s, as in the paper's setup.
     host_mem_mb: float = 0.0
@@ -61,6 +72,7 @@ class ClusterSpec:
 
     @property
     def largest_gpu_mb(self) -> float:
+        """The biggest GPU in the cluster: a model larger than this can never run."""
         return max(w.gpu_mem_mb for w in self.workers)
 
     def scaled(self, n: int) -> ClusterSpec:
@@ -99,13 +111,6 @@ class Workload:
     seed: int = 0
 
 
-def _num(value: Any, path: str, **kw: Any) -> float:
-    try:
-        return number(value, path, **kw)
-    except DagValidationError as exc:
-        raise WorkloadError(str(exc)) from None
-
-
 def _int(value: Any, path: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         if isinstance(value, float) and value.is_integer():
@@ -125,13 +130,6 @@ def _obj(value: Any, path: str, allowed: tuple[str, ...] | None = None) -> Mappi
             raise WorkloadError(f"{path}: unknown field {describe(key)} "
                                 f"(allowed: {', '.join(allowed)})")
     return value
-
-
-def _name(value: Any, path: str) -> str:
-    try:
-        return name_ok(value, path)
-    except DagValidationError as exc:
-        raise WorkloadError(str(exc)) from None
 
 
 def _models(raw: Any) -> dict[str, float]:
@@ -273,7 +271,10 @@ def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
         try:
             dags[key] = dag_from_dict(key, val, models, max_gpu_mb=largest)
         except DagValidationError as exc:
-            raise WorkloadError(str(exc)) from None
+            # The one place left: a template is checked deep in dag_validation (shared with
+            # Dag), and callers catch WorkloadError. The message already names the DAG,
+            # node and field (dags.<dag>.nodes.<node>.<field>: ...).
+            raise WorkloadError(str(exc)) from exc
     arrivals = _arrivals(obj["arrivals"], seed if "seed" in obj else 0)
     if "seed" not in obj:
         seed = arrivals.seed

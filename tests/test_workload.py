@@ -209,3 +209,31 @@ def test_packaged_copy_matches_shared_example():
         pytest.skip("no shared example to compare with")
     assert json.loads(shared.read_text()) == json.loads((ROOT / "dags" / "edge-vision.json")
                                                          .read_text())
+
+
+def test_bandwidth_defaults_are_the_planners_everywhere():
+    from compass_celery.cache.backends import EmulatedBackend
+    from compass_celery.planner.types import (
+        DEFAULT_HOST_LOAD_MB_PER_S,
+        DEFAULT_LOAD_MB_PER_S,
+        DEFAULT_NET_MB_PER_S,
+        WorkerView,
+    )
+    from compass_celery.settings import OPTIONS
+
+    want = {"load_mb_per_s": DEFAULT_LOAD_MB_PER_S, "net_mb_per_s": DEFAULT_NET_MB_PER_S,
+            "host_load_mb_per_s": DEFAULT_HOST_LOAD_MB_PER_S}
+    spec = parse_workload(doc(cluster={"workers": 1, "gpu_mem_mb": 1600})).cluster.workers[0]
+    view = WorkerView("w", "q", 1.0, 1.0)
+    gpu = EmulatedBackend(1.0)
+    for field, value in want.items():
+        assert getattr(spec, field) == getattr(view, field) == OPTIONS[field].default == value
+    assert (gpu.load_mb_per_s, gpu.host_load_mb_per_s) == (want["load_mb_per_s"],
+                                                          want["host_load_mb_per_s"])
+
+
+def test_dag_template_errors_are_workload_errors_naming_dag_node_and_field():
+    with pytest.raises(WorkloadError, match=r"dags\.pipe\.nodes\.c\.output_kb: must be at "
+                                            r"least 0") as info:
+        parse_workload(doc(dags__pipe__nodes__c__output_kb=-1))
+    assert type(info.value.__cause__).__name__ == "DagValidationError"
