@@ -1,0 +1,199 @@
+"""The worker's task hooks: what happens when a task is received, starts, ends, is revoked.
+
+A mixin of :class:`~compass_celery.worker_runtime.WorkerRuntime`, kept apart so the
+runtime's lifecycle and the per-task path can each be read on their own. A task's
+start makes its model resident and resolves its job inputs; its end settles the
+backlog, learns its run time and completes its job node (retrying Redis hiccups
+until the completion lands, before the message is acked).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from redis import RedisError
+
+from .errors import JobError, RetriesExhausted
+from .job_keys import JOB_HEADER
+from .placement import Decision
+from .profiles import profile_key, resolve_demand
+from .retry import retry_transient
+from .state import StateUnavailable
+
+if TYPE_CHECKING:
+    from .cache import ModelCache
+    from .context import CompassContext
+    from .job_runtime import JobRuntime
+
+logger = logging.getLogger("compass_celery.worker")
+
+#: Backoff between tries of a job completion against Redis (doubling up to the cap).
+COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
+
+
+class TaskHooks:
+    """Per-task bookkeeping of a worker runtime (mixed into ``WorkerRuntime``)."""
+
+    compass: CompassContext
+    name: str
+    cfg: dict[str, Any]
+    cache: ModelCache
+    jobs: JobRuntime | None
+    _lock: threading.Lock
+    _wake: threading.Event
+    _running: dict[str, tuple[Decision | None, str | None, float]]
+    _timing: dict[str, dict[str, float]]
+    _tags: dict[str, str]
+
+    def queued_decisions(self, limit: int = -1) -> list[Decision]:
+        """Decisions of messages waiting in this worker's own queue (the runtime's)."""
+        raise NotImplementedError
+
+    def _ours(self, obj: Any) -> bool:
+        return obj is not None and getattr(obj, "app", None) is self.compass.app
+
+    def _on_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if request is not None and self._ours(sender):
+            self.task_received(request)
+
+    def _on_prerun(self, sender: Any = None, task: Any = None, args: Any = None,
+                   **kw: Any) -> None:
+        task = task or sender
+        if self._ours(task) and not task.request.is_eager:
+            self.task_started(task, task.request, args)
+
+    def _on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
+                    retval: Any = None, **kw: Any) -> None:
+        task = task or sender
+        if self._ours(task) and not task.request.is_eager:
+            decision = Decision.from_header(getattr(task.request, "compass", None))
+            self.task_finished(task, task.request, decision, state, retval)
+
+    def _on_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if request is not None and (self._ours(sender) or sender is None):
+            self.task_revoked(request)
+
+    # -- task hooks ---------------------------------------------------------------------
+    def task_started(self, task: Any, request: Any, args: Any = None) -> None:
+        decision = Decision.from_header(getattr(request, "compass", None))
+        model = _task_model(task, decision)
+        started = time.monotonic()
+        job = getattr(request, JOB_HEADER, None)
+        if isinstance(job, dict) and self.jobs is not None:
+            try:
+                self.jobs.resolve_inputs(job, args)
+            except JobError as exc:
+                self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
+        if model is not None:
+            try:
+                queued = [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
+            except Exception:  # queue peek is advisory
+                queued = []
+            self.cache.acquire(model, queued)
+            self.cache.prefetch(queued)
+        loaded = time.monotonic()
+        with self._lock:
+            self._running[request.id] = (decision, model, loaded)
+            self._timing[request.id] = {"started": time.time(),
+                                        "load_ms": self._ms(loaded - started)}
+
+    def _ms(self, seconds: float) -> float:
+        """Real seconds as workload milliseconds."""
+        return 1000 * seconds / self.cfg["time_scale"]
+
+    def task_finished(self, task: Any, request: Any, decision: Decision | None,
+                      state: str | None, retval: Any = None) -> None:
+        with self._lock:
+            _, model, started = self._running.pop(request.id, (None, None, None))
+            timing = self._timing.pop(request.id, {})
+            self._tags.pop(request.id, None)
+        if model is not None:
+            self.cache.release(model)
+        run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
+        store = self.compass.store
+        pipe = store.client.pipeline(transaction=False) if store.client is not None else None
+        try:  # bookkeeping is best effort (one round trip): reconciliation corrects it
+            if decision is not None and decision.worker == self.name and decision.charge_ms:
+                store.charge(self.name, -decision.charge_ms, pipe=pipe)
+            if started is not None and state == "SUCCESS":
+                store.record_run(profile_key(task.name, model), run_ms,
+                                 self.cfg["ewma_alpha"], pipe=pipe)
+            if pipe is not None:
+                store.execute(pipe)  # type: ignore[attr-defined]
+        except StateUnavailable as exc:
+            logger.warning("compass: bookkeeping skipped, %s", exc)
+        job = getattr(request, JOB_HEADER, None)
+        if isinstance(job, dict) and self.jobs is not None:
+            self._job_finished(job, request, state, retval, timing, run_ms)  # never skipped
+        self._wake.set()
+
+    def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
+                      timing: dict[str, float], run_ms: float) -> None:
+        jobs = self.jobs
+        assert jobs is not None
+        if state == "SUCCESS":
+            sent = float(job.get("sent") or timing.get("started", 0.0))
+            timing = {**timing, "run_ms": run_ms, "finished": time.time(),
+                      "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
+            self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing))
+        elif state == "FAILURE":
+            exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
+            self._until_done(job, lambda: jobs.fail(job, request.id, exc,
+                                                    "task failed after its retries",
+                                                    task=request.task))
+
+    def _until_done(self, job: dict, step: Any) -> None:
+        """Retry a job completion (or failure) until Redis takes it.
+
+        Both are idempotent (complete.lua dedups, a duplicate resumes unconfirmed
+        sends; fail.lua fails once). The message is acked only after this returns,
+        so a worker dying meanwhile leaves it in flight for recovery: the job is
+        never stranded. Past the job timeout there is nothing left to do: the
+        recovery leader has failed the job at its deadline.
+        """
+        try:
+            retry_transient(f"recording {job.get('id')}/{job.get('node')}", step,
+                            give_up_s=self.cfg["job_timeout_s"],
+                            errors=(RedisError, OSError, StateUnavailable),
+                            delay_s=COMPLETION_BACKOFF_S, max_delay_s=COMPLETION_BACKOFF_CAP_S)
+        except RetriesExhausted as exc:
+            logger.error("compass: %s; the job fails at its deadline", exc)
+
+    def task_received(self, request: Any) -> None:
+        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        if isinstance(tag, str) and tag:
+            with self._lock:
+                self._tags[request.id] = tag  # leased from now until it is acked
+        job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
+        if not isinstance(job, dict) or self.jobs is None:
+            return
+        try:
+            state = self.jobs.job_state(job.get("id", ""))
+        except (StateUnavailable, RedisError):
+            return  # run it; a late completion is ignored if the job has ended
+        if state in ("FAILURE", "UNKNOWN"):
+            from celery.worker import state as worker_state
+
+            logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
+                           state.lower(), job.get("node"))
+            worker_state.revoked.add(request.id)
+
+    def task_revoked(self, request: Any) -> None:
+        decision = Decision.from_header(getattr(request, "compass", None)
+                                        or (getattr(request, "_request_dict", {}) or {}).get(
+                                            "compass"))
+        if decision is not None and decision.worker == self.name and decision.charge_ms:
+            with contextlib.suppress(StateUnavailable):
+                self.compass.store.charge(self.name, -decision.charge_ms)
+
+
+def _task_model(task: Any, decision: Decision | None) -> str | None:
+    """The model a task runs with: its placement's, else its own declaration's."""
+    if decision is not None and decision.model is not None:
+        return decision.model
+    demand = resolve_demand(task.name, task, None, {}, 0.0)
+    return demand.model if demand else None

@@ -1,0 +1,354 @@
+"""The worker runtime: publishes this worker's record and keeps its backlog and cache honest.
+
+Started and stopped by the :class:`~compass_celery.worker.CompassWorker` bootstep.
+Between the two it publishes the worker's state, reconciles its backlog from its
+queue, renews the leases of what it runs, judges dead peers (recovery), keeps
+unusable messages in the dead-letter list, and, on a clean stop, hands its queue
+back to the live workers. Per-task hooks live in :mod:`compass_celery.task_hooks`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from celery import signals
+from redis import RedisError
+
+from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
+from .job_runtime import JobRuntime
+from .placement import Decision
+from .planner.types import WorkerView
+from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
+from .state import StateUnavailable
+from .task_hooks import TaskHooks
+from .transport import RedisLayout, guard_undecodable, message_headers, peek
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+
+logger = logging.getLogger("compass_celery.worker")
+
+
+class WorkerRuntime(TaskHooks):
+    """Publishes this worker's record and keeps its backlog and cache honest."""
+
+    def __init__(self, compass: CompassContext, name: str, queue: str,
+                 overrides: Mapping[str, Any] | None = None) -> None:
+        self.compass, self.name, self.queue = compass, name, queue
+        self.cfg = {**compass.settings, **(overrides or {})}
+        if isinstance(self.cfg["preload"], str):
+            self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
+        self._wake = threading.Event()
+        self.cache = self._make_cache()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        # task id -> (its decision, the model acquired for it, when it started running)
+        self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
+        self._timing: dict[str, dict[str, float]] = {}
+        self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
+        self._lock = threading.Lock()
+        self._state_down = False
+        self._last_publish_ok = 0.0
+        # Since when our own publishes have succeeded without a break (monotonic); a
+        # worker judges peers only after a full heartbeat timeout of that, so after a
+        # Redis outage every live peer has re-published before anyone is called dead.
+        self._publish_ok_since: float | None = None
+        # task id -> delivery tag of messages received and not yet finished (leased)
+        self._tags: dict[str, str] = {}
+        self._exited = threading.Event()  # set by tests that tear a runtime down
+        self._born = time.time()
+
+    # -- construction -----------------------------------------------------------
+    def _make_cache(self) -> ModelCache:
+        cfg, sizes = self.cfg, self.compass.model_sizes()
+        if cfg["emulate_gpu_mb"]:
+            backend: Any = EmulatedBackend(cfg["emulate_gpu_mb"], cfg["load_mb_per_s"],
+                                           cfg["host_load_mb_per_s"], cfg["time_scale"],
+                                           host_capacity_mb=cfg["emulate_host_mb"])
+        elif (device := cfg["gpu"] or _default_device()) is None:
+            logger.warning("compass: torch is not installed; worker %s can only run tasks "
+                           "that need no model (pip install 'compass-celery[torch]')", self.name)
+            backend = EmulatedBackend(1.0, time_scale=0.0, device="cpu-no-torch")
+        else:
+            backend = TorchBackend(device)
+            if not device.startswith("cuda"):
+                logger.warning("compass: worker %s has no GPU; running models on cpu",
+                               self.name)
+        return ModelCache(backend, policy=cfg["cache_policy"], lookahead=cfg["prefetch_depth"],
+                          sizes=sizes, on_change=self._wake.set, on_event=self._on_cache_event)
+
+    def view(self) -> WorkerView:
+        c = self.cache
+        return WorkerView(
+            name=self.name, queue=self.queue, device=c.device,
+            gpu_total_mb=c.total_mb, gpu_free_mb=max(0.0, c.free_mb),
+            resident=frozenset(c.resident()), host_resident=frozenset(c.host_resident()),
+            speed=self.cfg["speed"], load_mb_per_s=self.cfg["load_mb_per_s"],
+            host_load_mb_per_s=self.cfg["host_load_mb_per_s"],
+            # liveness is the beat Redis stamps on every publish; the record's own time
+            # stays fixed, so an unchanged record is byte-identical and readers reuse it
+            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born)
+
+    # -- lifecycle ------------------------------------------------------------------
+    def start(self) -> None:
+        set_current_cache(self.cache)
+        if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
+            self._serve_metrics(int(self.cfg["metrics_port"]))
+        if self.cfg["preload"]:
+            self.cache.preload(self.cfg["preload"])
+        self.publish()
+        try:
+            self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
+        except StateUnavailable as exc:
+            logger.warning("compass: %s", exc)
+        if self.jobs is not None:
+            try:
+                mark_alive(self.compass, self.queue)
+                taken = take_back(self.compass, self.name)
+                if taken:
+                    logger.warning("compass: took back %d task(s) a previous %s left in "
+                                   "flight", taken, self.name)
+            except (StateUnavailable, RedisError) as exc:
+                logger.warning("compass: could not take back in-flight tasks: %s", exc)
+        self._connect_signals()
+        loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
+        if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
+            loops.append((self._watchdog_loop, "watchdog"))
+            lease = threading.Thread(target=self._lease_loop, name="compass-leases",
+                                     daemon=True)
+            lease.start()  # not joined at stop: leases outlive the consumer until exit
+        for target, label in loops:
+            t = threading.Thread(target=target, name=f"compass-{label}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        logger.info("compass: worker %s consuming %s on %s (%.0f MB)", self.name, self.queue,
+                    self.cache.device, self.cache.total_mb)
+
+    def stop(self) -> None:
+        """Runs once the consumer has stopped: leave the cluster and hand back the queue.
+
+        The record goes first, so producers stop choosing this worker; the queue
+        name joins the dead-queue set, so anything that still lands in it (a
+        producer's stale snapshot, a prefetched message kombu restores when the
+        connection closes) is drained by the recovery leader.
+        """
+        self._stopping.set()
+        self._wake.set()
+        self._disconnect_signals()
+        for t in self._threads:
+            t.join(timeout=2)
+        try:
+            self.compass.store.remove(self.name)
+            if self.jobs is not None:
+                mark_dead(self.compass, self.queue)
+                self.compass.reader.invalidate()
+                moved = hand_back(self.compass, self.name)
+                logger.warning("compass: worker %s stopping: handed back %d queued task(s)",
+                               self.name, moved)
+        except (StateUnavailable, RedisError) as exc:
+            logger.warning("compass: could not hand back the queue of %s (%s); the "
+                           "recovery leader drains it after the heartbeat timeout",
+                           self.name, exc)
+        set_current_cache(None)
+
+    def _serve_metrics(self, port: int) -> None:
+        """Prometheus metrics from this process: compass counters, histograms and the
+        process collectors of the default registry, at http://<host>:<port>/metrics."""
+        try:
+            from .monitoring import serve_metrics
+
+            serve_metrics(port)
+        except ImportError:
+            logger.warning("compass: --compass-metrics-port needs prometheus_client "
+                           "(pip install 'compass-celery[metrics]'); no metrics served")
+            return
+        except OSError as exc:
+            logger.warning("compass: cannot serve metrics on port %d: %s", port, exc)
+            return
+        logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
+
+    def publish(self) -> bool:
+        c = self.cache
+        try:
+            self.compass.store.publish(self.view(), pid=os.getpid(), hits=c.hits,
+                                       misses=c.misses, loads=c.loads, evictions=c.evictions)
+        except StateUnavailable as exc:
+            if not self._state_down:
+                logger.warning("compass: cannot publish worker state: %s", exc)
+            self._state_down = True
+            self._publish_ok_since = None
+            return False
+        if self._state_down:
+            logger.warning("compass: state store back; worker %s re-published", self.name)
+            self._state_down = False
+        self._last_publish_ok = time.monotonic()
+        if self._publish_ok_since is None:
+            self._publish_ok_since = self._last_publish_ok
+        return True
+
+    def stats(self) -> dict[str, Any]:
+        """This worker's compass state, for ``inspect stats`` and Flower."""
+        c = self.cache
+        with self._lock:
+            running = len(self._running)
+        return {"queue": self.queue, "device": c.device,
+                "gpu_total_mb": round(c.total_mb, 1), "gpu_free_mb": round(c.free_mb, 1),
+                "resident_models": sorted(c.resident()),
+                "host_models": sorted(c.host_resident()),
+                "backlog_ms": round(self.queued_backlog_ms(), 1), "running": running,
+                "cache": {"hits": c.hits, "misses": c.misses, "loads": c.loads,
+                          "evictions": c.evictions}}
+
+    def may_judge_peers(self) -> bool:
+        """Only a worker that has reached Redis without a break for a whole heartbeat
+        timeout judges others: after an outage, live peers re-publish first."""
+        timeout = self.cfg["heartbeat_timeout_s"]
+        now = time.monotonic()
+        return (self._publish_ok_since is not None
+                and now - self._publish_ok_since >= timeout
+                and now - self._last_publish_ok < timeout / 2)
+
+    def _publish_loop(self) -> None:
+        while not self._stopping.is_set():
+            self._wake.wait(self.cfg["state_refresh_s"])
+            self._wake.clear()
+            if not self._stopping.is_set():
+                self.publish()
+
+    def _reconcile_loop(self) -> None:
+        while not self._stopping.wait(self.cfg["reconcile_s"]):
+            try:
+                self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
+            except (StateUnavailable, RedisError):
+                continue  # Redis away: the publisher says so once
+            except Exception:  # never let bookkeeping kill the worker
+                logger.exception("compass: backlog reconciliation failed")
+
+    def _watchdog_loop(self) -> None:
+        interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
+        while not self._stopping.wait(interval):
+            if not self.may_judge_peers():
+                continue  # we could not reach Redis lately either: peers may be fine
+            try:
+                recover(self.compass, self.name, interval)
+            except (StateUnavailable, RedisError):
+                continue  # Redis away: the publisher logs it once
+            except Exception:  # never let recovery kill the worker
+                logger.exception("compass: dead-worker recovery failed")
+
+    # -- messages this worker cannot run: kept, never dropped ---------------------------
+    def _dead_letter(self, raw: Any, why: str, queue: str | None = None) -> None:
+        queues = self.compass.queues
+        where = queue or f"a queue of {self.name}"
+        try:
+            if queues is not None:
+                queues.dead_letter_raw(where, raw, why)
+            logger.error("compass: %s: a message is unusable (%s); kept in %s: %.120r",
+                         where, why, queues.dead_letter_key if queues else "the log", raw)
+        except (RedisError, OSError) as exc:
+            logger.error("compass: %s: unusable message (%s) could not be dead-lettered "
+                         "(%s): %.2000r", where, why, exc, raw)
+
+    def _on_rejected(self, sender: Any = None, message: Any = None, **kw: Any) -> None:
+        if message is not None:
+            queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+            self._dead_letter(getattr(message, "body", b""), "not a Celery task message",
+                              queue)
+
+    def _on_unknown(self, sender: Any = None, name: str | None = None, message: Any = None,
+                    **kw: Any) -> None:
+        if message is not None:
+            queue = (getattr(message, "delivery_info", None) or {}).get("routing_key")
+            raw = json.dumps({"headers": getattr(message, "headers", {}),
+                              "body": getattr(message, "body", b"").decode("utf-8", "replace")
+                              if isinstance(getattr(message, "body", b""), bytes) else "",
+                              "properties": getattr(message, "properties", {})})
+            self._dead_letter(raw, f"task {name!r} is not registered on {self.name}", queue)
+
+    def _lease_loop(self) -> None:
+        """Renew the leases of received, unfinished messages until the process exits."""
+        queues = self.compass.queues
+        if queues is None:
+            return
+        interval = max(0.05, lease_timeout_s(self.compass) / 3)
+        while not self._exited.wait(interval):
+            with self._lock:
+                tags = dict(self._tags)
+            if not tags:
+                if self._stopping.is_set():
+                    return  # stopped and nothing left in flight
+                continue
+            try:
+                gone = set(queues.renew_leases(tags.values(), time.time()))
+            except (RedisError, OSError):
+                continue  # Redis away: the lease lapses, as it should for a cut worker
+            if gone:
+                with self._lock:
+                    for task_id, tag in tags.items():
+                        if tag in gone and self._tags.get(task_id) == tag:
+                            del self._tags[task_id]
+
+    # -- queue inspection ---------------------------------------------------------------
+    def queued_decisions(self, limit: int = -1) -> list[Decision]:
+        """Decisions of messages waiting in this worker's own queue, next first."""
+        client = self.compass.store.client
+        return [] if client is None else peek_queue(client, self.queue, limit)
+
+    def queued_backlog_ms(self) -> float:
+        with self._lock:
+            running = sum(d.charge_ms for d, _, _ in self._running.values()
+                          if d is not None and d.worker == self.name)
+        return running + sum(d.charge_ms for d in self.queued_decisions()
+                             if d.worker == self.name)
+
+    # -- Celery signals: this runtime's own hooks, connected while it runs -------------
+    def _hooks(self) -> list[tuple[Any, Any]]:
+        hooks = [(signals.task_received, self._on_received),
+                 (signals.task_prerun, self._on_prerun),
+                 (signals.task_postrun, self._on_postrun),
+                 (signals.task_revoked, self._on_revoked)]
+        if self.compass.queues is not None:
+            hooks += [(signals.task_rejected, self._on_rejected),
+                      (signals.task_unknown, self._on_unknown)]
+        return hooks
+
+    def _connect_signals(self) -> None:
+        if self.compass.queues is not None:
+            guard_undecodable(self._dead_letter)
+        for signal, handler in self._hooks():
+            signal.connect(handler, weak=False)
+
+    def _disconnect_signals(self) -> None:
+        for signal, handler in self._hooks():
+            signal.disconnect(handler)
+
+    def _on_cache_event(self, kind: str, fields: dict) -> None:
+        from . import signals
+
+        sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
+        if kind in sig:
+            sig[kind].send(sender=self.name, **fields)
+
+
+def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
+    """Compass decisions of the next ``limit`` messages (all when -1), next first."""
+    out = []
+    for item in peek(client, RedisLayout(), queue, limit):
+        decision = Decision.from_header(message_headers(item).get("compass"))
+        if decision is not None:
+            out.append(decision)
+    return out
+
+
+def _default_device() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return "cuda" if torch.cuda.is_available() else "cpu"
