@@ -19,61 +19,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import keys
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
-from ..transport import RedisLayout
 from ..workload import WorkerSpec, Workload, job_stream
+from .audit import forget_unacked, ledger_counts, stranded_messages
+from .faults import live_workers, schedule_faults
+from .options import POLICIES, BenchOptions
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
 CLOCKSKEW_DIR = str(Path(__file__).resolve().parent / "clockskew")
-
-POLICIES = ["celery-default", "round-robin", "random", "jsq", "hash", "heft", "compass"]
-
-
-@dataclass
-class BenchOptions:
-    policies: Sequence[str] = tuple(POLICIES)
-    rate: float | None = None
-    jobs: int | None = None
-    time_scale: float = 0.5
-    warmup_frac: float = 0.1
-    redis_url: str | None = None
-    workers: int | None = None
-    kill_worker_after: float | None = None
-    restart_redis_after: float | None = None
-    # Faults, all in real seconds; None = off. See the ``bench`` command's --help.
-    rolling_restart_after: float | None = None
-    pause_redis_after: float | None = None
-    pause_redis_for: float | None = None      # None = 2x heartbeat_timeout_s
-    skew_clock_s: float | None = None         # one worker's wall clock this far ahead
-    long_task_s: float | None = None          # one extra job of one task this long
-    redis_aof: bool = False                   # the private Redis appends to an AOF
-    drain_timeout_s: float = 90.0
-    # Redis transport visibility timeout for the workers (real s): how soon plain Celery
-    # redelivers a dead worker's unacked task; the same for every policy. With
-    # long_task_s it is lowered to half the long task, so that task outlives it.
-    visibility_timeout_s: float = 60.0
-    # Workers' heartbeat timeout (real s): short, so that faults resolve in seconds.
-    heartbeat_timeout_s: float = 3.0
-    # After the last job ended, wait this long for acks before counting stranded messages.
-    settle_s: float = 1.0
-    # Workers' eviction policy; None = LRU for celery-default (plain Celery), else lookahead.
-    cache_policy: str | None = None
-    progress: bool = True
-    log_dir: str | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-
 
 class _Waiter(threading.Thread):
     """Records when each job's done list receives its outcome (one BLPOP over many keys)."""
@@ -143,7 +105,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     for key in client.scan_iter(f"{prefix}*"):  # state, jobs and queues of a previous run
         client.delete(key)
     ledger.delete(keys.key(EXECS, prefix), keys.key(EXEC_STARTS, prefix))
-    _forget_unacked(client, prefix)
+    forget_unacked(client, prefix)
     specs = (workload.cluster.workers if opts.workers is None
              else workload.cluster.scaled(opts.workers).workers)
     env = {"COMPASS_BROKER_URL": redis_url, "COMPASS_MODELS": json.dumps(workload.models),
@@ -181,7 +143,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             stack.callback(w.stop)
             w.start()
         try:
-            wait_until(lambda: len(_live(app)) == len(workers), 90,
+            wait_until(lambda: len(live_workers(app)) == len(workers), 90,
                        f"{len(workers)} {policy} workers")
         except TimeoutError:
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
@@ -197,7 +159,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         waiter = _Waiter(redis_lib.Redis.from_url(redis_url), clock)
         waiter.start()
         stack.callback(waiter.stopping.set)
-        _schedule_faults(opts, workers, restart, stack, server=server, app=app,
+        schedule_faults(opts, workers, restart, stack, server=server, app=app,
                          log_dir=log_dir, policy=policy, events=faults, t0=t0)
         outcomes: list[JobOutcome] = []
         handles = []
@@ -242,8 +204,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                                   if o.end_ms is not None and not o.failed
                                   and o.index >= int(len(outcomes) * opts.warmup_frac)]
     # counted once the workers stopped: nothing can run again behind the count's back
-    finished = _ledger_counts(ledger, keys.key(EXECS, prefix))
-    started = _ledger_counts(ledger, keys.key(EXEC_STARTS, prefix))
+    finished = ledger_counts(ledger, keys.key(EXECS, prefix))
+    started = ledger_counts(ledger, keys.key(EXEC_STARTS, prefix))
     result["duplicates"] = duplicate_count(finished)
     result["duplicate_starts"] = duplicate_count(started)
     result["executions"] = sum(finished.values())
@@ -253,11 +215,6 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     result["dead_lettered"] = int(client.llen(keys.key(keys.DEAD_LETTER, prefix)))
     result["faults"] = faults
     return result
-
-
-def _live(app: Any) -> set[str]:
-    """Names of the workers whose records the submitting process sees as live."""
-    return {w.name for w in app.compass.store.snapshot(time.time(), 5.0).workers}
 
 
 def _long_task_dag(app: Any, workload: Workload, opts: BenchOptions) -> Any:
@@ -272,57 +229,6 @@ def _long_task_dag(app: Any, workload: Workload, opts: BenchOptions) -> Any:
     dag.node("long", app.signature(INFER_TASK, args=(model, exec_ms, None)),
              model=model, exec_ms=exec_ms)
     return dag
-
-
-def _ledger_counts(ledger: Any, key: str) -> dict[str, int]:
-    return {(k.decode() if isinstance(k, bytes) else k): int(v)
-            for k, v in ledger.hgetall(key).items()}
-
-
-def _owned(routing_key: str, prefix: str) -> bool:
-    return routing_key.startswith((f"{prefix}.w.", f"{prefix}.shared"))
-
-
-def _unacked_entries(client: Any, prefix: str) -> list[bytes]:
-    """Delivery tags of kombu ``unacked`` entries routed to this run's queues."""
-    layout = RedisLayout()
-    tags = []
-    for tag, raw in client.hgetall(layout.keyprefix + layout.unacked).items():
-        try:
-            _, _, routing_key = json.loads(raw)
-        except (ValueError, TypeError):
-            continue
-        if isinstance(routing_key, str) and _owned(routing_key, prefix):
-            tags.append(tag)
-    return tags
-
-
-def _forget_unacked(client: Any, prefix: str) -> None:
-    """A previous run's in-flight entries of these queues would count as stranded."""
-    layout = RedisLayout()
-    tags = _unacked_entries(client, prefix)
-    if tags:
-        client.hdel(layout.keyprefix + layout.unacked, *tags)
-        client.zrem(layout.keyprefix + layout.unacked_index, *tags)
-
-
-def stranded_messages(client: Any, prefix: str, worker_names: Sequence[str]
-                      ) -> dict[str, int]:
-    """Messages still waiting anywhere once every job ended: each worker queue and the
-    shared queue (every priority list), each staging list, and kombu's unacked hash."""
-    layout = RedisLayout()
-    queues = {f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in worker_names)}
-    for raw in client.scan_iter(f"{prefix}.w.*"):  # queues of names not in this cluster
-        name = raw.decode("utf-8", "replace")
-        queues.add(name.split(layout.sep)[0])
-    out: dict[str, int] = {}
-    for queue in sorted(queues):
-        for name in layout.lists(queue):
-            out[name.replace(layout.sep, "/")] = int(client.llen(name))
-    for raw in client.scan_iter(keys.key(keys.STAGING, prefix, queue="*")):
-        out[raw.decode("utf-8", "replace")] = int(client.llen(raw))
-    out["unacked"] = len(_unacked_entries(client, prefix))
-    return out
 
 
 def _settle_unfinished(handles: list[tuple[JobOutcome, Any]], clock: Callable[[], float],
@@ -355,106 +261,6 @@ def _progress(opts: BenchOptions, policy: str, sent: int, total: int,
     bar = "#" * int(30 * done / max(total, 1))
     sys.stderr.write(f"\r  {policy:<15} [{bar:<30}] sent {sent}/{total} done {done}   ")
     sys.stderr.flush()
-
-
-def _schedule_faults(opts: BenchOptions, workers: list[WorkerProcess],
-                     restart: Callable[[], None] | None, stack: contextlib.ExitStack, *,
-                     server: RedisServer | None = None, app: Any = None,
-                     log_dir: str = ".", policy: str = "", events: list[dict[str, Any]]
-                     | None = None, t0: float | None = None) -> None:
-    """Start each requested fault on its own thread; the stack stops and joins them
-    before the workers stop. ``events`` receives what each fault did, and when."""
-    events = events if events is not None else []
-    t0 = time.monotonic() if t0 is None else t0
-    stopping = threading.Event()
-    at = lambda: round(time.monotonic() - t0, 2)  # noqa: E731
-    jobs: list[tuple[float, Callable[[], None]]] = []
-
-    def kill() -> None:
-        workers[0].kill(signal.SIGKILL)
-        events.append({"fault": "sigkill", "worker": workers[0].name, "at_s": at()})
-
-    def restart_redis() -> None:
-        assert restart is not None
-        t = at()
-        restart()
-        events.append({"fault": "restart-redis", "aof": opts.redis_aof, "at_s": t,
-                       "back_at_s": at()})
-
-    def pause_redis() -> None:
-        assert server is not None and server.proc is not None
-        pid = server.proc.pid
-        span = opts.pause_redis_for if opts.pause_redis_for is not None \
-            else 2 * opts.heartbeat_timeout_s
-        t = at()
-        os.kill(pid, signal.SIGSTOP)
-        try:
-            stopping.wait(span)
-        finally:
-            os.kill(pid, signal.SIGCONT)
-        events.append({"fault": "pause-redis", "at_s": t, "for_s": span, "back_at_s": at()})
-
-    def rolling_restart() -> None:
-        for n, w in enumerate(workers):
-            if stopping.is_set():
-                return
-            events.append(_restart_worker(w, app, log_dir, policy, n, at, stopping))
-
-    if opts.kill_worker_after is not None:
-        jobs.append((opts.kill_worker_after, kill))
-    if opts.restart_redis_after is not None:
-        if restart is None:
-            raise ValueError("--restart-redis-after needs the private Redis (no --redis)")
-        jobs.append((opts.restart_redis_after, restart_redis))
-    if opts.pause_redis_after is not None:
-        if server is None:
-            raise ValueError("--pause-redis-after needs the private Redis (no --redis)")
-        jobs.append((opts.pause_redis_after, pause_redis))
-    if opts.rolling_restart_after is not None:
-        jobs.append((opts.rolling_restart_after, rolling_restart))
-    threads = []
-    for delay, fn in jobs:
-        def body(delay: float = delay, fn: Callable[[], None] = fn) -> None:
-            if not stopping.wait(max(0.0, t0 + delay - time.monotonic())):
-                fn()
-        th = threading.Thread(target=body, daemon=True, name=f"compass-bench-{fn.__name__}")
-        th.start()
-        threads.append(th)
-
-    def join() -> None:
-        stopping.set()
-        for th in threads:
-            th.join(120)
-    stack.callback(join)
-
-
-def _restart_worker(w: WorkerProcess, app: Any, log_dir: str, policy: str, n: int,
-                    at: Callable[[], float], stopping: threading.Event) -> dict[str, Any]:
-    """SIGTERM (a warm shutdown, as a deploy sends), wait for a clean exit, start the
-    same name again, and wait until its record is live before the next worker goes."""
-    event: dict[str, Any] = {"fault": "rolling-restart", "worker": w.name, "at_s": at()}
-    w.kill(signal.SIGTERM)
-    assert w.proc is not None
-    try:
-        event["exit_code"] = w.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        w.kill(signal.SIGKILL)
-        event["exit_code"] = w.proc.wait()
-        event["note"] = "no exit 60 s after SIGTERM: SIGKILLed"
-    event["exited_at_s"] = at()
-    old_log = w.log_path
-    w.log_path = os.path.join(log_dir, f"{policy}-{w.name.split('@')[0]}.restart{n}.log")
-    event["logs"] = [os.path.basename(old_log), os.path.basename(w.log_path)]
-    if stopping.is_set():
-        return event
-    w.start()
-    try:
-        wait_until(lambda: stopping.is_set() or w.name in _live(app), 90,
-                   f"{w.name} back after restart", interval=0.1)
-        event["live_at_s"] = at()
-    except TimeoutError as exc:
-        event["note"] = str(exc)
-    return event
 
 
 def _cache_counters(client: Any, prefix: str) -> tuple[int, int, int]:

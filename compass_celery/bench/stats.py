@@ -1,4 +1,4 @@
-"""The per-policy result record of DESIGN.md, from job outcomes (bench and simulator)."""
+"""The per-policy result record from job outcomes: one shape for the bench and the simulator."""
 
 from __future__ import annotations
 

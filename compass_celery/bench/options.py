@@ -1,0 +1,45 @@
+"""The benchmark's options: which policies, how much load, which faults."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: Every policy, in the order the benchmark runs and reports them.
+POLICIES = ["celery-default", "round-robin", "random", "jsq", "hash", "heft", "compass"]
+
+
+@dataclass
+class BenchOptions:
+    """One benchmark run's settings (the ``bench`` command's flags)."""
+
+    policies: Sequence[str] = tuple(POLICIES)
+    rate: float | None = None
+    jobs: int | None = None
+    time_scale: float = 0.5
+    warmup_frac: float = 0.1
+    redis_url: str | None = None
+    workers: int | None = None
+    kill_worker_after: float | None = None
+    restart_redis_after: float | None = None
+    # Faults, all in real seconds; None = off. See the ``bench`` command's --help.
+    rolling_restart_after: float | None = None
+    pause_redis_after: float | None = None
+    pause_redis_for: float | None = None      # None = 2x heartbeat_timeout_s
+    skew_clock_s: float | None = None         # one worker's wall clock this far ahead
+    long_task_s: float | None = None          # one extra job of one task this long
+    redis_aof: bool = False                   # the private Redis appends to an AOF
+    drain_timeout_s: float = 90.0
+    # Redis transport visibility timeout for the workers (real s): how soon plain Celery
+    # redelivers a dead worker's unacked task; the same for every policy. With
+    # long_task_s it is lowered to half the long task, so that task outlives it.
+    visibility_timeout_s: float = 60.0
+    # Workers' heartbeat timeout (real s): short, so that faults resolve in seconds.
+    heartbeat_timeout_s: float = 3.0
+    # After the last job ended, wait this long for acks before counting stranded messages.
+    settle_s: float = 1.0
+    # Workers' eviction policy; None = LRU for celery-default (plain Celery), else lookahead.
+    cache_policy: str | None = None
+    progress: bool = True
+    log_dir: str | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
