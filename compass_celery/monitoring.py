@@ -1,24 +1,23 @@
-"""Operations hooks: Prometheus metrics, a placement log, and Flower's task formatter.
+"""Prometheus metrics: what this process did, and the cluster's state at scrape time.
 
 * :func:`install_metrics` counts the Compass signals of *this process* (producers
   see placements, workers see model loads); :func:`serve_metrics` exposes them.
 * :class:`CompassStateCollector` exports the cluster state at scrape time; one
-  process (Flower) should register it, not every worker.
-* :func:`install_decision_log` records each message's ``compass`` header in a
-  capped Redis hash by task id, because Flower never sees message headers;
-  :func:`format_task` (Flower's ``format_task`` option) reads it back.
+  process (Flower, through :func:`register_state_collector`) should register it,
+  not every worker.
+
+Flower shows each task's placement without help from here: it rides on the
+message's ``kwargsrepr`` (:func:`compass_celery.placement.annotate_headers`).
 
 prometheus_client is optional: ``pip install 'compass-celery[metrics]'``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,26 +25,11 @@ from celery import signals as celery_signals
 
 from . import signals
 from .placement import Decision
-from .state import StateStore, connect
+from .state import StateStore
 
 logger = logging.getLogger("compass_celery.monitoring")
 
 METRICS_HINT = "pip install 'compass-celery[metrics]'"
-PLACEMENTS_KEY = "{p}:placements"          # hash: task id -> Decision JSON
-PLACEMENTS_ORDER_KEY = "{p}:placements:order"  # zset: task id -> time recorded (for the cap)
-RETRY_AFTER_S = 30.0
-
-# Capped insert: re-recording an id (a re-placed retry) moves it to the newest end.
-_RECORD_LUA = """
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-local over = redis.call('ZCARD', KEYS[2]) - tonumber(ARGV[4])
-if over > 0 then
-  local old = redis.call('ZPOPMIN', KEYS[2], over)
-  for i = 1, #old, 2 do redis.call('HDEL', KEYS[1], old[i]) end
-end
-return over
-"""
 
 
 def _prometheus() -> Any:
@@ -204,150 +188,19 @@ class CompassStateCollector:
         yield from (live, skipped, info, *fams.values())
 
 
-# -- placement log: task id -> Decision -----------------------------------------------
-class DecisionLog:
-    """Decisions by task id, capped at ``cap`` (oldest dropped); in Redis, or in memory
-    when the URL is None. Redis trouble never propagates: it pauses the log for 30 s.
-
-    ``resolve`` (instead of ``url``/``prefix``) defers reading them to first use.
-    """
-
-    def __init__(self, url: str | None = None, prefix: str = "compass", cap: int = 100_000,
-                 client_factory: Callable[[str], Any] = connect, *,
-                 resolve: Callable[[], tuple[str | None, str]] | None = None) -> None:
-        self.url, self.prefix, self.cap, self._factory = url, prefix, cap, client_factory
-        self._resolve = resolve
-        self._memory: OrderedDict[str, Decision] = OrderedDict()
-        self._pid, self._client, self._script = -1, None, None
-        self._down_until = 0.0
-
-    @property
-    def keys(self) -> list[str]:
-        self._ready()
-        return [PLACEMENTS_KEY.format(p=self.prefix), PLACEMENTS_ORDER_KEY.format(p=self.prefix)]
-
-    def _ready(self) -> bool:
-        """True when backed by Redis (after resolving the deferred URL once)."""
-        if self._resolve is not None:
-            self.url, self.prefix = self._resolve()
-            self._resolve = None
-        return self.url is not None
-
-    def _redis(self) -> Any:
-        if self._client is None or self._pid != os.getpid():
-            self._client = self._factory(self.url)  # type: ignore[arg-type]
-            self._script = self._client.register_script(_RECORD_LUA)
-            self._pid = os.getpid()
-        return self._client
-
-    def _guard(self, fn: Callable[[], Any]) -> Any:
-        if time.monotonic() < self._down_until:
-            return None
-        try:
-            return fn()
-        except Exception as exc:
-            self._down_until = time.monotonic() + RETRY_AFTER_S
-            logger.warning("compass decision log paused %.0fs: %s", RETRY_AFTER_S, exc)
-            return None
-
-    def record(self, task_id: str, decision: Decision) -> None:
-        if not self._ready():
-            self._memory.pop(task_id, None)
-            self._memory[task_id] = decision
-            while len(self._memory) > self.cap:
-                self._memory.popitem(last=False)
-            return
-        body = json.dumps(decision.as_header())
-
-        def go() -> Any:
-            self._redis()
-            return self._script(keys=self.keys,  # type: ignore[misc]
-                                args=[task_id, body, time.time(), self.cap])
-        self._guard(go)
-
-    def get(self, task_id: str) -> Decision | None:
-        if not self._ready():
-            return self._memory.get(task_id)
-        raw = self._guard(lambda: self._redis().hget(self.keys[0], task_id))
-        try:
-            return Decision.from_header(json.loads(raw)) if raw else None
-        except ValueError:
-            return None
+_REGISTERED: set[int] = set()
 
 
-def install_decision_log(app: Any, cap: int = 100_000) -> DecisionLog:
-    """Record each published task's ``compass`` header (router and job placements alike).
-
-    Call after ``Compass(app)``, whose listener sets the header first. Costs one Redis
-    call per publish; producers need write access to ``{prefix}:placements*``.
-    """
-    compass = getattr(app, "compass", None)
-    if compass is None:
-        raise RuntimeError("call Compass(app) before install_decision_log(app)")
-    log = DecisionLog(cap=cap, resolve=lambda: (
-        None if compass.eager else compass.redis_url, compass.settings["key_prefix"]))
-
-    def on_publish(sender: Any = None, headers: dict | None = None, **kw: Any) -> None:
-        headers = headers or {}
-        decision = Decision.from_header(headers.get("compass"))
-        if decision is not None and headers.get("id"):
-            log.record(str(headers["id"]), decision)
-
-    celery_signals.before_task_publish.connect(on_publish, weak=False,
-                                               dispatch_uid=f"compass-decisions-{id(app)}")
-    return log
-
-
-# -- Flower -----------------------------------------------------------------------------
-_FLOWER: dict[str, Any] = {}
-
-
-def describe_decision(d: Decision) -> str:
-    """One line: where a task was placed and why."""
-    if d.fallback:
-        return f"shared queue {d.queue} (fallback: {d.reason or 'no reason given'})"
-    where = "shared queue" if d.worker == "*" else f"worker {d.worker}"
-    return (f"{where} (queue {d.queue}) by {d.policy}: {d.reason or 'no reason given'}; "
-            f"est. finish {d.est_finish_ms:.0f} ms = wait {d.wait_ms:.0f} + "
-            f"load {d.load_ms:.0f} + run {d.run_ms:.0f}")
-
-
-def format_task(task: Any) -> Any:
-    """Flower's ``format_task``: append where and why Compass placed ``task`` to its kwargs.
-
-    Flower shows only fixed task fields, so the note rides on ``kwargs`` (detail page
-    and the kwargs column). It never raises; without a recorded decision it names
-    the routing key when Flower knows it (``task_send_sent_event``).
-    """
-    try:
-        log: DecisionLog | None = _FLOWER.get("log")
-        decision = log.get(task.uuid) if log is not None else None
-        if decision is not None:
-            note = describe_decision(decision)
-        elif getattr(task, "routing_key", None):
-            note = f"queue {task.routing_key} (no decision recorded)"
-        else:
-            return task
-        kwargs = getattr(task, "kwargs", None)
-        task.kwargs = f"{kwargs}  [compass: {note}]" if kwargs else f"[compass: {note}]"
-    except Exception as exc:  # Flower would log it per row; keep the page usable
-        logger.debug("compass format_task: %s", exc)
-    return task
-
-
-def configure_flower(redis_url: str | None, prefix: str = "compass",
-                     heartbeat_timeout_s: float = 5.0, registry: Any = None
-                     ) -> Callable[[Any], Any]:
-    """For a Flower config file: state gauges into the (default) registry that Flower
-    serves at /metrics, and the decision log for :func:`format_task`, which it returns.
-    Idempotent; opens no connection until the first scrape or page."""
+def register_state_collector(redis_url: str | None, prefix: str = "compass",
+                             heartbeat_timeout_s: float = 5.0, registry: Any = None) -> None:
+    """For one process of the deployment (Flower's config file, say): add the cluster-state
+    gauges to ``registry`` (the default one, which Flower serves at /metrics). Idempotent;
+    opens no connection until the first scrape."""
     from .state import RedisStateStore
 
     pc = _prometheus()
     registry = pc.REGISTRY if registry is None else registry
-    _FLOWER["log"] = DecisionLog(redis_url, prefix)
-    if redis_url and id(registry) not in _FLOWER.setdefault("registries", set()):
+    if redis_url and id(registry) not in _REGISTERED:
         registry.register(CompassStateCollector(RedisStateStore(redis_url, prefix),
                                                 heartbeat_timeout_s))
-        _FLOWER["registries"].add(id(registry))
-    return format_task
+        _REGISTERED.add(id(registry))

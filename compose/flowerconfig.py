@@ -9,22 +9,21 @@
 # * /metrics (Flower serves the default Prometheus registry there) gains the
 #   compass_worker_* / compass_state_up gauges, read from the Compass state in
 #   Redis at each scrape.
-# * format_task appends "where and why" Compass placed each task to its kwargs,
-#   looked up by task id in the decision log that producers write with
-#   compass_celery.monitoring.install_decision_log(app). Flower never sees the
-#   message's `compass` header itself.
+# * Nothing is needed for placement: each task's "where and why" rides on its
+#   kwargs (the message's kwargsrepr), so the task list, task page and REST API
+#   show it as they show kwargs.
 #
 # The signal counters (compass_tasks_placed_total, compass_model_loads_total, ...)
 # are not here: Celery signals fire in the process that places or loads, never in
 # Flower. Scrape them from the workers and producers (serve_metrics).
 import os as _os
 
-from compass_celery.monitoring import configure_flower as _configure
+from compass_celery.monitoring import register_state_collector as _register
 
 _redis_url = (_os.environ.get("COMPASS_REDIS_URL") or _os.environ.get("CELERY_BROKER_URL")
               or _os.environ.get("COMPASS_BROKER_URL") or "redis://127.0.0.1:6379/0")
 
-format_task = _configure(
+_register(
     _redis_url,
     prefix=_os.environ.get("COMPASS_KEY_PREFIX", "compass"),
     heartbeat_timeout_s=float(_os.environ.get("COMPASS_HEARTBEAT_TIMEOUT_S", "5")),

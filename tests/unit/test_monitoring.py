@@ -6,13 +6,11 @@ prometheus_client and flower are in the ``test`` extra: a missing one fails here
 from __future__ import annotations
 
 import time
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from celery import Celery
 from prometheus_client import CollectorRegistry
 
 from compass_celery import monitoring, signals
@@ -116,77 +114,16 @@ def test_state_collector_reports_down_instead_of_failing_the_scrape() -> None:
     assert reg.get_sample_value("compass_state_up") == 0
 
 
-class FlowerTask:
-    """The fields of celery.events.state.Task that format_task touches."""
-
-    def __init__(self, uuid: str, kwargs: str | None = "{}", routing_key: str | None = None):
-        self.uuid, self.kwargs, self.routing_key = uuid, kwargs, routing_key
-
-
-def test_format_task_names_worker_and_reason(monkeypatch: pytest.MonkeyPatch) -> None:
-    log = monitoring.DecisionLog(None)
-    log.record("abc", DECISION)
-    monkeypatch.setitem(monitoring._FLOWER, "log", log)
-    out = monitoring.format_task(FlowerTask("abc", kwargs="{'x': 1}"))
-    assert isinstance(out.kwargs, str)
-    assert out.kwargs.startswith("{'x': 1}")
-    assert "worker gpu0" in out.kwargs and "captioner resident" in out.kwargs
-    assert "est. finish 180 ms" in out.kwargs
-    unknown = monitoring.format_task(FlowerTask("zzz", kwargs=None, routing_key="compass.w.b"))
-    assert unknown.kwargs == "[compass: queue compass.w.b (no decision recorded)]"
-    assert monitoring.format_task(FlowerTask("zzz")).kwargs == "{}"
-    assert monitoring.format_task(object()) is not None  # odd input: unchanged, no raise
-
-
-def test_memory_decision_log_is_capped() -> None:
-    log = monitoring.DecisionLog(None, cap=2)
-    for i in range(3):
-        log.record(str(i), DECISION)
-    assert log.get("0") is None and log.get("2") == DECISION
-
-
-@pytest.mark.redis
-def test_redis_decision_log_from_publish_and_cap(compass_redis_url: str) -> None:
-    app = Celery("mon", broker=compass_redis_url)
-    app.conf.compass_key_prefix = "montest"
-    from compass_celery import Compass
-
-    Compass(app)
-    log = monitoring.install_decision_log(app, cap=3)
-    from celery import signals as celery_signals
-
-    for i in range(5):  # what kombu would publish: the header set by Compass, the task id
-        celery_signals.before_task_publish.send(
-            sender="t.caption", headers={"id": f"id{i}", "compass": DECISION.as_header()})
-    try:
-        assert log.get("id4") == DECISION and log.get("id1") is None
-        import redis
-
-        r = redis.Redis.from_url(compass_redis_url)
-        assert r.hlen("montest:placements") == 3 and r.zcard("montest:placements:order") == 3
-    finally:
-        celery_signals.before_task_publish.disconnect(dispatch_uid=f"compass-decisions-{id(app)}")
-
-
-def test_redis_decision_log_pauses_when_redis_is_away() -> None:
-    log = monitoring.DecisionLog("redis://127.0.0.1:1/0")
-    t0 = time.monotonic()
-    log.record("a", DECISION)
-    assert log.get("a") is None  # paused: no second connection attempt
-    assert time.monotonic() - t0 < 3
-
-
 def test_flowerconfig_sets_flower_options(monkeypatch: pytest.MonkeyPatch) -> None:
     from flower.options import options
     from prometheus_client import REGISTRY
 
     monkeypatch.setenv("COMPASS_REDIS_URL", "redis://127.0.0.1:1/0")  # never contacted
-    monkeypatch.setattr(monitoring, "_FLOWER", {})
+    monkeypatch.setattr(monitoring, "_REGISTERED", set())
     before = set(REGISTRY._collector_to_names)
     try:
         options.parse_config_file(str(ROOT / "compose" / "flowerconfig.py"), final=False)
-        assert isinstance(options.format_task, types.FunctionType)  # Flower's type check
-        assert options.format_task is monitoring.format_task
+        assert options.format_task is None  # placement rides on kwargsrepr: no formatter
         assert "kwargs" in options.tasks_columns
         added = set(REGISTRY._collector_to_names) - before
         assert [type(c) for c in added] == [monitoring.CompassStateCollector]
