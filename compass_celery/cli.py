@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 import click
+from kombu.utils.url import maybe_sanitize_url
 
 from . import settings as settings_mod
 from .tables import result_table, text_table
@@ -60,7 +61,7 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
     rows = [[w.name, w.device, f"{w.gpu_free_mb:.0f}/{w.gpu_total_mb:.0f}",
              ",".join(sorted(w.resident)) or "-", f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
              f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
-    click.echo(f"{len(snap.workers)} live compass worker(s) at {redis_url}")
+    click.echo(f"{len(snap.workers)} live compass worker(s) at {maybe_sanitize_url(redis_url)}")
     if rows:
         click.echo(text_table(rows, ["worker", "device", "free/total MB", "resident models",
                                  "backlog ms", "pending ms", "heartbeat"]))
