@@ -21,4 +21,5 @@ class Policy(Protocol):
     #: Places nothing: every task goes to the one shared queue (plain Celery).
     shared: bool
 
-    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan: ...
+    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """A placement for every node of ``dag`` on ``cluster``'s live workers."""

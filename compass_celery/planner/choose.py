@@ -16,6 +16,7 @@ from .types import ClusterView, DagSpec, PlanningError, TaskSpec
 
 
 def is_finite_nonneg(x: float) -> bool:
+    """Whether ``x`` is a real number (not NaN or infinite) and not negative."""
     return isinstance(x, int | float) and math.isfinite(x) and x >= 0
 
 

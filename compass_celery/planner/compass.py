@@ -32,6 +32,7 @@ class CompassPolicy:
         self.collocate_slack_ms = collocate_slack_ms
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Rank order (critical path first); each task on its earliest-finish worker."""
         walk = Walk(dag, cluster, count_pending=self.count_pending)
         out: dict[str, Placement] = {}
         for name in walk.rank_order():

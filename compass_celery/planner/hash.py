@@ -54,6 +54,8 @@ def ring_lookup(
 
 
 class HashPolicy:
+    """Model affinity: consistent hashing sends a model's tasks to the same worker."""
+
     name = "hash"
     adjusts = False
     shared = False
@@ -62,6 +64,7 @@ class HashPolicy:
         self.vnodes = vnodes
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Each task on the ring owner of its model (or its name) among workers that fit."""
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:
             key = walk.dag.nodes[name].model or name
             i = ring_lookup(walk.arr.names, key, est.mask, self.vnodes)

@@ -22,6 +22,7 @@ class HeftPolicy:
         self.count_pending = count_pending
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Rank order; each task on its earliest finish, counting queue and run only."""
         walk = Walk(
             dag, cluster, count_pending=self.count_pending, use_load=False, use_transfer=False
         )

@@ -15,11 +15,14 @@ from .walk import Estimate, Walk
 
 
 class JsqPolicy:
+    """Join the shortest queue: the least backlog (plus this plan's own tasks), nothing else."""
+
     name = "jsq"
     adjusts = False
     shared = False
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Each task on the shortest queue among workers that can hold its model."""
         queued: np.ndarray | None = None
 
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:

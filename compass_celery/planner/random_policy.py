@@ -12,6 +12,8 @@ from .walk import Estimate, Walk
 
 
 class RandomPolicy:
+    """A uniformly random worker that fits, seeded so runs repeat."""
+
     name = "random"
     adjusts = False
     shared = False
@@ -20,6 +22,7 @@ class RandomPolicy:
         self._rng = random.Random(seed)
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Each task on a seeded random worker that can hold its model."""
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:
             cands = np.flatnonzero(est.mask)
             i = int(cands[self._rng.randrange(len(cands))])

@@ -13,6 +13,8 @@ from .walk import Estimate, Walk
 
 
 class RoundRobinPolicy:
+    """Workers in turn, skipping those whose GPU cannot hold the model."""
+
     name = "round-robin"
     adjusts = False
     shared = False
@@ -21,6 +23,7 @@ class RoundRobinPolicy:
         self._next = 0
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Each task on the next worker in turn that can hold its model."""
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:
             cands = np.flatnonzero(est.mask)
             k = int(np.searchsorted(cands, self._next % len(walk.arr)))

@@ -18,11 +18,14 @@ ANY = SHARED
 
 
 class SharedQueuePolicy:
+    """Plain Celery: one shared queue, any free worker takes the next task."""
+
     name = "celery-default"
     adjusts = False
     shared = True
 
     def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
+        """Every task on the shared queue; estimates as if on the least loaded worker."""
         def pick(walk: Walk, name: str, est: Estimate) -> tuple[int, str]:
             i = choose(walk.avail, walk.avail, est.mask)
             who = walk.arr.names[i]

@@ -63,6 +63,7 @@ class Walk:
         self._zeros = np.zeros(len(self.arr))
 
     def rank_order(self, *, with_transfer: bool = True) -> list[str]:
+        """The plan's tasks by upward rank, critical path first (HEFT's order)."""
         return rank_order(self.dag, self.arr, self.topo, self.succs, with_transfer=with_transfer)
 
     def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
