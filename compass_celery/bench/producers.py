@@ -1,0 +1,232 @@
+"""Many producer processes routing against one Redis: what reading state costs them.
+
+``python -m compass_celery.bench.producers --records 1000 --producers 32 --seconds 10``
+starts a private ``redis-server``, publishes ``--records`` worker records and keeps
+them beating at the workers' own pace (each every ``compass_state_refresh_s``; a
+``--changing`` fraction of them change their record on every publish, the rest are
+idle and publish the same bytes), reconciles every backlog every ``compass_reconcile_s``,
+then runs ``--producers`` processes that each route as fast as they can, as the router
+does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``), then
+:func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
+(in Redis and in the reader's snapshot). Prints decisions/s, the time of the snapshot
+reads that went to Redis, the decision time (read + decide), and Redis's egress and CPU
+over the measured window (``INFO stats``/``INFO cpu`` deltas).
+
+It imports only names that the state module has kept stable, so the same file measures
+an older checkout too (copy it there and run it with that checkout first on the path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import random
+import sys
+import time
+from array import array
+from typing import Any
+
+import numpy as np
+import redis
+
+from compass_celery.local import RedisServer
+from compass_celery.placement import decide
+from compass_celery.planner import get_policy
+from compass_celery.planner.types import WorkerView
+from compass_celery.profiles import Demand
+from compass_celery.settings import OPTIONS
+from compass_celery.state import RedisStateStore, SnapshotReader
+
+PREFIX = "bench"
+QUEUE_PREFIX = "bench.w."
+MODELS = {f"model-{k:02d}-{kind}": 400.0 + 350.0 * k
+          for k, kind in enumerate(("caption", "translate", "detect", "qa", "tts", "ocr",
+                                    "embed", "rank"))}
+
+
+def _view(i: int, tick: int, changing: bool) -> WorkerView:
+    """Worker ``i``'s state; a changing worker's free memory moves with every tick."""
+    names = list(MODELS)
+    name = f"gpu{i:04d}@bench-host-{i // 8:03d}"
+    resident = frozenset(names[(i + k) % len(names)] for k in range(2))
+    free = 16000.0 - sum(MODELS[m] for m in resident) - (tick % 7 if changing else 0)
+    return WorkerView(name=name, queue=QUEUE_PREFIX + name, device="cuda:0",
+                      gpu_total_mb=16000.0, gpu_free_mb=free, resident=resident,
+                      speed=1.0, heartbeat=1.0)
+
+
+def _extra(i: int, tick: int, changing: bool) -> dict[str, Any]:
+    """The informational fields a real worker adds (pid and cache counters)."""
+    hits = tick if changing else 0
+    return {"pid": 10000 + i, "hits": hits, "misses": 3, "loads": 3, "evictions": 1}
+
+
+def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
+               out: Any) -> None:
+    """Publish every record at the workers' pace until ``stop`` is set."""
+    store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX)
+    interval = float(OPTIONS["state_refresh_s"].default)
+    reconcile = float(OPTIONS["reconcile_s"].default)
+    n_changing = int(round(records * changing))
+    rng = random.Random(7)
+    for i in range(records):
+        store.publish(_view(i, 0, i < n_changing), **_extra(i, 0, i < n_changing))
+    ready.set()
+    start, published, late, tick = time.monotonic(), 0, 0, 0
+    while not stop.is_set():
+        tick += 1
+        for i in range(records):
+            due = start + (tick - 1) * interval + interval * i / records
+            wait = due - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            elif wait < -interval:
+                late += 1
+            ch = i < n_changing
+            store.publish(_view(i, tick, ch), **_extra(i, tick, ch))
+            published += 1
+            if rng.random() < interval / reconcile:  # each worker reconciles every reconcile_s
+                store.set_backlog(_view(i, 0, False).name, rng.uniform(0.0, 300.0))
+            if stop.is_set():
+                break
+    out.put({"published": published, "seconds": time.monotonic() - start, "late": late})
+
+
+def _producer(url: str, seed: int, start_at: float, seconds: float, out: Any) -> None:
+    """Route as fast as possible from ``start_at`` for ``seconds``; report timings."""
+    store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX)
+    reader = SnapshotReader(store, float(OPTIONS["snapshot_ttl_s"].default),
+                            float(OPTIONS["heartbeat_timeout_s"].default))
+    policy = get_policy("compass")
+    rng = random.Random(seed)
+    demands = [Demand(task=f"bench.{m}", model=m, exec_ms=40.0, output_kb=0.0,
+                      exec_source="declared") for m in MODELS]
+    reader.get()  # the first (full) read is not measured
+    time.sleep(max(0.0, start_at - time.time()))
+    fresh, fresh_decision, decision = array("d"), array("d"), array("d")
+    end = start_at + seconds
+    clock = time.perf_counter
+    while time.time() < end:
+        reads = reader.reads
+        t0 = clock()
+        snap = reader.get()
+        t1 = clock()
+        d = decide(rng.choice(demands), snap, policy, MODELS, "bench.shared")
+        t2 = clock()
+        decision.append(t2 - t0)
+        if reader.reads != reads:
+            fresh.append(t1 - t0)
+            fresh_decision.append(t2 - t0)
+        if d.charge_ms:
+            store.charge(d.worker, d.charge_ms)
+            reader.note_charge(d.worker, d.charge_ms)
+    out.put({"decisions": len(decision), "fresh": fresh.tobytes(),
+             "fresh_decision": fresh_decision.tobytes(), "decision": decision.tobytes(),
+             "workers_seen": len(reader.get().workers)})
+
+
+def _info(client: Any) -> tuple[int, float]:
+    """Redis's bytes sent so far and CPU seconds used so far."""
+    stats, cpu = client.info("stats"), client.info("cpu")
+    return (int(stats["total_net_output_bytes"]),
+            float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]))
+
+
+def _pct(samples: np.ndarray, q: float) -> float:
+    return float(np.percentile(samples, q) * 1e3) if samples.size else float("nan")
+
+
+def run(records: int, producers: int, seconds: float, changing: float = 0.1,
+        warmup_s: float = 2.0) -> dict[str, Any]:
+    """One measurement; returns the numbers the command prints."""
+    ctx = mp.get_context("fork")
+    with RedisServer() as server:
+        client = redis.Redis.from_url(server.url)
+        stop, ready, pub_out = ctx.Event(), ctx.Event(), ctx.Queue()
+        pub = ctx.Process(target=_publisher,
+                          args=(server.url, records, changing, stop, ready, pub_out))
+        pub.start()
+        if not ready.wait(120):
+            raise RuntimeError("publisher did not start")
+        raw = client.hgetall(f"{PREFIX}:workers")
+        record_bytes = sum(len(v) for v in raw.values()) / max(1, len(raw))
+        out = ctx.Queue()
+        start_at = time.time() + warmup_s + 0.05 * producers
+        procs = [ctx.Process(target=_producer, args=(server.url, k, start_at, seconds, out))
+                 for k in range(producers)]
+        for p in procs:
+            p.start()
+        time.sleep(max(0.0, start_at - time.time()))
+        bytes0, cpu0 = _info(client)
+        t0 = time.time()
+        results = [out.get(timeout=seconds + 120) for _ in procs]
+        elapsed = time.time() - t0
+        bytes1, cpu1 = _info(client)
+        for p in procs:
+            p.join(10)
+        stop.set()
+        pub_stats = pub_out.get(timeout=30)
+        pub.join(10)
+    total = sum(r["decisions"] for r in results)
+    arrays = {k: np.concatenate([np.frombuffer(r[k], dtype="d") for r in results])
+              for k in ("fresh", "fresh_decision", "decision")}
+    egress = bytes1 - bytes0
+    return {
+        "records": records, "producers": producers, "seconds": seconds,
+        "changing": changing, "record_bytes": round(record_bytes, 1),
+        "workers_seen": min(r["workers_seen"] for r in results),
+        "publishes_per_s": round(pub_stats["published"] / pub_stats["seconds"], 1),
+        "decisions_per_s": round(total / seconds, 1),
+        "fresh_reads_per_s": round(arrays["fresh"].size / seconds, 1),
+        "fresh_read_ms": {"p50": _pct(arrays["fresh"], 50), "p99": _pct(arrays["fresh"], 99)},
+        "fresh_decision_ms": {"p50": _pct(arrays["fresh_decision"], 50),
+                              "p99": _pct(arrays["fresh_decision"], 99)},
+        "decision_ms": {"p50": _pct(arrays["decision"], 50),
+                        "p99": _pct(arrays["decision"], 99)},
+        "redis_egress_bytes_per_s": round(egress / elapsed, 1),
+        "redis_egress_bytes_per_decision": round(egress / max(1, total), 1),
+        "redis_egress_bytes_per_fresh_read": round(egress / max(1, arrays["fresh"].size), 1),
+        "redis_cpu_per_s": round((cpu1 - cpu0) / elapsed, 3),
+    }
+
+
+def report(r: dict[str, Any]) -> str:
+    """One human-readable block for a result of :func:`run`."""
+    f, fd, d = r["fresh_read_ms"], r["fresh_decision_ms"], r["decision_ms"]
+    return "\n".join([
+        f"records {r['records']} ({r['record_bytes']:.0f} B each, {r['changing']:.0%} changing), "
+        f"producers {r['producers']}, {r['seconds']:.0f} s; "
+        f"publishes/s {r['publishes_per_s']:.0f}; live workers seen {r['workers_seen']}",
+        f"  decisions/s              {r['decisions_per_s']:12.0f}",
+        f"  fresh reads/s            {r['fresh_reads_per_s']:12.0f}",
+        f"  fresh read ms            p50 {f['p50']:8.3f}  p99 {f['p99']:8.3f}",
+        f"  fresh decision ms        p50 {fd['p50']:8.3f}  p99 {fd['p99']:8.3f}",
+        f"  decision ms (all)        p50 {d['p50']:8.3f}  p99 {d['p99']:8.3f}",
+        f"  Redis egress bytes/s     {r['redis_egress_bytes_per_s']:12.0f}",
+        f"  Redis egress B/decision  {r['redis_egress_bytes_per_decision']:12.1f}",
+        f"  Redis egress B/fresh rd  {r['redis_egress_bytes_per_fresh_read']:12.1f}",
+        f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}",
+    ])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Command line: ``python -m compass_celery.bench.producers --records N ...``."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--records", type=int, default=1000, help="worker records published")
+    ap.add_argument("--producers", type=int, default=32, help="routing processes")
+    ap.add_argument("--seconds", type=float, default=10.0, help="measured window")
+    ap.add_argument("--changing", type=float, default=0.1,
+                    help="fraction of workers whose record changes on every publish")
+    ap.add_argument("--json", default=None, help="also write the result here")
+    args = ap.parse_args(argv)
+    result = run(args.records, args.producers, args.seconds, args.changing)
+    print(report(result))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
