@@ -53,24 +53,29 @@ class ModelCache:
     # -- state ----------------------------------------------------------------
     @property
     def device(self) -> str:
+        """The backend's device ("cuda:0", "cpu", "emulated")."""
         return self.backend.device
 
     @property
     def total_mb(self) -> float:
+        """Memory the cache may fill, MB."""
         return self.decider.capacity_mb
 
     @property
     def free_mb(self) -> float:
+        """Memory free for models now, MB: the decider's count or the device's, the lower."""
         with self._cond:
             # the backend's real free memory wins when it is lower (CUDA, other processes)
             return min(self.decider.free_mb(), self.backend.free_mb())
 
     @property
     def hit_rate(self) -> float:
+        """Hits over hits + misses since start or the last clear (0 before any)."""
         n = self.hits + self.misses
         return self.hits / n if n else 0.0
 
     def resident(self) -> dict[str, float]:
+        """Models resident now, name -> MB."""
         with self._cond:
             return dict(self.decider.resident)
 
@@ -80,14 +85,17 @@ class ModelCache:
             return dict(self.decider.loading)
 
     def host_resident(self) -> dict[str, float]:
+        """Models in the backend's host-RAM tier, name -> MB."""
         return self.backend.host_resident()
 
     def size_of(self, model: str) -> float:
+        """The model's size, MB: measured once loaded, else declared."""
         if model in self._sizes:
             return self._sizes[model]
         return self.registry.get(model).size_mb  # raises UnknownModelError naming the model
 
     def check_fits(self, model: str) -> None:
+        """Raise ModelTooLargeError if ``model`` can never fit this device."""
         size = self.size_of(model)
         if size > self.total_mb:
             raise ModelTooLargeError(
@@ -131,6 +139,7 @@ class ModelCache:
             return self._in_use[model] > 0
 
     def release(self, model: str) -> None:
+        """Undo one acquire: once no task holds it, the model may be evicted."""
         with self._cond:
             if self._in_use[model] > 0:
                 self._in_use[model] -= 1
@@ -163,6 +172,7 @@ class ModelCache:
             self.release(m)
 
     def wait_prefetch(self, timeout: float | None = None) -> None:
+        """Wait for background prefetch loads to finish (tests, shutdown)."""
         for t in list(self._threads):
             t.join(timeout)
 
@@ -187,6 +197,7 @@ class ModelCache:
             self.release(model)
 
     def run(self, exec_ms: float) -> None:
+        """Spend a task's run time on the backend (emulated GPUs sleep; torch does nothing)."""
         self.backend.run(exec_ms)
 
     # -- internals --------------------------------------------------------------

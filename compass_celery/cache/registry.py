@@ -45,6 +45,7 @@ class ModelRegistry:
     def register(
         self, name: str, loader: Loader, size_mb: float, device: str | None = None
     ) -> ModelSpec:
+        """Declare ``name``: how to build it and its size; re-registering replaces it."""
         if not name or not isinstance(name, str):
             raise ValueError(f"model name must be a non-empty string, got {name!r}")
         if not callable(loader):
@@ -65,6 +66,7 @@ class ModelRegistry:
         return decorate
 
     def get(self, name: str) -> ModelSpec:
+        """The spec of ``name``; UnknownModelError naming the known models."""
         try:
             return self._specs[name]
         except KeyError:
@@ -72,12 +74,15 @@ class ModelRegistry:
             raise UnknownModelError(f"unknown model {name!r}; known models: {known}") from None
 
     def unregister(self, name: str) -> None:
+        """Forget ``name``; absent names are fine."""
         self._specs.pop(name, None)
 
     def sizes_mb(self) -> dict[str, float]:
+        """Declared sizes, name -> MB (the planner's model catalogue)."""
         return {n: s.size_mb for n, s in self._specs.items()}
 
     def names(self) -> list[str]:
+        """Registered names, sorted."""
         return sorted(self._specs)
 
     def check_fits(self, name: str, capacity_mb: float) -> None:
