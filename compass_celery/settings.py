@@ -29,6 +29,8 @@ class SettingsError(CompassInputError):
 
 @dataclass(frozen=True)
 class Option:
+    """One ``compass_*`` setting: default, accepted types, meaning, unit, lower bound."""
+
     default: Any
     type: type | tuple[type, ...]
     doc: str
