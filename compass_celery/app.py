@@ -77,10 +77,12 @@ class Compass:
 
     @property
     def eager(self) -> bool:
+        """True when tasks run inline (``task_always_eager``); state then stays in memory."""
         return bool(self.app.conf.task_always_eager)
 
     @property
     def redis_url(self) -> str | None:
+        """The state Redis: ``compass_redis_url``, else a Redis broker URL, else None."""
         url = self.settings["redis_url"]
         if url:
             return url
@@ -89,6 +91,7 @@ class Compass:
 
     @property
     def store(self) -> StateStore:
+        """The state store, made on first use: Redis (Sentinel-aware) with a URL, else in memory."""
         if self._store is None:
             url = None if self.eager else self.redis_url
             options = self.app.conf.broker_transport_options or {}
@@ -116,21 +119,26 @@ class Compass:
 
     @cached_property
     def reader(self) -> SnapshotReader:
+        """Snapshots for routing, reused for ``compass_snapshot_ttl_s``, plus local charges."""
         return SnapshotReader(self.store, self.settings["snapshot_ttl_s"],
                               self.settings["heartbeat_timeout_s"])
 
     @cached_property
     def policy(self) -> Policy:
+        """The placement policy named by ``compass_policy``, seeded with ``compass_seed``."""
         return get_policy(self.settings["policy"], seed=self.settings["seed"])
 
     @property
     def shared_queue(self) -> str:
+        """The fallback queue every Compass worker consumes."""
         return self.settings["shared_queue"]
 
     def queue_for(self, worker_name: str) -> str:
+        """The name of ``worker_name``'s own queue (``compass_queue_prefix`` + name)."""
         return f"{self.settings['queue_prefix']}{worker_name}"
 
     def model_sizes(self) -> dict[str, float]:
+        """Model sizes in MB: the registry's, overridden by ``compass_models``."""
         from .cache.registry import default_registry
 
         return {**default_registry.sizes_mb(), **self.settings["models"]}

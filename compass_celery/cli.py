@@ -32,6 +32,7 @@ def _app_from(ctx: click.Context, app_path: str | None) -> Any:
 
 @click.group(name="compass", help="Compass scheduling for Celery: status, demo, bench, simulate.")
 def compass_command() -> None:
+    """The ``compass`` command group; each subcommand does its own work."""
     pass
 
 
@@ -44,6 +45,7 @@ def compass_command() -> None:
 @click.pass_context
 def status(ctx: click.Context, app_path: str | None, redis_url: str | None, prefix: str | None,
            show_settings: bool) -> None:
+    """Print the live workers the state Redis knows, and the settings when asked."""
     from .state import RedisStateStore, StateUnavailable
 
     app = _app_from(ctx, app_path)
@@ -83,6 +85,7 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
 @click.option("--plot", "plot_path", default="compass-demo.png", show_default=True)
 def demo(redis_url: str | None, n_workers: int, n_tasks: int, n_jobs: int,
          plot_path: str) -> None:
+    """Run the emulated-GPU demo (:func:`~compass_celery.demo.run_demo`); exit with its status."""
     from .demo import run_demo
 
     sys.exit(run_demo(redis_url, n_workers, n_tasks, echo=click.echo, side_by_side_jobs=n_jobs,
@@ -175,6 +178,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           pause_redis_for: float | None, skew_clock_s: float | None,
           long_task_s: float | None, cache_policy: str | None, compare_sim: bool,
           quiet: bool) -> None:
+    """Run the real-cluster benchmark with the given faults; print and write the result."""
     from .bench.runner import POLICIES, BenchOptions
     from .bench.suite import run_suite
 
@@ -253,6 +257,7 @@ def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, 
 def simulate(workload_path: str, n_workers: int | None, policies: str | None,
              rate: float | None, n_jobs: int | None, hop_ms: float,
              json_out: str | None) -> None:
+    """Simulate the policies on the workload; print latency, time per task and planning time."""
     from .bench.runner import POLICIES
     from .sim.runner import simulate as run_sim
 

@@ -82,6 +82,7 @@ class Dag:
         return node
 
     def edge(self, pred: str | Node, succ: str | Node) -> None:
+        """Make ``succ`` wait for ``pred``; refuses a missing node or a duplicate edge."""
         a = pred.name if isinstance(pred, Node) else pred
         b = succ.name if isinstance(succ, Node) else succ
         for end in (a, b):

@@ -24,6 +24,7 @@ TASKS = ["caption", "detect", "translate", "embed", "classify", "ocr"]
 def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
              echo: Callable[[str], Any] = print, seed: int = 7, side_by_side_jobs: int = 150,
              plot_path: str | None = "compass-demo.png") -> int:
+    """Route a burst on emulated workers, print where each went and why, then side by side."""
     with contextlib.ExitStack() as stack:
         if redis_url is None:
             server = stack.enter_context(RedisServer())

@@ -25,9 +25,11 @@ class EagerJobHandle:
         self.status = "FAILURE" if error else "SUCCESS"
 
     def ready(self) -> bool:
+        """Always True: an eager job has ended before its handle exists."""
         return True
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
+        """The sink results ``{node: result}``; raises JobFailed (``timeout`` is unused)."""
         if self.error is not None:
             if propagate:
                 raise JobFailed(self.error)
@@ -35,6 +37,7 @@ class EagerJobHandle:
         return {n: self.results[n] for n in self.sinks}
 
     def placement(self) -> dict[str, dict[str, Any]]:
+        """Per node: the planned worker, which is also where it ran (nothing moves eagerly)."""
         return {n: {"planned": p, "worker": p, "moved": False} for n, p in self.plan.items()}
 
 

@@ -23,14 +23,17 @@ class JobHandle:
 
     @property
     def client(self) -> Any:
+        """The state store's Redis client, which holds the job's record."""
         return self.c.store.client
 
     @property
     def status(self) -> str:
+        """The job's state in its Redis record, or ``UNKNOWN`` once the record is gone."""
         state = self.client.hget(self.keys.job, "state")
         return state.decode() if state else "UNKNOWN"
 
     def ready(self) -> bool:
+        """Whether the job has ended, in success or failure."""
         return self.status in ("SUCCESS", "FAILURE")
 
     def wait(self, timeout: float | None = None) -> str:
@@ -77,6 +80,7 @@ class JobHandle:
 
     @property
     def error(self) -> dict[str, Any] | None:
+        """A failed job's error record (node, task, worker, exception), else None."""
         raw = self.client.hget(self.keys.job, "error")
         return json.loads(raw) if raw else None
 

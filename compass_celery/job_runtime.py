@@ -42,6 +42,7 @@ class OutputCache:
         self.hits = self.misses = 0
 
     def put(self, job: str, node: str, value: Any, size: int) -> None:
+        """Keep a node's output for local successors, evicting the oldest; too large is not kept."""
         if size > self.capacity_bytes:
             return  # would evict everything else; its successors read Redis
         old = self._items.pop((job, node), None)
@@ -54,6 +55,7 @@ class OutputCache:
             self.bytes -= dropped
 
     def get(self, job: str, node: str) -> tuple[bool, Any]:
+        """``(True, value)`` if the output is held here, else ``(False, None)``; counts hits."""
         key = (job, node)
         if key in self._items:
             self.hits += 1
@@ -73,9 +75,11 @@ class JobRuntime:
         self._complete = client.register_script(script("complete"))
 
     def keys(self, job_id: str) -> JobKeys:
+        """The Redis keys of job ``job_id`` under this app's key prefix."""
         return JobKeys.of(self.c.settings["key_prefix"], job_id)
 
     def job_state(self, job_id: str) -> str:
+        """Job ``job_id``'s state in Redis, or ``UNKNOWN`` once its record is gone."""
         state = self.c.store.client.hget(self.keys(job_id).job, "state")
         return state.decode() if state else "UNKNOWN"
 

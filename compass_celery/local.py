@@ -24,6 +24,7 @@ class LocalRedisError(RuntimeError):
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it; nothing reserves it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -63,9 +64,11 @@ class RedisServer:
 
     @property
     def url(self) -> str:
+        """The URL to connect to (database 0)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> RedisServer:
+        """Launch redis-server and wait up to 10 s until it answers; returns self."""
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
              "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
@@ -75,6 +78,7 @@ class RedisServer:
         return self
 
     def ping(self) -> bool:
+        """Whether the server answers now; raises LocalRedisError once it has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise LocalRedisError(f"redis-server exited with {self.proc.returncode}")
         try:
@@ -85,6 +89,7 @@ class RedisServer:
             return False
 
     def stop(self) -> None:
+        """Terminate the server (kill it after 5 s); its directory stays for a restart."""
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -95,6 +100,7 @@ class RedisServer:
         self.proc = None
 
     def restart(self) -> None:
+        """Stop and start again on the same port and directory (an AOF keeps the data)."""
         self.stop()
         self.start()
 
@@ -120,6 +126,7 @@ class WorkerProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> WorkerProcess:
+        """Launch the worker in a new session (its own process group), logging to ``log_path``."""
         cmd = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app, "worker",
                "-P", "solo", "-n", self.name, "--loglevel", "INFO", "--without-gossip",
                "--without-mingle", "--without-heartbeat", *self.args]
@@ -130,14 +137,17 @@ class WorkerProcess:
         return self
 
     def alive(self) -> bool:
+        """Whether the worker process is still running."""
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (SIGKILL by default) to the worker's process group, if it runs."""
         if self.alive():
             assert self.proc is not None
             os.killpg(self.proc.pid, sig)
 
     def stop(self, timeout: float = 10.0) -> None:
+        """Warm shutdown: SIGTERM the process group, SIGKILL it after ``timeout`` s."""
         if self.proc is None:
             return
         if self.alive():
@@ -150,6 +160,7 @@ class WorkerProcess:
         self.proc = None
 
     def log(self) -> str:
+        """The worker's log so far (empty when it cannot be read)."""
         try:
             return Path(self.log_path).read_text(errors="replace")
         except OSError:

@@ -76,6 +76,7 @@ class CompassMetrics:
             sig.connect(fn, weak=False, dispatch_uid=f"{self._uid}-{sig.name}")
 
     def disconnect(self) -> None:
+        """Stop counting: disconnect the signal handlers and forget this registry."""
         for sig, fn in self._pairs:
             sig.disconnect(fn, dispatch_uid=f"{self._uid}-{sig.name}")
         _INSTALLED.pop(id(self.registry), None)
@@ -154,9 +155,11 @@ class CompassStateCollector:
         self.store, self.timeout_s, self.clock = store, heartbeat_timeout_s, clock
 
     def describe(self) -> list[Any]:
+        """Nothing up front, so registering the collector needs no Redis round trip."""
         return []  # no Redis round trip when a registry checks names at register time
 
     def collect(self) -> Iterator[Any]:
+        """The gauges of one snapshot; only ``compass_state_up`` 0 if Redis is down."""
         from prometheus_client.core import GaugeMetricFamily as Gauge
 
         up = Gauge("compass_state_up", "1 if the Compass state store answered this scrape")

@@ -43,10 +43,12 @@ class Decision:
     fallback: bool = False
 
     def as_header(self) -> dict[str, Any]:
+        """The decision as a plain dict, for the message's ``compass`` header."""
         return asdict(self)
 
     @classmethod
     def from_header(cls, body: Any) -> Decision | None:
+        """The decision in a ``compass`` header; None if absent or malformed."""
         if not isinstance(body, dict):
             return None
         try:
@@ -56,6 +58,7 @@ class Decision:
 
 
 def fallback(demand: Demand, shared_queue: str, policy: str, why: str) -> Decision:
+    """A decision for the shared queue, charging no worker, with ``why`` as its reason."""
     return Decision(task=demand.task, model=demand.model, worker=SHARED, queue=shared_queue,
                     policy=policy, charge_ms=0.0, run_ms=demand.exec_ms, reason=why,
                     fallback=True)

@@ -21,6 +21,8 @@ class TaskDeclarationError(ValueError):
 
 @dataclass(frozen=True)
 class Demand:
+    """What placement needs of one task call: model, run time, output size, and their source."""
+
     task: str
     model: str | None
     exec_ms: float
@@ -28,6 +30,7 @@ class Demand:
     exec_source: str  # "call", "declared", "learned" or "default"
 
     def spec(self) -> TaskSpec:
+        """The planner's :class:`TaskSpec` for this demand."""
         return TaskSpec(name=self.task, model=self.model, exec_ms=self.exec_ms,
                         output_kb=self.output_kb)
 

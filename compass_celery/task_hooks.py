@@ -79,6 +79,7 @@ class TaskHooks:
 
     # -- task hooks ---------------------------------------------------------------------
     def task_started(self, task: Any, request: Any, args: Any = None) -> None:
+        """Resolve a job node's inputs, load its model (prefetching queued ones), start timing."""
         decision = Decision.from_header(getattr(request, "compass", None))
         model = _task_model(task, decision)
         started = time.monotonic()
@@ -107,6 +108,7 @@ class TaskHooks:
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
+        """Release the model, uncharge, learn the run time, record a job node's end."""
         with self._lock:
             _, model, started = self._running.pop(request.id, (None, None, None))
             timing = self._timing.pop(request.id, {})
@@ -164,6 +166,7 @@ class TaskHooks:
             logger.error("compass: %s; the job fails at its deadline", exc)
 
     def task_received(self, request: Any) -> None:
+        """Lease the message's tag; revoke a job node whose job already failed or expired."""
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
         if isinstance(tag, str) and tag:
             with self._lock:
@@ -183,6 +186,7 @@ class TaskHooks:
             worker_state.revoked.add(request.id)
 
     def task_revoked(self, request: Any) -> None:
+        """Take a revoked task's charge off this worker's backlog."""
         decision = Decision.from_header(getattr(request, "compass", None)
                                         or (getattr(request, "_request_dict", {}) or {}).get(
                                             "compass"))

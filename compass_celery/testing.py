@@ -123,9 +123,11 @@ class Cluster:
 
     @property
     def names(self) -> list[str]:
+        """The workers' node names (``name@host``)."""
         return [w.name for w in self.workers]
 
     def logs(self) -> str:
+        """All the workers' logs, for assertion messages."""
         return worker_logs(self.workers)
 
 
@@ -181,4 +183,5 @@ def worker_logs(workers: list[WorkerProcess]) -> str:
 
 
 def pytest_configure(config: Any) -> None:
+    """Register the ``redis`` marker of tests that need a real redis-server."""
     config.addinivalue_line("markers", "redis: needs a real redis-server")

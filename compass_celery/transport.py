@@ -166,17 +166,21 @@ class RedisQueues:
         self._lease = client.register_script(script("lease"))
 
     def staging_key(self, queue: str) -> str:
+        """The staging list of messages taken from ``queue`` and not yet re-placed."""
         return keys.key(keys.STAGING, self.prefix, queue=queue)
 
     @property
     def dead_letter_key(self) -> str:
+        """The list of unusable messages, each with its queue and the reason."""
         return keys.key(keys.DEAD_LETTER, self.prefix)
 
     @property
     def leases_key(self) -> str:
+        """The sorted set of delivery tags by the Redis time their runner last renewed."""
         return keys.key(keys.LEASES, self.prefix)
 
     def peek(self, queue: str, limit: int = -1) -> list[bytes]:
+        """The next ``limit`` raw messages of ``queue`` (all when -1), in delivery order."""
         return peek(self.client, self.layout, queue, limit)
 
     def stage(self, queues: Iterable[str], lease_timeout_s: float,
@@ -217,6 +221,7 @@ class RedisQueues:
         self.client.lpush(self.dead_letter_key, _dead_entry(queue, raw, reason))
 
     def has_work(self, queue: str) -> bool:
+        """Whether ``queue`` has a message in any of its lists or in staging."""
         pipe = self.client.pipeline(transaction=False)
         for name in [*self.layout.lists(queue), self.staging_key(queue)]:
             pipe.llen(name)

@@ -84,6 +84,7 @@ class WorkerRuntime(TaskHooks):
                           sizes=sizes, on_change=self._wake.set, on_event=self._on_cache_event)
 
     def view(self) -> WorkerView:
+        """This worker's record as the planner sees it: memory, resident models, speeds."""
         c = self.cache
         return WorkerView(
             name=self.name, queue=self.queue, device=c.device,
@@ -97,6 +98,7 @@ class WorkerRuntime(TaskHooks):
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
+        """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
@@ -174,6 +176,7 @@ class WorkerRuntime(TaskHooks):
         logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
 
     def publish(self) -> bool:
+        """Publish this worker's record and cache counters; False while the store is down."""
         c = self.cache
         try:
             self.compass.store.publish(self.view(), pid=os.getpid(), hits=c.hits,
@@ -301,6 +304,7 @@ class WorkerRuntime(TaskHooks):
         return [] if client is None else peek_queue(client, self.queue, limit)
 
     def queued_backlog_ms(self) -> float:
+        """Estimated ms charged to this worker: its running and queued tasks."""
         with self._lock:
             running = sum(d.charge_ms for d, _, _ in self._running.values()
                           if d is not None and d.worker == self.name)

@@ -49,6 +49,7 @@ def _fake_workers(app: Any, n: int) -> None:
 
 
 def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
+    """Print one routing decision's cost at 4 and 64 fake workers, cached and fresh snapshot."""
     from ..emulated import make_app
 
     for n in (4, 64):
@@ -65,6 +66,7 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
 
 
 def run(echo: Callable[[str], Any] = print) -> None:
+    """Print every cost the module lists, on a private Redis with two emulated workers."""
     from celery import chain
 
     from ..dag import Dag

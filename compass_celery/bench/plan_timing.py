@@ -95,6 +95,7 @@ def time_us(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Command line: ``python -m compass_celery.bench.plan_timing --workers 4,64 ...``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="4,64,1000", help="comma-separated worker counts")
     parser.add_argument("--policies", default="compass", help="comma-separated policy names")

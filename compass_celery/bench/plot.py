@@ -6,6 +6,7 @@ from typing import Any
 
 
 def plot_result(result: dict[str, Any], path: str) -> None:
+    """Write a bench result's panels to a PNG at ``path``; RuntimeError without matplotlib."""
     try:
         import matplotlib
 

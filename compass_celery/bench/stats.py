@@ -20,6 +20,7 @@ class JobOutcome:
 
 
 def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float]:
+    """Mean, p50, p95 and p99 of ``latencies_ms``, rounded to 3 decimals (zeros if empty)."""
     lat = np.asarray(latencies_ms, dtype=float)
     if not lat.size:
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0}

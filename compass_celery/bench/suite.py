@@ -14,6 +14,7 @@ from .runner import BenchOptions, run_bench
 def run_suite(workload: Workload, opts: BenchOptions, *, sweep: Sequence[float] = (),
               slo_ms: float | None = None, echo: Callable[[str], Any] = print
               ) -> dict[str, Any]:
+    """One side-by-side run of the policies, plus the rate sweep and the SLO search if asked."""
     result = run_bench(workload, opts, echo)
     if sweep:
         result["sweep"] = rate_sweep(workload, opts, sweep, echo)
