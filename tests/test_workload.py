@@ -21,9 +21,7 @@ from compass_celery.workload import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = next((p for p in (ROOT / "shared" / "workloads" / "edge-vision.json",
-                             Path("/work/shared/workloads/edge-vision.json"))
-                if p.exists()), ROOT / "dags" / "edge-vision.json")
+EXAMPLE = ROOT / "dags" / "edge-vision.json"
 FILES = sorted((ROOT / "dags").glob("*.json"))
 
 BASE = {
@@ -201,14 +199,6 @@ def test_mutated_section_raises_only_workload_errors(section, data):
     target[path[-1]] = data.draw(json_values)
     with contextlib.suppress(WorkloadError):
         job_stream(parse_workload(obj), jobs=5)
-
-
-def test_packaged_copy_matches_shared_example():
-    shared = Path("/work/shared/workloads/edge-vision.json")
-    if not shared.exists():
-        pytest.skip("no shared example to compare with")
-    assert json.loads(shared.read_text()) == json.loads((ROOT / "dags" / "edge-vision.json")
-                                                         .read_text())
 
 
 def test_bandwidth_defaults_are_the_planners_everywhere():

@@ -159,7 +159,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
              rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
              warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
              move_factor: float = MOVE_FACTOR, details: bool = False) -> dict[str, Any]:
-    """Every policy on the same cluster and job stream; the DESIGN.md result shape.
+    """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
     periodically); 0 gives every plan the exact current state. ``hop_ms`` is a fixed
