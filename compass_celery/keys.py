@@ -14,6 +14,8 @@ BEATS = "{p}:beats"              # zset: worker name -> Redis TIME of its last p
 BACKLOG = "{p}:backlog"          # hash: worker name -> ms queued and running
 PENDING = "{p}:pending"          # hash: worker name -> ms planned but not yet sent
 PROFILES = "{p}:profiles"        # hash: "task|model" -> {"exec_ms", "n"}
+STATE_LOG = "{p}:state-log"      # hash: version (bumped per change), epoch, floor (trimmed)
+CHANGES = "{p}:changes"          # zset: "w:"/"b:"/"p:"/"f:" + name -> version of last change
 
 # -- recovery (state Redis) -------------------------------------------------------------
 DEAD_QUEUES = "{p}:dead-queues"  # zset: queue of a stopped/dead worker -> Redis TIME marked

@@ -109,6 +109,15 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
     )
 
 
+def parse_profile(raw: Any) -> float | None:
+    """A learned run time (JSON ``{"exec_ms", "n"}``) in ms, or None when unusable."""
+    try:
+        ms = float(json.loads(raw)["exec_ms"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return ms if math.isfinite(ms) and ms >= 0 else None
+
+
 def decode_ms(raw: bytes | str | None) -> float:
     """A backlog/pending counter; garbage or negatives read as 0 (never below zero)."""
     if raw is None:

@@ -1,7 +1,8 @@
 """Cluster state: worker records, backlog counters and learned profiles.
 
 Two stores share one interface: :class:`RedisStateStore` (the paper's
-replicated state table, one pipelined round trip per snapshot) and
+replicated state table; each process reads only what changed since its last read,
+in one round trip, through the mirror in :mod:`compass_celery.redis_state`) and
 :class:`MemoryStateStore` (eager mode, unit tests, the simulator).
 :class:`SnapshotReader` adds the short local cache producers use so a burst of
 enqueues does not hammer Redis.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import threading
 import time
@@ -21,14 +21,15 @@ from typing import Any, Protocol
 
 from . import keys
 from .planner.types import WorkerView
-from .records import RecordError, decode_ms, decode_record, encode_record
+from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
+from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
+from .redis_state import epoch_candidate as epoch
 from .scripts import script
 
+__all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "SnapshotReader",
+           "StateStore", "StateUnavailable", "connect", "text"]
+
 logger = logging.getLogger("compass_celery.state")
-
-
-class StateUnavailable(RuntimeError):
-    """The state store cannot be reached; producers fall back to the shared queue."""
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,6 @@ class StateStore(Protocol):
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker (backlog and pending folded in) and the learned run times."""
-
-
-def text(value: Any) -> str:
-    """A Redis reply as text (the client returns bytes)."""
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
@@ -136,11 +132,8 @@ def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
             decoded.pop(gone, None)
     profiles: dict[str, float] = {}
     for key, raw in profiles_raw.items():
-        try:
-            ms = float(json.loads(raw)["exec_ms"])
-        except (ValueError, KeyError, TypeError):
-            continue
-        if math.isfinite(ms) and ms >= 0:
+        ms = parse_profile(raw)
+        if ms is not None:
             profiles[key] = ms
     workers.sort(key=lambda w: w.name)
     return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead))
@@ -158,29 +151,35 @@ class MemoryStateStore:
         self.profiles: dict[str, str] = {}
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
+        """Write a worker's record (``extra`` adds informational fields)."""
         with self._lock:
             self.records[view.name] = encode_record(view, **extra)
             if view.backlog_ms:
                 self.backlog.setdefault(view.name, view.backlog_ms)
 
     def remove(self, name: str) -> None:
+        """Forget a worker: its record, backlog and pending counters."""
         with self._lock:
             for table in (self.records, self.backlog, self.pending):
                 table.pop(name, None)
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` to a worker's backlog, never below zero (``pipe`` is ignored)."""
         with self._lock:
             self.backlog[worker] = max(0.0, self.backlog.get(worker, 0.0) + ms)
 
     def set_backlog(self, worker: str, ms: float) -> None:
+        """Overwrite a worker's backlog with a reconciled value."""
         with self._lock:
             self.backlog[worker] = max(0.0, ms)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Add ``ms`` of planned-but-unsent work, never below zero."""
         with self._lock:
             self.pending[worker] = max(0.0, self.pending.get(worker, 0.0) + ms)
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
+        """Fold one measured run time into the learned one for ``task|model``."""
         with self._lock:
             old = self.profiles.get(key)
             prof = json.loads(old) if old else None
@@ -189,58 +188,22 @@ class MemoryStateStore:
             self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        """Every live worker, decoded from the in-process records."""
         with self._lock:
             return _assemble(dict(self.records), dict(self.backlog), dict(self.pending),
                              dict(self.profiles), now, heartbeat_timeout_s)
 
 
-def connect(url: str, *, master_name: str | None = None,
-            sentinel_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-    """A redis client for ``url``: redis://, rediss:// (TLS), unix://, or Celery's
-    ``sentinel://[user:password@]host:port;sentinel://host2:port`` form (the master
-    named ``master_name``; ``sentinel_kwargs`` authenticate to the sentinels
-    themselves, e.g. ``{"password": ..., "ssl": True}``, as in Celery's
-    ``broker_transport_options``).
-
-    Short socket timeouts keep an enqueue from hanging when Redis is away: the
-    router then falls back to the shared queue instead.
-    """
-    import redis
-
-    opts: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0,
-                            "health_check_interval": 10}
-    opts.update(kwargs)
-    if url.startswith("sentinel://"):
-        return _sentinel_master(url, master_name, opts, sentinel_kwargs or {})
-    return redis.Redis.from_url(url, **opts)
-
-
-def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any],
-                     sentinel_kwargs: dict[str, Any]) -> Any:
-    from urllib.parse import unquote, urlparse
-
-    from redis.sentinel import Sentinel
-
-    if not master_name:
-        raise StateUnavailable(
-            f"state URL {url!r} is a Sentinel URL but names no master: set "
-            "compass_sentinel_master (or broker_transport_options['master_name'])")
-    hosts, username, password, db = [], None, None, 0
-    for part in url.split(";"):
-        u = urlparse(part.strip())
-        hosts.append((u.hostname or "127.0.0.1", u.port or 26379))
-        username = username or (unquote(u.username) if u.username else None)
-        password = password or (unquote(u.password) if u.password else None)
-        if u.path.strip("/").isdigit():
-            db = int(u.path.strip("/"))
-    timeouts = {k: opts[k] for k in ("socket_connect_timeout", "socket_timeout")}
-    sentinel = Sentinel(hosts, sentinel_kwargs={**timeouts, **sentinel_kwargs}, **timeouts)
-    return sentinel.master_for(master_name, db=db, username=username, password=password,
-                               **opts)
-
-
 class RedisStateStore:
-    """Worker state in Redis. One client per process, rebuilt after fork."""
+    """Worker state in Redis. One client per process, rebuilt after fork.
+
+    ``snapshot`` reads incrementally (see :mod:`compass_celery.redis_state`).
+    ``beat_sync_s`` bounds how old a live worker's reported heartbeat may be (liveness
+    is exact on every read); ``full_read_s`` is a safety net that reads everything
+    again now and then, so a writer that logs nothing (an older compass during a
+    rolling upgrade, a hand-made HSET) is seen within that time. ``full_reads`` and
+    ``records_fetched`` count what this process's reads fetched.
+    """
 
     def __init__(self, url: str, prefix: str = "compass",
                  client_factory: Callable[[str], Any] = connect,
@@ -248,22 +211,38 @@ class RedisStateStore:
         self.url = url
         self.prefix = prefix
         self.queue_prefix = queue_prefix
-        self._decoded: dict[str, tuple[Any, WorkerView]] = {}  # per process, see _assemble
+        self.beat_sync_s = 5.0
+        self.full_read_s = 60.0
         self._factory = client_factory
         self._pid = -1
         self._client: Any = None
         self._keys = {k: keys.key(t, prefix) for k, t in (
             ("workers", keys.WORKERS), ("backlog", keys.BACKLOG), ("pending", keys.PENDING),
-            ("profiles", keys.PROFILES), ("beats", keys.BEATS))}
+            ("profiles", keys.PROFILES), ("beats", keys.BEATS), ("log", keys.STATE_LOG),
+            ("changes", keys.CHANGES))}
+        self._log = [self._keys["log"], self._keys["changes"]]
+        self._read_keys = [self._keys[k] for k in ("log", "changes", "workers", "beats",
+                                                   "backlog", "pending", "profiles")]
+        self._fresh_mirror()
+
+    def _fresh_mirror(self) -> None:
+        self._lock = threading.Lock()
+        self._mirror = StateMirror(self.queue_prefix)
 
     @property
     def client(self) -> Any:
+        """This process's Redis client (a forked child builds its own)."""
         if self._client is None or self._pid != os.getpid():
+            if self._pid != os.getpid() and self._pid != -1:
+                self._fresh_mirror()  # a lock held across fork would never be released
             self._client = self._factory(self.url)
             self._pid = os.getpid()
-            self._charge = self._client.register_script(script("charge"))
+            head = script("changelog")
+            self._counter = self._client.register_script(head + script("counter"))
             self._ewma = self._client.register_script(script("ewma"))
-            self._publish = self._client.register_script(script("publish"))
+            self._publish = self._client.register_script(head + script("publish"))
+            self._remove = self._client.register_script(head + script("remove"))
+            self._read = self._client.register_script(script("snapshot"))
         return self._client
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -272,60 +251,79 @@ class RedisStateStore:
         try:
             return fn()
         except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            self._mirror.reset()  # reconnected or not, the next read starts over
             raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
+        """Write a worker's record (logged only if it changed) and its beat."""
         _ = self.client
-        self._call(lambda: self._publish(keys=[self._keys["workers"], self._keys["beats"]],
-                                         args=[view.name, encode_record(view, **extra)]))
+        self._call(lambda: self._publish(
+            keys=[self._keys["workers"], self._keys["beats"], *self._log],
+            args=[view.name, encode_record(view, **extra), epoch(), CHANGE_LOG_SIZE]))
 
     def remove(self, name: str) -> None:
-        def go() -> None:
-            pipe = self.client.pipeline()
-            for key in ("workers", "backlog", "pending"):
-                pipe.hdel(self._keys[key], name)
-            pipe.zrem(self._keys["beats"], name)
-            pipe.execute()
-        self._call(go)
+        """Forget a worker (record, beat, backlog, pending); readers drop it."""
+        _ = self.client
+        self._call(lambda: self._remove(
+            keys=[self._keys[k] for k in ("workers", "beats", "backlog", "pending")]
+            + self._log, args=[name, epoch(), CHANGE_LOG_SIZE]))
+
+    def _count(self, table: str, worker: str, ms: float, mode: str, pipe: Any) -> None:
+        _ = self.client
+        self._call(lambda: self._counter(
+            keys=[self._keys[table], *self._log],
+            args=[worker, ms, mode, f"{table[0]}:{worker}", epoch(), CHANGE_LOG_SIZE],
+            client=pipe))
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
-        _ = self.client
-        self._call(lambda: self._charge(keys=[self._keys["backlog"]], args=[worker, ms],
-                                        client=pipe))
+        self._count("backlog", worker, ms, "add", pipe)
 
     def set_backlog(self, worker: str, ms: float) -> None:
-        self._call(lambda: self.client.hset(self._keys["backlog"], worker, max(0.0, ms)))
+        """Overwrite a worker's backlog with a reconciled value (never below zero)."""
+        self._count("backlog", worker, max(0.0, ms), "set", None)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""
-        _ = self.client
-        self._call(lambda: self._charge(keys=[self._keys["pending"]], args=[worker, ms],
-                                        client=pipe))
+        self._count("pending", worker, ms, "add", pipe)
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
-        """Fold a measured run time into the learned one; queued on ``pipe`` when given."""
+        """Fold a measured run time into the learned one, then log it for readers;
+        queued on ``pipe`` when given (one round trip either way)."""
         _ = self.client
-        self._call(lambda: self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha],
-                                      client=pipe))
+
+        def go() -> None:
+            p = pipe if pipe is not None else self.client.pipeline(transaction=False)
+            self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha], client=p)
+            self._counter(keys=[self._keys["profiles"], *self._log],
+                          args=[key, 0, "note", f"f:{key}", epoch(), CHANGE_LOG_SIZE],
+                          client=p)
+            if pipe is None:
+                p.execute()
+        self._call(go)
 
     def execute(self, pipe: Any) -> None:
         """Run what was queued on ``pipe`` (one round trip)."""
         self._call(pipe.execute)
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
-        def go() -> Snapshot:
-            pipe = self.client.pipeline(transaction=False)
-            for key in ("workers", "backlog", "pending", "profiles"):
-                pipe.hgetall(self._keys[key])
-            pipe.zrange(self._keys["beats"], 0, -1, withscores=True)
-            pipe.time()
-            records, backlog, pending, profiles, beats, (sec, usec) = pipe.execute()
-            redis_now = sec + usec / 1e6
-            ages = {text(n): max(0.0, redis_now - score) for n, score in beats}
-            return _assemble(records, backlog, pending, profiles, now, heartbeat_timeout_s,
-                             ages, self.queue_prefix, self._decoded)
-        return self._call(go)
+        """Every live worker, from what changed since this process's last read."""
+        _ = self.client
+        with self._lock:
+            parts = self._call(lambda: self._mirror.read(
+                lambda args: self._read(keys=self._read_keys, args=args),
+                heartbeat_timeout_s, now, self.beat_sync_s, self.full_read_s))
+        return Snapshot(parts[0], parts[1], parts[2], now, parts[3])
+
+    @property
+    def full_reads(self) -> int:
+        """How many of this process's reads fetched everything."""
+        return self._mirror.full_reads
+
+    @property
+    def records_fetched(self) -> int:
+        """Worker records this process's reads fetched from Redis, full reads included."""
+        return self._mirror.records_fetched
 
 
 class SnapshotReader:
@@ -341,6 +339,8 @@ class SnapshotReader:
         self.timeout_s = heartbeat_timeout_s
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
+        self._index: dict[str, int] = {}
+        self._indexed: tuple[WorkerView, ...] | None = None
         self._reported: set[str] = set()
         self.reads = 0
         # After a failed read, fail fast for this long instead of paying a connect
@@ -349,6 +349,7 @@ class SnapshotReader:
         self._down_until, self._down_why = 0.0, ""
 
     def get(self) -> Snapshot:
+        """The cached snapshot while younger than ``ttl_s``, else a fresh one."""
         now = self.clock()
         with self._lock:
             if self._snap is not None and now - self._snap.taken_at <= self.ttl_s:
@@ -371,13 +372,25 @@ class SnapshotReader:
         return snap
 
     def note_charge(self, worker: str, ms: float) -> None:
+        """Add ``ms`` to ``worker``'s backlog in this process's snapshot only."""
         with self._lock:
-            if self._snap is None:
+            snap = self._snap
+            if snap is None:
                 return
-            self._snap = replace(self._snap, workers=tuple(
-                replace(w, backlog_ms=max(0.0, w.backlog_ms + ms)) if w.name == worker else w
-                for w in self._snap.workers))
+            workers = snap.workers
+            if self._indexed is not workers:  # positions by name, kept while they hold
+                self._index = {w.name: i for i, w in enumerate(workers)}
+            i = self._index.get(worker)
+            if i is None:
+                return
+            w = workers[i]
+            workers = (*workers[:i], replace(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
+                       *workers[i + 1:])
+            self._indexed = workers
+            self._snap = replace(snap, workers=workers)
 
     def invalidate(self) -> None:
+        """Drop the cached snapshot: the next ``get`` reads the store."""
         with self._lock:
             self._snap = None
+

@@ -1,0 +1,24 @@
+-- Change one per-worker counter (backlog or pending ms) and log the change for readers;
+-- mode 'note' writes nothing and only logs MEMBER (a profile ewma.lua just updated).
+-- (changelog.lua is put in front of this script.)
+-- KEYS: 1 counter hash, 2 state log hash, 3 changes zset
+-- ARGV: 1 field, 2 ms, 3 mode ('add': add ms; 'set': overwrite; 'note'), 4 change-log
+--       member, 5 epoch candidate, 6 change-log size
+-- A counter never goes below zero (a late decrement after a reconcile). Returns the new
+-- value; an unchanged value is not logged.
+if ARGV[3] == 'note' then
+  log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
+  return false
+end
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+local v = tonumber(ARGV[2])
+if ARGV[3] == 'add' then
+  v = v + (tonumber(old or '0') or 0)
+end
+if v < 0 then v = 0 end
+local new = tostring(v)
+if new ~= old then
+  redis.call('HSET', KEYS[1], ARGV[1], new)
+  log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
+end
+return new

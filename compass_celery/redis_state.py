@@ -1,0 +1,306 @@
+"""Redis plumbing of the state store: connections, and the incremental reader's mirror.
+
+:class:`compass_celery.state.RedisStateStore` uses what is here. Every write (publish,
+counter, remove, learned run time) bumps a version and logs the
+changed member in a change log (``lua/changelog.lua``). A reader keeps a mirror of the
+state (decoded records, beats, counters, profiles) and refreshes it with one script
+call (``lua/snapshot.lua``): nothing but a few numbers when nothing changed, the
+changed members otherwise, everything when it must (new reader, Redis lost its data,
+reconnect, fell off the log). Liveness stays exact on every read: the script returns the
+beats older than the timeout on Redis's clock, so no read needs every worker's beat.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .planner.types import WorkerView
+from .records import RecordError, decode_ms, decode_record, parse_profile
+
+#: Members the change log keeps (about 80 bytes each): a reader that misses more changes
+#: than this between two reads reads everything again.
+CHANGE_LOG_SIZE = 20_000
+
+
+class StateUnavailable(RuntimeError):
+    """The state store cannot be reached; producers fall back to the shared queue."""
+
+
+def text(value: Any) -> str:
+    """A Redis reply as text (the client returns bytes)."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def connect(url: str, *, master_name: str | None = None,
+            sentinel_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
+    """A redis client for ``url``: redis://, rediss:// (TLS), unix://, or Celery's
+    ``sentinel://[user:password@]host:port;sentinel://host2:port`` form (the master
+    named ``master_name``; ``sentinel_kwargs`` authenticate to the sentinels
+    themselves, e.g. ``{"password": ..., "ssl": True}``, as in Celery's
+    ``broker_transport_options``).
+
+    Short socket timeouts keep an enqueue from hanging when Redis is away: the
+    router then falls back to the shared queue instead.
+    """
+    import redis
+
+    opts: dict[str, Any] = {"socket_connect_timeout": 1.0, "socket_timeout": 2.0,
+                            "health_check_interval": 10}
+    opts.update(kwargs)
+    if url.startswith("sentinel://"):
+        return _sentinel_master(url, master_name, opts, sentinel_kwargs or {})
+    return redis.Redis.from_url(url, **opts)
+
+
+def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any],
+                     sentinel_kwargs: dict[str, Any]) -> Any:
+    from urllib.parse import unquote, urlparse
+
+    from redis.sentinel import Sentinel
+
+    if not master_name:
+        raise StateUnavailable(
+            f"state URL {url!r} is a Sentinel URL but names no master: set "
+            "compass_sentinel_master (or broker_transport_options['master_name'])")
+    hosts, username, password, db = [], None, None, 0
+    for part in url.split(";"):
+        u = urlparse(part.strip())
+        hosts.append((u.hostname or "127.0.0.1", u.port or 26379))
+        username = username or (unquote(u.username) if u.username else None)
+        password = password or (unquote(u.password) if u.password else None)
+        if u.path.strip("/").isdigit():
+            db = int(u.path.strip("/"))
+    timeouts = {k: opts[k] for k in ("socket_connect_timeout", "socket_timeout")}
+    sentinel = Sentinel(hosts, sentinel_kwargs={**timeouts, **sentinel_kwargs}, **timeouts)
+    return sentinel.master_for(master_name, db=db, username=username, password=password,
+                               **opts)
+
+
+def epoch_candidate() -> str:
+    """A fresh random epoch candidate; only a write into an empty Redis uses it."""
+    return os.urandom(8).hex()
+
+
+def pairs(flat: Sequence[Any]) -> dict[str, Any]:
+    """A flat field/value reply as a dict with text keys."""
+    return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+class StateMirror:
+    """One process's copy of the cluster state, kept current from the change log.
+
+    The assembled view of each live worker (backlog, pending and heartbeat folded in)
+    is kept too, so a read rebuilds only the workers that changed and the tuple of
+    live workers is rebuilt only when one of them did.
+    """
+
+    def __init__(self, queue_prefix: str | None) -> None:
+        self.queue_prefix = queue_prefix
+        self.epoch: Any = None
+        self.version = -1  # -1: the next read reads everything
+        self.records: dict[str, Any] = {}
+        self.decoded: dict[str, tuple[Any, WorkerView | str]] = {}  # raw -> view or why not
+        self.beats: dict[str, float] = {}  # Redis TIME of the last beat this mirror saw
+        self.backlog: dict[str, float] = {}
+        self.pending: dict[str, float] = {}
+        self.profiles: dict[str, float] = {}
+        self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
+        self.live: dict[str, WorkerView] = {}
+        self.order: list[str] = []
+        self.workers: tuple[WorkerView, ...] = ()
+        self.refused: dict[str, str] = {}
+        self.no_beat: set[str] = set()
+        self.full_reads = self.records_fetched = 0
+        self._synced = self._full_at = float("-inf")  # monotonic time of the last ones
+        self._cursor = ""  # where the pass over the beats is ('': none under way)
+
+    def reset(self) -> None:
+        """Forget the log position: the next read reads everything (decodings are kept)."""
+        self.version = -1
+
+    def read(self, call: Callable[[list[Any]], Any], timeout_s: float, now: float,
+             beat_sync_s: float, full_read_s: float) -> tuple[Any, ...]:
+        """Bring the mirror up to date with one ``snapshot.lua`` call (``call(args)``;
+        two when records came or went behind the log); returns :meth:`assemble`'s parts."""
+        clock = time.monotonic()
+        if clock - self._full_at >= full_read_s:
+            self.reset()
+        if not self._cursor and clock - self._synced >= beat_sync_s:
+            self._cursor = "0"  # start a pass over the beats, a slice per read
+        dirty: set[str] = set()
+        for _attempt in range(2):
+            epoch, version, redis_now, kind, count, stale, beats, body = call(
+                [text(self.epoch or ""), self.version, timeout_s, self._cursor])
+            kind, redis_now = text(kind), float(redis_now)
+            if kind == "full":
+                dirty |= self.load(*(pairs(part) for part in body))
+                self.full_reads += 1
+                self.records_fetched += len(self.records)
+                self._full_at = clock
+            else:
+                dirty |= self.apply(body)
+                self.records_fetched += sum(1 for i in range(0, len(body), 3)
+                                            if text(body[i]).startswith("w:"))
+            if beats is not None:
+                dirty |= self.take_beats(beats[1], every=kind == "full")
+                self._cursor = "" if kind == "full" else text(beats[0])
+                if self._cursor in ("", "0"):
+                    self._cursor, self._synced = "", clock
+            self.epoch, self.version = epoch, int(version)
+            if len(self.records) == int(count) or kind == "full":
+                break
+            self.reset()  # records came or went without a logged change: read everything
+        stale_beats = {text(stale[i]): float(stale[i + 1]) for i in range(0, len(stale), 2)}
+        if self.stale.keys() - stale_beats.keys():
+            self._synced = float("-inf")  # beating again: learn its new beat next read
+        return self.assemble(dirty, stale_beats, now, redis_now)
+
+    def load(self, records: dict[str, Any], backlog: dict[str, Any], pending: dict[str, Any],
+             profiles: dict[str, Any]) -> set[str]:
+        """Replace everything with a full read; returns every worker name to re-check."""
+        dirty = set(self.records) | set(records) | set(self.live)
+        self.records = records
+        self.decoded = {n: v for n, v in self.decoded.items() if n in records}
+        self.backlog = {n: decode_ms(v) for n, v in backlog.items()}
+        self.pending = {n: decode_ms(v) for n, v in pending.items()}
+        self.profiles = {k: ms for k, ms in ((k, parse_profile(v)) for k, v in profiles.items())
+                         if ms is not None}
+        return dirty
+
+    def apply(self, body: Sequence[Any]) -> set[str]:
+        """Apply changed members ``[member, value, beat, ...]``; returns workers to re-check."""
+        dirty: set[str] = set()
+        profiles: dict[str, float] | None = None
+        for i in range(0, len(body), 3):
+            member, value = text(body[i]), body[i + 1]
+            kind, name = member[:1], member[2:]
+            if kind == "w":
+                if value is None:
+                    self.records.pop(name, None)
+                    self.beats.pop(name, None)
+                else:
+                    self.records[name] = value
+                    if body[i + 2] is None:
+                        self.beats.pop(name, None)
+                    else:
+                        self.beats[name] = float(body[i + 2])
+            elif kind in ("b", "p"):
+                table = self.backlog if kind == "b" else self.pending
+                if value is None:
+                    table.pop(name, None)
+                else:
+                    table[name] = decode_ms(value)
+            elif kind == "f":
+                profiles = dict(self.profiles) if profiles is None else profiles
+                ms = None if value is None else parse_profile(value)
+                if ms is None:
+                    profiles.pop(name, None)
+                else:
+                    profiles[name] = ms
+                continue
+            dirty.add(name)
+        if profiles is not None:
+            self.profiles = profiles  # a new dict: snapshots already handed out keep theirs
+        return dirty
+
+    def take_beats(self, flat: Sequence[Any], every: bool) -> set[str]:
+        """Take beats from a flat name/score list (``every``: all of them, so any other
+        is gone); returns the workers whose beat moved."""
+        beats = {text(flat[i]): float(flat[i + 1]) for i in range(0, len(flat), 2)}
+        old = self.beats
+        self.beats = beats if every else {**old, **beats}
+        names = set(old) | set(beats) if every else set(beats)
+        return {n for n in names if old.get(n) != beats.get(n)}
+
+    def _view(self, name: str) -> WorkerView | str:
+        """The decoded record of ``name`` (decoded again only when its bytes changed), or
+        why it is refused."""
+        raw = self.records[name]
+        hit = self.decoded.get(name)
+        if hit is not None and hit[0] == raw:
+            return hit[1]
+        try:
+            view: WorkerView | str = decode_record(raw, field_name=name)
+        except RecordError as exc:
+            view = str(exc)
+        if isinstance(view, WorkerView) and self.queue_prefix is not None \
+                and view.queue != self.queue_prefix + view.name:
+            view = (f"worker record {name!r} names queue {view.queue!r}, not "
+                    f"{self.queue_prefix + view.name!r} (forged or misconfigured): ignored, "
+                    "and its queue is never drained")
+        self.decoded[name] = (raw, view)
+        return view
+
+    def assemble(self, dirty: set[str], stale: dict[str, float], now: float,
+                 redis_now: float) -> tuple[tuple[WorkerView, ...], dict[str, float],
+                                            tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """Re-check the ``dirty`` workers and those whose staleness changed; returns a
+        snapshot's live workers, profiles, skipped reasons and dead (name, queue)."""
+        dirty |= set(stale).symmetric_difference(self.stale)
+        self.stale = stale
+        for name, score in stale.items():
+            if self.beats.get(name) != score:
+                self.beats[name] = score
+                dirty.add(name)
+        members_changed = False
+        changed = False
+        offset = now - redis_now  # a beat on Redis's clock as a time on this host's clock
+        for name in dirty:
+            self.refused.pop(name, None)
+            self.no_beat.discard(name)
+            view = self._view(name) if name in self.records else None
+            if isinstance(view, str):
+                self.refused[name] = view
+                view = None
+            elif view is not None:
+                beat = self.beats.get(name)
+                if beat is None:
+                    self.no_beat.add(name)
+                    view = None
+                elif name in stale:
+                    view = None
+                else:
+                    view = _fold(view, heartbeat=min(now, beat + offset),
+                                 backlog_ms=self.backlog.get(name, 0.0),
+                                 pending_ms=self.pending.get(name, 0.0))
+            if view is None:
+                if self.live.pop(name, None) is not None:
+                    members_changed = changed = True
+            else:
+                if name not in self.live:
+                    members_changed = True
+                self.live[name] = view
+                changed = True
+        if members_changed:
+            self.order = sorted(self.live)
+        if changed:
+            self.workers = tuple(map(self.live.__getitem__, self.order))
+        skipped = [self.refused[n] for n in sorted(self.refused)]
+        dead: list[tuple[str, str]] = []
+        for name in sorted(self.no_beat | (stale.keys() & self.records.keys())):
+            view = self.decoded.get(name, (None, ""))[1]
+            if not isinstance(view, WorkerView):
+                continue  # refused records are never judged, nor drained
+            if name in self.no_beat:
+                skipped.append(f"worker {name!r}: no heartbeat (dead)")
+            else:
+                skipped.append(f"worker {name!r}: heartbeat "
+                               f"{max(0.0, redis_now - stale[name]):.1f}s old (dead)")
+            dead.append((view.name, view.queue))
+        return self.workers, self.profiles, tuple(skipped), tuple(dead)
+
+
+def _fold(view: WorkerView, **values: float) -> WorkerView:
+    """``replace(view, **values)`` without re-running the constructor (about 8x faster,
+    it matters when a full read folds in a thousand workers): the record was validated
+    when decoded and only these numbers change."""
+    try:
+        new = object.__new__(WorkerView)
+        new.__dict__.update(view.__dict__, **values)
+        return new
+    except AttributeError:  # a WorkerView without __dict__ (slots): the plain way
+        return replace(view, **values)

@@ -1,0 +1,148 @@
+"""A reader fetches only what changed since its last read, and still sees everything."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from compass_celery.planner.types import WorkerView
+from compass_celery.state import RedisStateStore
+
+pytestmark = pytest.mark.redis
+
+QP = "compass.w."
+
+
+def _view(name: str, free: float = 500.0) -> WorkerView:
+    return WorkerView(name=name, queue=QP + name, gpu_total_mb=1000.0, gpu_free_mb=free,
+                      heartbeat=1.0)
+
+
+def _snap(store: RedisStateStore, timeout: float = 30.0):
+    return store.snapshot(time.time(), timeout)
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    stats = client.info("commandstats").get(f"cmdstat_{command}")
+    return int(stats["calls"]) if stats else 0
+
+
+@pytest.fixture
+def stores(compass_redis_url):
+    writer = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    reader = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    return writer, reader, redis.Redis.from_url(compass_redis_url)
+
+
+def test_a_reader_sees_new_updated_and_removed_workers(stores):
+    writer, reader, _ = stores
+    writer.publish(_view("a"))
+    assert [w.name for w in _snap(reader).workers] == ["a"]
+    writer.publish(_view("b"))
+    writer.publish(_view("a", free=100.0))
+    writer.charge("b", 40.0)
+    writer.add_pending("a", 7.0)
+    snap = _snap(reader)
+    assert [(w.name, w.gpu_free_mb, w.backlog_ms, w.pending_ms) for w in snap.workers] == [
+        ("a", 100.0, 0.0, 7.0), ("b", 500.0, 40.0, 0.0)]
+    writer.remove("a")
+    assert [w.name for w in _snap(reader).workers] == ["b"]
+    writer.record_run("t|m", 80.0, 0.3)
+    assert _snap(reader).profiles == {"t|m": 80.0}
+    assert reader.full_reads == 1  # all of it incremental after the first read
+
+
+def test_an_incremental_read_fetches_only_changed_records(stores):
+    writer, reader, client = stores
+    for i in range(20):
+        writer.publish(_view(f"w{i:02d}"))
+    assert len(_snap(reader).workers) == 20
+    fetched, hgetall = reader.records_fetched, _calls(client, "hgetall")
+    for i in range(20):  # idle workers publish the same bytes: nothing to fetch
+        writer.publish(_view(f"w{i:02d}"))
+    first = _snap(reader)
+    assert reader.records_fetched == fetched
+    writer.publish(_view("w03", free=10.0))
+    snap = _snap(reader)
+    assert reader.records_fetched == fetched + 1
+    assert _calls(client, "hgetall") == hgetall  # no full read of any hash
+    assert {w.name: w.gpu_free_mb for w in snap.workers}["w03"] == 10.0
+    before = {w.name: w for w in first.workers}
+    assert all(w is before[w.name] for w in snap.workers if w.name != "w03")  # kept
+    assert _snap(reader).workers is snap.workers  # nothing changed: the same tuple
+
+
+def test_full_reload_after_the_data_is_lost(stores):
+    writer, reader, client = stores
+    writer.publish(_view("a"))
+    writer.publish(_view("b"))
+    assert len(_snap(reader).workers) == 2
+    epoch = client.hget("compass:state-log", "epoch")
+    client.flushall()  # a restart without persistence: the version counter starts over
+    for name in ("c", "d", "e"):  # ... and passes the reader's version again
+        writer.publish(_view(name))
+    writer.remove("d")
+    writer.remove("e")
+    assert client.hget("compass:state-log", "epoch") != epoch
+    fulls = reader.full_reads
+    assert [w.name for w in _snap(reader).workers] == ["c"]
+    assert reader.full_reads == fulls + 1
+    client.flushall()  # and nobody has written since
+    assert _snap(reader).workers == ()
+
+
+def test_liveness_is_exact_without_reading_every_beat(stores):
+    writer, reader, client = stores
+    writer.publish(_view("a"))
+    writer.publish(_view("b"))
+    assert len(_snap(reader, 1.0).workers) == 2
+    client.zadd("compass:beats", {"a": time.time() - 100})  # a's beat lapses
+    snap = _snap(reader, 1.0)
+    assert [w.name for w in snap.workers] == ["b"]
+    assert snap.dead == (("a", QP + "a"),) and "dead" in snap.skipped[0]
+    writer.publish(_view("a"))  # it beats again (same bytes: nothing logged)
+    assert [w.name for w in _snap(reader, 1.0).workers] == ["a", "b"]
+
+
+def test_records_written_behind_the_log_are_still_seen(stores):
+    writer, reader, client = stores
+    writer.publish(_view("a"))
+    assert len(_snap(reader).workers) == 1
+    client.hset("compass:workers", "junk@x", b"{not json")  # no logged change
+    snap = _snap(reader)
+    assert any("junk@x" in why and "not valid JSON" in why for why in snap.skipped)
+    forged = json.dumps({"name": "evil@x", "queue": "other-app", "gpu_total_mb": 1.0,
+                         "gpu_free_mb": 1.0, "speed": 1.0, "load_mb_per_s": 1.0,
+                         "host_load_mb_per_s": 1.0, "net_mb_per_s": 1.0, "heartbeat": 0.0})
+    client.hset("compass:workers", "evil@x", forged)
+    snap = _snap(reader)
+    assert [w.name for w in snap.workers] == ["a"] and snap.dead == ()
+    assert any("forged" in why for why in snap.skipped)
+
+
+def test_a_reader_that_fell_off_the_change_log_reads_everything(stores, monkeypatch):
+    import compass_celery.state
+
+    writer, reader, _ = stores
+    monkeypatch.setattr(compass_celery.state, "CHANGE_LOG_SIZE", 3)  # what writers keep
+    writer.publish(_view("a"))
+    assert len(_snap(reader).workers) == 1
+    fulls = reader.full_reads
+    for i in range(6):
+        writer.publish(_view(f"n{i}"))
+    assert len(_snap(reader).workers) == 7
+    assert reader.full_reads == fulls + 1
+
+
+def test_reported_heartbeats_are_refreshed_a_slice_at_a_time(stores):
+    writer, reader, _ = stores
+    reader.beat_sync_s = 0.0  # a pass over the beats on every read
+    writer.publish(_view("a"))
+    first = _snap(reader).workers[0].heartbeat
+    time.sleep(0.3)
+    writer.publish(_view("a"))  # same bytes: only the beat moves, nothing is logged
+    _snap(reader)
+    assert _snap(reader).workers[0].heartbeat >= first + 0.25
