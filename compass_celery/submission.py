@@ -18,6 +18,7 @@ from .job_handle import JobHandle
 from .job_keys import JOB_HEADER, JobKeys, deadlines_key, placement_json
 from .placement import Decision
 from .planner.check import check_plan
+from .planner.pending import pending_work
 from .planner.types import ClusterView, DagSpec, Placement
 from .retry import retry_transient
 from .state import StateUnavailable
@@ -68,6 +69,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
             **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
     client = c.store.client
 
+    pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
+
     def record() -> None:
         pipe = client.pipeline()  # one MULTI/EXEC: the job exists whole or not at all
         pipe.hset(keys.job, mapping=body)
@@ -77,9 +80,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
         for key in keys.all():
             pipe.expire(key, int(cfg["job_ttl_s"]))
         pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
-        for name, node in nodes.items():  # planned work not sent yet counts on its worker
-            if node["preds"] and name in plan and plan[name].worker != "*":
-                c.store.add_pending(plan[name].worker, plan[name].run_ms, pipe=pipe)
+        for worker, run_ms in pending.values():  # planned work not sent yet counts
+            c.store.add_pending(worker, run_ms, pipe=pipe)
         pipe.execute()
 
     retry_transient(f"job {job_id}: recording it", record, give_up_s=cfg["submit_retry_s"],
