@@ -10,7 +10,8 @@ does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``), then
 :func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
 (in Redis and in the reader's snapshot). Prints decisions/s, the time of the snapshot
 reads that went to Redis, the decision time (read + decide), and Redis's egress and CPU
-over the measured window (``INFO stats``/``INFO cpu`` deltas).
+over the measured window (``INFO stats``/``INFO cpu`` deltas), with the producers' share
+of the egress (the total less what the publisher alone caused in a 2 s window before).
 
 It imports only names that the state module has kept stable, so the same file measures
 an older checkout too (copy it there and run it with that checkout first on the path).
@@ -151,6 +152,12 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
             raise RuntimeError("publisher did not start")
         raw = client.hgetall(f"{PREFIX}:workers")
         record_bytes = sum(len(v) for v in raw.values()) / max(1, len(raw))
+        # what the publisher alone makes Redis send and spend (its replies), to subtract
+        base0, base_cpu0, base_t0 = *_info(client), time.time()
+        time.sleep(2.0)
+        base1, base_cpu1, base_t1 = *_info(client), time.time()
+        background = (base1 - base0) / (base_t1 - base_t0)
+        background_cpu = (base_cpu1 - base_cpu0) / (base_t1 - base_t0)
         out = ctx.Queue()
         start_at = time.time() + warmup_s + 0.05 * producers
         procs = [ctx.Process(target=_producer, args=(server.url, k, start_at, seconds, out))
@@ -172,6 +179,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
     arrays = {k: np.concatenate([np.frombuffer(r[k], dtype="d") for r in results])
               for k in ("fresh", "fresh_decision", "decision")}
     egress = bytes1 - bytes0
+    readers = max(0.0, egress - background * elapsed)  # producers' share
     return {
         "records": records, "producers": producers, "seconds": seconds,
         "changing": changing, "record_bytes": round(record_bytes, 1),
@@ -185,9 +193,13 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         "decision_ms": {"p50": _pct(arrays["decision"], 50),
                         "p99": _pct(arrays["decision"], 99)},
         "redis_egress_bytes_per_s": round(egress / elapsed, 1),
-        "redis_egress_bytes_per_decision": round(egress / max(1, total), 1),
-        "redis_egress_bytes_per_fresh_read": round(egress / max(1, arrays["fresh"].size), 1),
+        "publisher_egress_bytes_per_s": round(background, 1),
+        "producer_egress_bytes_per_s": round(readers / elapsed, 1),
+        "producer_egress_bytes_per_decision": round(readers / max(1, total), 1),
+        "producer_egress_bytes_per_fresh_read": round(readers / max(1, arrays["fresh"].size),
+                                                      1),
         "redis_cpu_per_s": round((cpu1 - cpu0) / elapsed, 3),
+        "publisher_redis_cpu_per_s": round(background_cpu, 3),
     }
 
 
@@ -203,10 +215,13 @@ def report(r: dict[str, Any]) -> str:
         f"  fresh read ms            p50 {f['p50']:8.3f}  p99 {f['p99']:8.3f}",
         f"  fresh decision ms        p50 {fd['p50']:8.3f}  p99 {fd['p99']:8.3f}",
         f"  decision ms (all)        p50 {d['p50']:8.3f}  p99 {d['p99']:8.3f}",
-        f"  Redis egress bytes/s     {r['redis_egress_bytes_per_s']:12.0f}",
-        f"  Redis egress B/decision  {r['redis_egress_bytes_per_decision']:12.1f}",
-        f"  Redis egress B/fresh rd  {r['redis_egress_bytes_per_fresh_read']:12.1f}",
-        f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}",
+        f"  Redis egress bytes/s     {r['redis_egress_bytes_per_s']:12.0f}  (publisher "
+        f"alone {r['publisher_egress_bytes_per_s']:.0f})",
+        f"  producers' egress B/s    {r['producer_egress_bytes_per_s']:12.0f}",
+        f"  producers' B/decision    {r['producer_egress_bytes_per_decision']:12.1f}",
+        f"  producers' B/fresh read  {r['producer_egress_bytes_per_fresh_read']:12.1f}",
+        f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}  (publisher alone "
+        f"{r['publisher_redis_cpu_per_s']:.3f})",
     ])
 
 
