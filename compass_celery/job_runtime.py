@@ -12,6 +12,7 @@ import json
 import logging
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .errors import JobError, JobTimeout
@@ -53,6 +54,9 @@ class OutputCache:
         while self.bytes > self.capacity_bytes:
             _, (_, dropped) = self._items.popitem(last=False)
             self.bytes -= dropped
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._items
 
     def get(self, job: str, node: str) -> tuple[bool, Any]:
         """``(True, value)`` if the output is held here, else ``(False, None)``; counts hits."""
@@ -107,8 +111,15 @@ class JobRuntime:
         args[0] = values[preds[0]] if ref.get("single") else [values[p] for p in preds]
 
     def on_success(self, job: dict[str, Any], task_id: str, retval: Any,
-                   timing: dict[str, float]) -> list[str]:
-        """Record the node's output and send the successors it released."""
+                   timing: dict[str, float], pipe: Any = None, unsettled_ms: float = 0.0
+                   ) -> list[str]:
+        """Record the node's output and send the successors it released.
+
+        ``pipe`` holds the worker's own bookkeeping for this task; the confirmation
+        of the sends rides on it, so a hop costs one round trip fewer. Left unsent
+        (nothing released, or the completion was refused), the caller sends it.
+        ``unsettled_ms`` is this task's charge, still on this worker's backlog in Redis
+        until that pipeline runs; re-placement takes it off."""
         job_id, node = job["id"], job["node"]
         keys = self.keys(job_id)
         cfg = self.c.settings
@@ -140,10 +151,12 @@ class JobRuntime:
                            "but never confirmed sent", job_id, node, [r[0] for r in released])
         else:
             self.outputs.put(job_id, node, retval, len(output))
-        return self._send_released(job_id, keys, released, resumed=status == "duplicate")
+        return self._send_released(job_id, keys, released, resumed=status == "duplicate",
+                                   pipe=pipe, unsettled_ms=unsettled_ms)
 
     def _send_released(self, job_id: str, keys: JobKeys, released: list[tuple[str, ...]],
-                       resumed: bool) -> list[str]:
+                       resumed: bool, pipe: Any = None, unsettled_ms: float = 0.0
+                       ) -> list[str]:
         """Publish each released successor, then confirm the sends and settle the backlog
         and pending counters in one pipeline (also for the ones sent before a failure)."""
         c = self.c
@@ -152,11 +165,11 @@ class JobRuntime:
             for succ, task_id, spec, plan, where in released:
                 planned = json.loads(plan) if plan else None
                 decision = self._send_successor(job_id, succ, task_id, json.loads(spec),
-                                                planned, json.loads(where))
+                                                planned, json.loads(where), unsettled_ms)
                 sent.append((succ, task_id, decision, planned))
         finally:
             if sent:
-                pipe = c.store.client.pipeline(transaction=False)
+                pipe = pipe if pipe is not None else c.store.client.pipeline(transaction=False)
                 pipe.hset(keys.tasks, mapping={succ: tid for succ, tid, _, _ in sent})
                 for _, _, decision, planned in sent:
                     if decision.charge_ms:
@@ -168,7 +181,8 @@ class JobRuntime:
         return [tid for _, tid, _, _ in sent]
 
     def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
-                        planned: dict[str, Any] | None, where: dict[str, float]) -> Decision:
+                        planned: dict[str, Any] | None, where: dict[str, float],
+                        unsettled_ms: float = 0.0) -> Decision:
         """Re-check the successor's placement against fresh state (the adjustment phase)
         and publish it to its worker's queue under its claimed task id."""
         c = self.c
@@ -180,10 +194,14 @@ class JobRuntime:
             snapshot = None  # no fresh state to judge by: keep the plan
         better = None
         if snapshot is not None:
+            workers = snapshot.workers
+            if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
+                workers = tuple(replace(w, backlog_ms=max(0.0, w.backlog_ms - unsettled_ms))
+                                if w.name == self.name else w for w in workers)
             better = choose_successor(
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
                 planned["worker"] if planned else "",
-                lambda: ClusterView.of(snapshot.workers, c.model_sizes(), snapshot.taken_at),
+                lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at),
                 where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
                 adjusts=c.policy.adjusts)
         if better is not None:

@@ -132,9 +132,11 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}
+    # The job record keeps each node's output; Celery's result backend would be a
+    # second write (and a read) per hop that nobody reads.
     c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
-                    task_id=task_id, headers={"compass": decision.as_header(),
-                                              JOB_HEADER: header})
+                    task_id=task_id, ignore_result=True,
+                    headers={"compass": decision.as_header(), JOB_HEADER: header})
     c.remember(task_id, decision)
     return decision
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from redis import RedisError
 
 from .errors import JobError, RetriesExhausted
-from .job_keys import JOB_HEADER
+from .job_keys import INPUT_REF, JOB_HEADER
 from .placement import Decision
 from .profiles import profile_key, resolve_demand
 from .retry import retry_transient
@@ -118,30 +118,35 @@ class TaskHooks:
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
+        unsettled = 0.0
+        if decision is not None and decision.worker == self.name and decision.charge_ms:
+            store.charge(self.name, -decision.charge_ms, pipe=pipe)
+            unsettled = decision.charge_ms if pipe is not None else 0.0
+        if started is not None and state == "SUCCESS":
+            store.record_run(profile_key(task.name, model), run_ms,
+                             self.cfg["ewma_alpha"], pipe=pipe)
+        job = getattr(request, JOB_HEADER, None)
+        if isinstance(job, dict) and self.jobs is not None:
+            # never skipped; a completed node's sends are confirmed on the same pipeline
+            self._job_finished(job, request, state, retval, timing, run_ms, pipe, unsettled)
         try:  # bookkeeping is best effort (one round trip): reconciliation corrects it
-            if decision is not None and decision.worker == self.name and decision.charge_ms:
-                store.charge(self.name, -decision.charge_ms, pipe=pipe)
-            if started is not None and state == "SUCCESS":
-                store.record_run(profile_key(task.name, model), run_ms,
-                                 self.cfg["ewma_alpha"], pipe=pipe)
-            if pipe is not None:
+            if pipe is not None and len(pipe):
                 store.execute(pipe)  # type: ignore[attr-defined]
         except StateUnavailable as exc:
             logger.warning("compass: bookkeeping skipped, %s", exc)
-        job = getattr(request, JOB_HEADER, None)
-        if isinstance(job, dict) and self.jobs is not None:
-            self._job_finished(job, request, state, retval, timing, run_ms)  # never skipped
         self._wake.set()
 
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
-                      timing: dict[str, float], run_ms: float) -> None:
+                      timing: dict[str, float], run_ms: float, pipe: Any = None,
+                      unsettled_ms: float = 0.0) -> None:
         jobs = self.jobs
         assert jobs is not None
         if state == "SUCCESS":
             sent = float(job.get("sent") or timing.get("started", 0.0))
             timing = {**timing, "run_ms": run_ms, "finished": time.time(),
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
-            self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing))
+            self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing,
+                                                           pipe, unsettled_ms))
         elif state == "FAILURE":
             exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
             self._until_done(job, lambda: jobs.fail(job, request.id, exc,
@@ -172,7 +177,7 @@ class TaskHooks:
             with self._lock:
                 self._tags[request.id] = tag  # leased from now until it is acked
         job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
-        if not isinstance(job, dict) or self.jobs is None:
+        if not isinstance(job, dict) or self.jobs is None or self._inputs_here(job, request):
             return
         try:
             state = self.jobs.job_state(job.get("id", ""))
@@ -184,6 +189,17 @@ class TaskHooks:
             logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
                            state.lower(), job.get("node"))
             worker_state.revoked.add(request.id)
+
+    def _inputs_here(self, job: dict, request: Any) -> bool:
+        """Whether every input of this job node was produced on this worker moments ago:
+        its job was then running, so checking its state again would only cost a round trip
+        (a failure since then revokes the node by broadcast)."""
+        jobs = self.jobs
+        args = getattr(request, "args", None)
+        first = args[0] if isinstance(args, (list, tuple)) and args else None
+        ref = first.get(INPUT_REF) if isinstance(first, dict) else None
+        return (jobs is not None and isinstance(ref, dict) and bool(ref.get("preds"))
+                and all((job.get("id"), p) in jobs.outputs for p in ref["preds"]))
 
     def task_revoked(self, request: Any) -> None:
         """Take a revoked task's charge off this worker's backlog."""
