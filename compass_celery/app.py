@@ -21,7 +21,7 @@ from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
 from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore, connect
-from .transport import RedisLayout, RedisQueues
+from .transport import BrokerQueues, RedisLayout, RedisQueues
 
 logger = logging.getLogger("compass_celery")
 
@@ -105,11 +105,20 @@ class Compass:
         return self._store
 
     @cached_property
-    def queues(self) -> RedisQueues | None:
-        """Compass queues in the broker's Redis (hand-back, recovery, leases); None when
-        eager or when the broker is not Redis."""
+    def queues(self) -> BrokerQueues | None:
+        """Compass queues in the broker (hand-back, recovery, leases): Redis lists, or
+        RabbitMQ queues with the move marks in the state Redis; None when eager, when
+        the broker is neither, or when an AMQP broker has no state Redis."""
         broker = self.app.conf.broker_url or ""
-        if self.eager or not broker.startswith(REDIS_SCHEMES):
+        if self.eager:
+            return None
+        from .amqp_queues import AmqpQueues, is_amqp
+
+        if is_amqp(broker):
+            client = self.store.client
+            return None if client is None else AmqpQueues(self.app, client,
+                                                         self.settings["key_prefix"])
+        if not broker.startswith(REDIS_SCHEMES):
             return None
         options = self.app.conf.broker_transport_options or {}
         client = connect(broker, master_name=options.get("master_name"),

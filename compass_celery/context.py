@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .placement import Decision
     from .planner.base import Policy
     from .state import SnapshotReader, StateStore
-    from .transport import RedisQueues
+    from .transport import BrokerQueues
 
 
 class CompassContext(Protocol):
@@ -51,8 +51,8 @@ class CompassContext(Protocol):
         """The fallback queue every worker consumes."""
 
     @property
-    def queues(self) -> RedisQueues | None:
-        """The broker's compass queues (None when eager or not on Redis)."""
+    def queues(self) -> BrokerQueues | None:
+        """The broker's compass queues, Redis or AMQP (None when eager)."""
 
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue."""

@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery
 
 from compass_celery import Compass, keys
+from compass_celery.amqp_queues import is_amqp
 from compass_celery.cache import current_cache
 
 logger = logging.getLogger("compass_celery.emulated")
@@ -52,9 +53,12 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
     """A Compass app with the emulated tasks; settings from the environment unless given."""
     env = os.environ
     broker = broker or env.get("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
-    app = Celery("compass_emulated", broker=broker, backend=broker)
+    state_url = state_url or env.get("COMPASS_REDIS_URL") or None
+    # over RabbitMQ, results go to the state Redis (Celery has no amqp:// result backend)
+    backend = (state_url or "rpc://") if is_amqp(broker) else broker
+    app = Celery("compass_emulated", broker=broker, backend=backend)
     app.conf.update(
-        compass_redis_url=state_url or env.get("COMPASS_REDIS_URL") or None,
+        compass_redis_url=state_url,
         compass_models=json.loads(env.get("COMPASS_MODELS", "null")) or EDGE_MODELS,
         compass_policy=env.get("COMPASS_POLICY", "compass"),
         compass_key_prefix=env.get("COMPASS_KEY_PREFIX", "compass"),

@@ -12,7 +12,10 @@ back to that same queue after the transport's visibility timeout. So:
 - a drain never holds a message only in memory: messages are staged in Redis in
   one atomic step, then moved one at a time, atomically, to their new queue or
   to the dead-letter list (:class:`~compass_celery.transport.RedisQueues`). A
-  drainer killed anywhere leaves them staged, and the next leader resumes;
+  drainer killed anywhere leaves them staged, and the next leader resumes. Over
+  RabbitMQ (:class:`~compass_celery.amqp_queues.AmqpQueues`) a message stays
+  unacked on the drainer's connection until its copy is confirmed in its new
+  queue, and the broker returns it if the drainer dies;
 - in-flight messages whose runner still renews its lease are left alone, so a
   stopping worker's running task, or a long one, never runs twice;
 - the leader also fails jobs past their deadline, whether anyone waits on them
@@ -33,7 +36,7 @@ from .job_failure import sweep_overdue
 from .placement import Decision, PlacementError, decide
 from .profiles import Demand
 from .state import StateUnavailable, text
-from .transport import MessageError, RedisQueues, parse_message, redis_time
+from .transport import BrokerQueues, MessageError, parse_message, redis_time
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -133,16 +136,17 @@ def hand_back(c: CompassContext, me: str) -> int:
 
 def take_back(c: CompassContext, me: str) -> int:
     """A starting worker re-places what a previous process under its name left in
-    flight or staged (a same-name restart); nothing of its own runs yet."""
+    flight or staged (a same-name restart); nothing of its own runs yet. Over AMQP
+    the broker has already put those back in the queue, which it now consumes."""
     queues = c.queues
-    if queues is None:
+    if queues is None or queues.returns_unacked:
         return 0
     queue = c.queue_for(me)
     queues.stage([queue], 0.0)  # every in-flight entry: no process of ours runs it now
     return replace_staged(c, queues, queue)
 
 
-def replace_staged(c: CompassContext, queues: RedisQueues, queue: str,
+def replace_staged(c: CompassContext, queues: BrokerQueues, queue: str,
                    exclude: str | None = None) -> int:
     """Re-place ``queue``'s staged messages one at a time; unusable ones are
     dead-lettered with a log line naming why. Redis errors propagate: the rest
@@ -158,8 +162,7 @@ def replace_staged(c: CompassContext, queues: RedisQueues, queue: str,
             continue
         target, decision = plan_message(c, message, exclude)
         priority = (message.get("properties") or {}).get("priority")
-        if queues.move(queue, raw, queues.layout.list_for(target, priority),
-                       json.dumps(message)):
+        if queues.move(queue, raw, queues.target(target, priority), json.dumps(message)):
             moved += 1
             if decision is not None and decision.charge_ms:
                 with contextlib.suppress(StateUnavailable):  # reconciled by its worker

@@ -5,7 +5,9 @@ keeps a queue as one list per priority step (``<queue>\\x06\\x16<step>``), puts
 a consumed-but-unacked message in its ``unacked`` hash (``[message, exchange,
 routing_key]``) and may prefix every key (``global_keyprefix``). Those details
 live here and nowhere else. :class:`RedisQueues` runs the atomic steps that
-recovery and the worker's hand-back are built from.
+recovery and the worker's hand-back are built from; :class:`BrokerQueues` names
+those steps, which :class:`~compass_celery.amqp_queues.AmqpQueues` implements
+for RabbitMQ.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import base64
 import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from . import keys
 from .scripts import script
@@ -148,6 +150,62 @@ def peek(client: Any, layout: RedisLayout, queue: str, limit: int = -1) -> list[
     return out[:limit] if limit > 0 else out
 
 
+class BrokerQueues(Protocol):
+    """The broker-queue steps that hand-back, recovery and the worker are built from.
+
+    A drain is ``stage`` (what to take), then ``next_staged`` / ``move`` or
+    ``dead_letter`` one message at a time: a message leaves its queue only once
+    its copy is safely in its new queue (or in the dead-letter list).
+    """
+
+    #: True when the broker itself returns a lost consumer's unacked messages to their
+    #: queue (AMQP): compass then keeps no leases and a restart has nothing to take back.
+    returns_unacked: bool
+    #: True when waiting messages can be read without consuming them (Redis lists).
+    peekable: bool
+
+    @property
+    def dead_letter_key(self) -> str:
+        """The Redis list of unusable messages, each with its queue and the reason."""
+
+    def stage(self, queues: Iterable[str], lease_timeout_s: float,
+              with_unacked: bool = True) -> dict[str, tuple[int, int]]:
+        """Take each queue's messages for a drain; -> {queue: (taken, still in flight)}."""
+
+    def next_staged(self, queue: str) -> bytes | None:
+        """The next taken message of ``queue`` to re-place (None when done)."""
+
+    def target(self, queue: str, priority: Any) -> str:
+        """Where a message of ``priority`` bound for ``queue`` is put."""
+
+    def move(self, queue: str, expected: bytes, target: str, raw: str) -> bool:
+        """Put ``raw`` on ``target`` in place of ``expected``; False when already gone."""
+
+    def dead_letter(self, queue: str, expected: bytes, reason: str) -> bool:
+        """Move an unusable taken message to the dead-letter list, with why."""
+
+    def dead_letter_raw(self, queue: str, raw: bytes | str, reason: str) -> None:
+        """Keep an unusable message a consumer already took, with why."""
+
+    def has_work(self, queue: str) -> bool:
+        """Whether ``queue`` still holds (or may get back) a message."""
+
+    def waiting(self, queue: str) -> int:
+        """How many messages wait in ``queue`` (in-flight ones not counted)."""
+
+    def peek(self, queue: str, limit: int = -1) -> list[bytes]:
+        """The next waiting raw messages, next first ([] where the broker cannot peek)."""
+
+    def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
+        """Make this process's consumer keep an undecodable message instead of dying."""
+
+    def renew_leases(self, tags: Iterable[str], host_now: float) -> list[str]:
+        """Renew running tasks' leases; -> the tags no longer in flight."""
+
+    def prune_leases(self, older_than_s: float) -> int:
+        """Forget leases not renewed for ``older_than_s``."""
+
+
 class RedisQueues:
     """Atomic operations on compass queues in the broker's Redis.
 
@@ -158,6 +216,9 @@ class RedisQueues:
     the one read. A drainer killed at any point leaves every message in a queue
     or in staging, where the next drainer resumes.
     """
+
+    returns_unacked = False  # kombu's unacked hash waits for the visibility timeout
+    peekable = True
 
     def __init__(self, client: Any, layout: RedisLayout, prefix: str) -> None:
         self.client, self.layout, self.prefix = client, layout, prefix
@@ -205,6 +266,21 @@ class RedisQueues:
         """The staged message to re-place next (it stays staged until moved)."""
         return self.client.lindex(self.staging_key(queue), -1)
 
+    def target(self, queue: str, priority: Any) -> str:
+        """The list of ``queue`` a message of ``priority`` is pushed to."""
+        return self.layout.list_for(queue, priority)
+
+    def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
+        """Keep kombu's Redis consumer alive on garbage (:func:`guard_undecodable`)."""
+        guard_undecodable(on_garbage)
+
+    def waiting(self, queue: str) -> int:
+        """Messages waiting in ``queue``'s lists (priority lists included)."""
+        pipe = self.client.pipeline(transaction=False)
+        for name in self.layout.lists(queue):
+            pipe.llen(name)
+        return sum(int(n) for n in pipe.execute())
+
     def move(self, queue: str, expected: bytes, target_list: str, raw: str) -> bool:
         """Atomically pop ``expected`` off ``queue``'s staging and push ``raw`` onto
         ``target_list``; False (and nothing done) when another drainer moved it first."""
@@ -214,11 +290,11 @@ class RedisQueues:
     def dead_letter(self, queue: str, expected: bytes, reason: str) -> bool:
         """Move an unusable staged entry to the dead-letter list, with why."""
         return self.move(queue, expected, self.dead_letter_key,
-                         _dead_entry(queue, expected, reason))
+                         dead_entry(queue, expected, reason))
 
     def dead_letter_raw(self, queue: str, raw: bytes | str, reason: str) -> None:
         """Keep an unusable message a consumer already took, with why."""
-        self.client.lpush(self.dead_letter_key, _dead_entry(queue, raw, reason))
+        self.client.lpush(self.dead_letter_key, dead_entry(queue, raw, reason))
 
     def has_work(self, queue: str) -> bool:
         """Whether ``queue`` has a message in any of its lists or in staging."""
@@ -246,8 +322,8 @@ class RedisQueues:
         return int(self.client.zremrangebyscore(self.leases_key, "-inf", now - older_than_s))
 
 
-def _dead_entry(queue: str, raw: bytes | str, reason: str) -> str:
-    """A dead-letter list entry: where it came from, why, and the raw message."""
+def dead_entry(queue: str, raw: bytes | str, reason: str) -> str:
+    """A dead-letter list entry (JSON): where it came from, why, and the raw message."""
     return json.dumps({"queue": queue, "reason": reason, "raw": text(raw)})
 
 

@@ -27,7 +27,7 @@ from .planner.types import WorkerView
 from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
 from .state import StateUnavailable
 from .task_hooks import TaskHooks
-from .transport import RedisLayout, guard_undecodable, message_headers, peek
+from .transport import RedisLayout, message_headers, peek
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -106,8 +106,8 @@ class WorkerRuntime(TaskHooks):
             self.cache.preload(self.cfg["preload"])
         self.publish()
         try:
-            self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
-        except StateUnavailable as exc:
+            self._reconcile()
+        except (StateUnavailable, RedisError, OSError) as exc:
             logger.warning("compass: %s", exc)
         if self.jobs is not None:
             try:
@@ -120,8 +120,10 @@ class WorkerRuntime(TaskHooks):
                 logger.warning("compass: could not take back in-flight tasks: %s", exc)
         self._connect_signals()
         loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
+        queues = self.compass.queues
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self._watchdog_loop, "watchdog"))
+        if self.jobs is not None and queues is not None and not queues.returns_unacked:
             lease = threading.Thread(target=self._lease_loop, name="compass-leases",
                                      daemon=True)
             lease.start()  # not joined at stop: leases outlive the consumer until exit
@@ -227,11 +229,19 @@ class WorkerRuntime(TaskHooks):
     def _reconcile_loop(self) -> None:
         while not self._stopping.wait(self.cfg["reconcile_s"]):
             try:
-                self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
-            except (StateUnavailable, RedisError):
+                self._reconcile()
+            except (StateUnavailable, RedisError, OSError):
                 continue  # Redis away: the publisher says so once
             except Exception:  # never let bookkeeping kill the worker
                 logger.exception("compass: backlog reconciliation failed")
+
+    def _reconcile(self) -> None:
+        """Set the backlog from what runs and waits here. A broker that cannot be peeked
+        (AMQP) leaves the charges as they are while its queue holds messages."""
+        queues = self.compass.queues
+        if queues is not None and not queues.peekable and queues.waiting(self.queue):
+            return
+        self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
 
     def _watchdog_loop(self) -> None:
         interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
@@ -300,8 +310,10 @@ class WorkerRuntime(TaskHooks):
     # -- queue inspection ---------------------------------------------------------------
     def queued_decisions(self, limit: int = -1) -> list[Decision]:
         """Decisions of messages waiting in this worker's own queue, next first."""
-        client = self.compass.store.client
-        return [] if client is None else peek_queue(client, self.queue, limit)
+        client, queues = self.compass.store.client, self.compass.queues
+        if client is None or (queues is not None and not queues.peekable):
+            return []
+        return peek_queue(client, self.queue, limit)
 
     def queued_backlog_ms(self) -> float:
         """Estimated ms charged to this worker: its running and queued tasks."""
@@ -324,7 +336,7 @@ class WorkerRuntime(TaskHooks):
 
     def _connect_signals(self) -> None:
         if self.compass.queues is not None:
-            guard_undecodable(self._dead_letter)
+            self.compass.queues.guard_consumer(self._dead_letter)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
 
