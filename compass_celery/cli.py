@@ -136,6 +136,9 @@ def _floats(text: str | None, what: str) -> list[float]:
               help="real seconds per workload second (emulated sleeps and arrival gaps)")
 @click.option("--warmup-frac", type=click.FloatRange(0, 0.9), default=0.1, show_default=True)
 @click.option("--redis", "redis_url", default=None, help="use this Redis (default: private)")
+@click.option("--broker", "broker_url", default=None,
+              help="the workers' broker, e.g. amqp://guest:guest@127.0.0.1:5672/VHOST for "
+              "RabbitMQ; compass state stays in the Redis (default: the Redis)")
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None,
               help="override the cluster's worker count")
 @click.option("--sweep-rate", default=None, help="comma-separated rates: latency against load")
@@ -171,7 +174,8 @@ def _floats(text: str | None, what: str) -> list[float]:
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
-          warmup_frac: float, redis_url: str | None, n_workers: int | None,
+          warmup_frac: float, redis_url: str | None, broker_url: str | None,
+          n_workers: int | None,
           sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
           restart_redis_after: float | None, redis_aof: bool,
           rolling_restart_after: float | None, pause_redis_after: float | None,
@@ -191,10 +195,23 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
         if needs_private:
             raise click.UsageError(f"{needs_private[0]} needs the bench's private Redis: "
                                    "drop --redis")
+    if broker_url is not None:
+        from .amqp_queues import is_amqp
+
+        if not is_amqp(broker_url):
+            raise click.UsageError("--broker takes an amqp:// URL (a Redis broker is --redis)")
+        redis_only = [flag for flag, on in (
+            ("--restart-redis-after", restart_redis_after is not None),
+            ("--pause-redis-after", pause_redis_after is not None),
+            ("--redis-aof", redis_aof)) if on]
+        if redis_only:
+            raise click.UsageError(f"{redis_only[0]} acts on the broker Redis: it does not "
+                                   "apply over AMQP, where RabbitMQ is the broker")
     if pause_redis_for is not None and pause_redis_after is None:
         raise click.UsageError("--pause-redis-for needs --pause-redis-after")
     opts = BenchOptions(policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
+                        broker_url=broker_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
                         restart_redis_after=restart_redis_after, progress=not quiet,
                         cache_policy=cache_policy, redis_aof=redis_aof,

@@ -65,3 +65,10 @@ def stranded_messages(client: Any, prefix: str, worker_names: Sequence[str]
         out[raw.decode("utf-8", "replace")] = int(client.llen(raw))
     out["unacked"] = len(_unacked_entries(client, prefix))
     return out
+
+
+def stranded_amqp(queues: Any, prefix: str, worker_names: Sequence[str]) -> dict[str, int]:
+    """Over RabbitMQ: messages still waiting in each worker queue and the shared queue
+    once every job ended (unacked ones return to them when their consumer goes)."""
+    names = [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in worker_names)]
+    return {name: queues.waiting(name) for name in names}

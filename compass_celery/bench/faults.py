@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..amqp_queues import is_amqp
 from ..local import RedisServer, WorkerProcess, wait_until
 from .options import BenchOptions
 
@@ -64,6 +65,10 @@ def schedule_faults(opts: BenchOptions, workers: list[WorkerProcess],
                 return
             events.append(_restart_worker(w, app, log_dir, policy, n, at, stopping))
 
+    if is_amqp(opts.broker_url) and (opts.restart_redis_after is not None
+                                     or opts.pause_redis_after is not None):
+        raise ValueError("restarting or pausing the broker Redis does not apply over AMQP: "
+                         "the broker is RabbitMQ")
     if opts.kill_worker_after is not None:
         jobs.append((opts.kill_worker_after, kill))
     if opts.restart_redis_after is not None:

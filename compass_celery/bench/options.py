@@ -19,6 +19,9 @@ class BenchOptions:
     time_scale: float = 0.5
     warmup_frac: float = 0.1
     redis_url: str | None = None
+    # The workers' broker; None = the Redis above. An amqp:// URL puts the task messages in
+    # RabbitMQ and keeps compass's state (and the results) in that Redis.
+    broker_url: str | None = None
     workers: int | None = None
     kill_worker_after: float | None = None
     restart_redis_after: float | None = None

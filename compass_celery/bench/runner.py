@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import keys
+from ..amqp_queues import is_amqp
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
 from ..workload import WorkerSpec, Workload, job_stream
-from .audit import forget_unacked, ledger_counts, stranded_messages
+from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .faults import live_workers, schedule_faults
 from .options import POLICIES, BenchOptions
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
@@ -100,6 +101,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     if server is not None and restart is None:
         restart = server.restart
     prefix = f"compass-bench-{policy}"
+    broker = opts.broker_url or redis_url
+    amqp = is_amqp(broker)
     client = redis_lib.Redis.from_url(redis_url)
     ledger = redis_lib.Redis.from_url(ledger_url or redis_url)
     for key in client.scan_iter(f"{prefix}*"):  # state, jobs and queues of a previous run
@@ -108,7 +111,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     forget_unacked(client, prefix)
     specs = (workload.cluster.workers if opts.workers is None
              else workload.cluster.scaled(opts.workers).workers)
-    env = {"COMPASS_BROKER_URL": redis_url, "COMPASS_MODELS": json.dumps(workload.models),
+    env = {"COMPASS_BROKER_URL": broker, "COMPASS_MODELS": json.dumps(workload.models),
+           **({"COMPASS_REDIS_URL": redis_url} if amqp else {}),
            "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
            "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
            "COMPASS_CACHE_POLICY": opts.cache_policy or (
@@ -120,11 +124,16 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
            # Celery's redelivery after the visibility timeout shows within a run
            "COMPASS_RESTORE_INTERVAL_S": "1",
            "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)), **opts.extra_env}
-    app = make_app(redis_url, compass_policy=policy, compass_key_prefix=prefix,
+    app = make_app(broker, state_url=redis_url if amqp else None,
+                   compass_policy=policy, compass_key_prefix=prefix,
                    compass_shared_queue=f"{prefix}.shared",
                    compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
                    compass_heartbeat_timeout_s=opts.heartbeat_timeout_s,
                    compass_models=dict(workload.models), compass_job_timeout_s=3600)
+    names = [f"{s.name}@{policy}" for s in specs]
+    if amqp:  # a previous run's messages in this vhost would run or count as stranded
+        for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
+            app.compass.queues.delete(name)
     log_dir = opts.log_dir or os.path.join(os.getcwd(), "bench-out", "logs")
     os.makedirs(log_dir, exist_ok=True)
     workers = []
@@ -197,6 +206,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
         time.sleep(opts.settle_s)  # the last acks land before anything counts as stranded
         stranded = stranded_messages(client, prefix, [w.name for w in workers])
+        if amqp:
+            stranded.update(stranded_amqp(app.compass.queues, prefix, names))
         hits, misses, loads = _cache_counters(client, prefix)
         result = policy_result(outcomes, opts.warmup_frac, hits, misses, loads)
         result["breakdown_ms"] = _breakdown(handles, opts.warmup_frac, len(stream))
@@ -301,6 +312,19 @@ def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> Red
     return stack.enter_context(RedisServer(args=args))
 
 
+def _check_broker(url: str) -> None:
+    """Fail early, naming the broker, when it does not answer."""
+    from kombu import Connection
+    from kombu.utils.url import maybe_sanitize_url
+
+    try:
+        with Connection(url, connect_timeout=5) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as exc:
+        raise ConnectionError(f"cannot reach the broker at {maybe_sanitize_url(url)}: "
+                              f"{exc}") from None
+
+
 def run_bench(workload: Workload, opts: BenchOptions,
               echo: Callable[[str], Any] = print) -> dict[str, Any]:
     """Every policy on the same cluster shape, arrivals and cache sizes, in one run."""
@@ -319,6 +343,8 @@ def run_bench(workload: Workload, opts: BenchOptions,
                 redis_lib.Redis.from_url(url, socket_connect_timeout=2).ping()
             except Exception as exc:
                 raise ConnectionError(f"cannot reach Redis at {url}: {exc}") from None
+        if opts.broker_url is not None:
+            _check_broker(opts.broker_url)
         try:  # the execution ledger lives apart, where no Redis fault reaches it
             ledger_url = _private_redis(stack).url
         except LocalRedisError:
@@ -334,6 +360,7 @@ def run_bench(workload: Workload, opts: BenchOptions,
                  f"completed {r['completed']}/{r['jobs']}, duplicates {r['duplicates']}, "
                  f"stranded {r['stranded']}")
     return {"workload": workload.name, "time_scale": opts.time_scale, "emulated_gpu": True,
+            "broker": "amqp" if is_amqp(opts.broker_url) else "redis",
             "rate_per_s": opts.rate or workload.arrivals.rate_per_s,
             "heartbeat_timeout_s": opts.heartbeat_timeout_s,
             "visibility_timeout_s": effective_visibility_s(opts),

@@ -91,3 +91,17 @@ def test_status_lists_workers_and_skips_garbage(compass_redis_url):
     assert result.exit_code == 0, result.output
     assert "0 live compass worker(s)" in result.output
     assert "junk@x" in result.output and "not valid JSON" in result.output
+
+
+@pytest.mark.parametrize("fault", [["--pause-redis-after", "3"], ["--restart-redis-after", "3"],
+                                   ["--redis-aof"]])
+def test_redis_broker_faults_do_not_apply_over_amqp(fault):
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--broker",
+                 "amqp://guest:guest@127.0.0.1:5672/x", *fault)
+    assert result.exit_code != 0 and "does not apply over AMQP" in result.output
+
+
+def test_broker_takes_an_amqp_url():
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--broker",
+                 "redis://127.0.0.1:6379/0")
+    assert result.exit_code != 0 and "amqp://" in result.output
