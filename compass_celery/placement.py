@@ -8,15 +8,17 @@ model, a model no GPU can hold) raises :class:`PlacementError`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import CompassInputError
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
-from .planner.types import SHARED, ClusterView, DagSpec
+from .planner.cost import remember_arrays, with_rows, worker_arrays
+from .planner.types import SHARED, ClusterView, DagSpec, WorkerView
 from .profiles import Demand
 from .state import Snapshot
 
@@ -64,6 +66,76 @@ def fallback(demand: Demand, shared_queue: str, policy: str, why: str) -> Decisi
                     fallback=True)
 
 
+#: A view is carried over while at most this many workers (or a quarter) changed.
+CARRY_MAX_CHANGED = 16
+
+
+class ViewCache:
+    """The last cluster view this process planned on, and its columns.
+
+    A burst of decisions on one snapshot changes nothing but this process's own
+    backlog charges (``SnapshotReader.note_charge`` replaces one worker's view each
+    time); a fresh snapshot keeps the views of the workers that did not change. So
+    the next view is the last one with the changed workers' rows rewritten, instead
+    of a pass over every worker: at 1,000 workers that pass costs more than the rest
+    of a decision.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView] | None = None
+        self.carried = self.built = 0
+
+    def get(self, workers: tuple[WorkerView, ...], model_sizes_mb: Mapping[str, float],
+            now: float) -> ClusterView:
+        """A view of ``workers`` equal to ``ClusterView.of(workers, model_sizes_mb, now)``."""
+        with self._lock:
+            last = self._last
+        view = self._carry(last, workers, model_sizes_mb, now) if last is not None else None
+        if view is None:
+            view = ClusterView.of(workers, model_sizes_mb, now)
+            self.built += 1
+        else:
+            self.carried += 1
+        with self._lock:
+            self._last = (workers, dict(model_sizes_mb), view)
+        return view
+
+    @staticmethod
+    def _carry(last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView],
+               workers: tuple[WorkerView, ...], sizes: Mapping[str, float], now: float
+               ) -> ClusterView | None:
+        old_workers, old_sizes, old_view = last
+        if sizes != old_sizes or len(workers) != len(old_workers):
+            return None
+        if workers is old_workers:
+            if old_view.now == now:
+                return old_view
+            view = replace(old_view, now=now)
+            remember_arrays(view, worker_arrays(old_view))
+            return view
+        changed = [i for i, (a, b) in enumerate(zip(old_workers, workers, strict=True))
+                   if a is not b]
+        if len(changed) > max(CARRY_MAX_CHANGED, len(workers) // 4):
+            return None
+        arrays = worker_arrays(old_view)
+        rows: dict[int, WorkerView] = {}
+        for i in changed:
+            j = arrays.index.get(workers[i].name)
+            if j is None or j in rows:
+                return None  # a worker came or went: build afresh
+            rows[j] = workers[i]
+        ordered = list(old_view.workers)
+        for j, w in rows.items():
+            ordered[j] = w
+        view = replace(old_view, workers=tuple(ordered), now=now)
+        remember_arrays(view, with_rows(arrays, rows))
+        return view
+
+
+_VIEWS = ViewCache()
+
+
 def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
            validate: bool = False) -> Decision:
@@ -73,7 +145,7 @@ def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
                              f"known models: {sorted(model_sizes_mb)}")
     if not snapshot.workers:
         return fallback(demand, shared_queue, policy.name, "no live compass worker known")
-    cluster = ClusterView.of(snapshot.workers, model_sizes_mb, snapshot.taken_at)
+    cluster = _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at)
     try:
         dag = DagSpec.single(demand.spec())
         plan = policy.plan(dag, cluster)

@@ -11,8 +11,8 @@ Units: ms, MB, MB/s; task outputs in KB (1 MB = 1000 KB).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import attrgetter
 from typing import NamedTuple
@@ -147,6 +147,29 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
         **columns,
     )
+
+
+def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView]) -> WorkerArrays:
+    """``arrays`` with the workers at positions ``rows`` replaced by new views of the same
+    workers: what :func:`build_worker_arrays` would build, for a pass over the changed rows
+    only. The original is left as it was (columns are copied, then written)."""
+    columns = {f: getattr(arrays, f).copy() for f in _FIELDS}
+    resident, host = arrays.resident.copy(), arrays.host_resident.copy()
+    if rows:
+        at = np.fromiter(rows, dtype=int, count=len(rows))
+        views = list(rows.values())
+        table = np.array([_row(w) for w in views], dtype=float).reshape(len(views), -1)
+        for k, f in enumerate(_FIELDS):
+            columns[f][at] = table[:, k]
+        resident[at] = _membership(views, "resident", arrays.models)
+        host[at] = _membership(views, "host_resident", arrays.models)
+    return replace(
+        arrays, resident=resident, host_resident=host,
+        host_models=host.any(axis=0).tolist(),
+        ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
+        ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
+        host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
+        _fetch={}, _fits={}, **columns)
 
 
 def _membership(workers: Sequence[WorkerView], attr: str, models: dict[str, int]) -> np.ndarray:
