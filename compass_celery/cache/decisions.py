@@ -76,6 +76,11 @@ class CacheDecider:
         self._last_use: dict[str, float] = {}
         self._load_seq: dict[str, int] = {}
         self._seq = 0
+        #: Model -> sort key among victims no queued task needs, lowest evicted first,
+        #: before recency (lookahead only). The planner's ``planner.evict.eviction_rank``:
+        #: spare copies (the model has more replicas than its demand needs) go before
+        #: kept ones, so the cache evicts what the plan expected. Empty: LRU as before.
+        self.rank: Mapping[str, tuple[float, ...]] = {}
 
     # -- accounting ---------------------------------------------------------
     def resident_mb(self) -> float:
@@ -105,12 +110,13 @@ class CacheDecider:
         first = _first_use(queued)
         if not allow_needed:
             cands = [m for m in cands if m not in first]
+        rank, none = self.rank, (0.0, 0.0, 0.0)
 
-        def key(m: str) -> tuple[int, float, float, int]:
+        def key(m: str) -> tuple[float, ...]:
             lru = (self._last_use.get(m, -math.inf), self._load_seq[m])
             if m not in first:
-                return (0, 0.0, *lru)
-            return (1, -first[m], *lru)  # needed latest goes first
+                return (0, 0.0, *rank.get(m, none), *lru)
+            return (1, -first[m], *none, *lru)  # needed latest goes first
 
         return sorted(cands, key=key)
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from .choose import candidates, check_task, choose
 from .cost import finish_ms, run_ms, worker_arrays
+from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
 # The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
@@ -87,6 +88,10 @@ def reassign(
     planned one). That transfer is already inside both finish estimates, so this counts
     it twice on purpose: bandwidth estimates are the least reliable term, a moved join
     pulls every input, and a join left in place keeps its collocated inputs in memory.
+
+    With demand in the snapshot, workers are compared on finish plus the price of what a
+    load there would evict (``planner.evict``), as compass plans: a move that gains a few
+    ms now by pushing a busy model out is not worth the reload it causes later.
     """
     size = check_task(task, cluster)
     if not cluster.workers:
@@ -108,14 +113,18 @@ def reassign(
     run = run_ms(task.exec_ms, arr.speed)
     start = np.maximum(avail, transfer)
     finish = finish_ms(start, load, run)
-    best = choose(finish, avail, mask)
+    score = finish
+    if cluster.demand and task.model is not None:
+        pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
+        score = finish + pricer.price(task.model, size, arr.gpu_free_mb, load)
+    best = choose(score, avail, mask)
     p = arr.index.get(planned_worker)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")
     else:
         if plan_still_holds(avail[p], run[p], factor) or best == p:
             return None
-        gain = float(finish[p] - finish[best])
+        gain = float(score[p] - score[best])
         need = min_gain_ms + (max(float(transfer[best] - transfer[p]), 0.0) if is_join else 0.0)
         if gain <= need:
             return None

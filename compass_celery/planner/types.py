@@ -125,19 +125,36 @@ class DagSpec:
 
 
 @dataclass(frozen=True)
+class ModelDemand:
+    """Recent demand for one model across the cluster: GPU ms asked per second (1000 =
+    one speed-1.0 worker busy) and tasks per second (see ``planner.demand``)."""
+
+    ms_per_s: float
+    per_s: float
+
+
+@dataclass(frozen=True)
 class ClusterView:
-    """A consistent snapshot of the live workers plus the model catalogue."""
+    """A consistent snapshot of the live workers plus the model catalogue.
+
+    ``demand`` (model -> :class:`ModelDemand`) is optional: when present, compass keeps
+    enough replicas of each busy model resident (``planner.evict``); when empty, it
+    plans exactly as without it.
+    """
 
     workers: tuple[WorkerView, ...]
     model_sizes_mb: Mapping[str, float] = field(default_factory=dict)
     now: float = 0.0
+    demand: Mapping[str, ModelDemand] = field(default_factory=dict)
 
     @classmethod
     def of(
-        cls, workers: Iterable[WorkerView], model_sizes_mb: Mapping[str, float], now: float = 0.0
+        cls, workers: Iterable[WorkerView], model_sizes_mb: Mapping[str, float], now: float = 0.0,
+        demand: Mapping[str, ModelDemand] | None = None,
     ) -> ClusterView:
         """A snapshot with workers sorted by name, so equal states give equal views."""
-        return cls(tuple(sorted(workers, key=lambda w: w.name)), dict(model_sizes_mb), now)
+        return cls(tuple(sorted(workers, key=lambda w: w.name)), dict(model_sizes_mb), now,
+                   dict(demand or {}))
 
 
 @dataclass(frozen=True)

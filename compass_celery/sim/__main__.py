@@ -32,13 +32,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="re-place a successor when its worker's backlog exceeds this times "
                          "its run time (compass_move_factor)")
     ap.add_argument("--compare-pending", action="store_true")
+    ap.add_argument("--no-demand", action="store_true",
+                    help="plan without recent demand per model (no eviction pricing), as "
+                         "the real runtime does until it feeds ClusterView.demand")
     ap.add_argument("--json", help="write the result object here")
     args = ap.parse_args(argv)
     try:
         workload = load_workload(args.workload)
         kw = {"workers": args.workers, "rate": args.rate, "jobs": args.jobs,
               "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms,
-              "move_factor": args.move_factor}
+              "move_factor": args.move_factor, "demand": not args.no_demand}
         if args.compare_pending:
             result = compare_count_pending(workload, **kw)
         else:

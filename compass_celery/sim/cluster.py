@@ -20,6 +20,8 @@ from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
+from ..planner.demand import DemandTracker
+from ..planner.evict import eviction_rank
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..workload import WorkerSpec
 from .columns import LiveColumns
@@ -69,6 +71,7 @@ class SimWorker:
         self.load_free_at = 0.0
         self.wake_at = -1.0
         self.loads = self.hits = self.misses = 0
+        self.load_at: list[float] = []  # when each load started, workload ms
         self._view: WorkerView | None = None
 
     # -- bookkeeping --------------------------------------------------------
@@ -109,6 +112,7 @@ class SimWorker:
         if self.running is None:
             self.try_start()
         elif self.prefetching:
+            self._hint()
             self._apply(self.decider.prefetch(self._queued(), running=self.running.model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
 
@@ -165,6 +169,7 @@ class SimWorker:
                     self.misses += 1
             if model not in self.decider.resident:
                 if model not in self.decider.loading:
+                    self._hint()
                     try:
                         actions = self.decider.on_need(model, queued=self._queued(1), now=now)
                     except CacheFullError:
@@ -195,6 +200,7 @@ class SimWorker:
         # which is how a per-task overhead pushes a loaded real cluster toward saturation.
         self.engine.after(self.hop_ms + task.expected_ms, self._finish, task)
         if self.prefetching:
+            self._hint()
             self._apply(self.decider.prefetch(self._queued(), running=model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
         self.touch()
@@ -219,11 +225,19 @@ class SimWorker:
             start = max(self.engine.now, self.load_free_at)
             self.load_free_at = start + action.size_mb / bw * MS_PER_S
             self.loads += 1
+            self.load_at.append(start)
             self.engine.at(self.load_free_at, self._loaded, action.name)
         if actions:
             self.touch()
 
+    def _hint(self) -> None:
+        """Tell the cache which copies the cluster can spare (``planner.evict``), from the
+        snapshot the planners last saw, as a real worker would from the state it reads."""
+        if self.prefetching and self.cluster.demand is not None:
+            self.decider.rank = eviction_rank(self.cluster.last_snapshot())
+
     def _loaded(self, name: str) -> None:
+        self._hint()
         running = self.running.model if self.running else None
         extra = self.decider.on_loaded(name, now=self.engine.now, queued=self._queued(),
                                        protect=[running] if running else [])
@@ -239,8 +253,9 @@ class SimCluster:
     def __init__(self, specs: tuple[WorkerSpec, ...], engine: Engine, sizes: Mapping[str, float],
                  *, shared: bool, on_done: Callable[[SimTask, SimWorker], None],
                  on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
-                 hop_ms: float = 0.0) -> None:
+                 hop_ms: float = 0.0, demand: DemandTracker | None = None) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
+        self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
         self.dirty: set[int] = set()
         self.refresh_ms = refresh_ms
@@ -275,9 +290,14 @@ class SimCluster:
                 view = views[i] = workers[i].view()
                 columns.update(i, view)
             self.dirty.clear()
-            self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now)
+            rates = {} if self.demand is None else self.demand.rates(self.engine.now / MS_PER_S)
+            self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now, rates)
             remember_arrays(self._snapshot, columns.arrays())
         return self._snapshot
+
+    def last_snapshot(self) -> ClusterView:
+        """The snapshot the planners saw last (built now if there is none yet)."""
+        return self._snapshot if self._snapshot is not None else self.snapshot()
 
     def send(self, task: SimTask, worker: str) -> None:
         """Route a ready task: to a worker's own queue, or ``"*"`` to the shared queue."""
@@ -302,3 +322,7 @@ class SimCluster:
         """(hits, misses, loads) summed over workers."""
         ws = self.workers
         return (sum(w.hits for w in ws), sum(w.misses for w in ws), sum(w.loads for w in ws))
+
+    def loads_since(self, t_ms: float) -> int:
+        """Model loads that started at or after ``t_ms``, summed over workers."""
+        return sum(1 for w in self.workers for t in w.load_at if t >= t_ms)

@@ -18,6 +18,8 @@ from typing import Any
 
 from ..planner import PlanningError, get_policy
 from ..planner.adjust import choose_successor
+from ..planner.cost import MS_PER_S
+from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
 from ..planner.types import DagSpec
 from ..settings import OPTIONS
@@ -54,7 +56,7 @@ class Simulation:
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
                  workers: int | None = None, count_pending: bool = True,
                  refresh_ms: float = 0.0, hop_ms: float = 0.0,
-                 move_factor: float = MOVE_FACTOR) -> None:
+                 move_factor: float = MOVE_FACTOR, demand: bool = True) -> None:
         opts = {"count_pending": count_pending} if policy == "compass" else {}
         self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
@@ -63,10 +65,13 @@ class Simulation:
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.engine = Engine()
+        # The producer's view of recent demand per model (planner.demand), fed with every
+        # arriving job; the snapshot hands it to the planner. Off: plans as without it.
+        self.demand = DemandTracker() if demand else None
         self.cluster = SimCluster(specs, self.engine, workload.models,
                                   shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
-                                  refresh_ms=refresh_ms, hop_ms=hop_ms)
+                                  refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand)
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
@@ -85,6 +90,8 @@ class Simulation:
 
     def _arrive(self, job: Job) -> None:
         dag = job.dag
+        if self.demand is not None:
+            self.demand.observe(dag, self.engine.now / MS_PER_S)  # read at the next rebuild
         snapshot = self.cluster.snapshot()
         started = time.perf_counter_ns()
         try:
@@ -158,7 +165,8 @@ class Simulation:
 def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
              rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
              warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
-             move_factor: float = MOVE_FACTOR, details: bool = False) -> dict[str, Any]:
+             move_factor: float = MOVE_FACTOR, details: bool = False,
+             demand: bool = True) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
@@ -166,6 +174,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
     bookkeeping round trips); 0, the default, is the limit a real cluster chases.
     ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
+    ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
+    producer that tracks the jobs it submits would; off, compass plans without it.
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
     per policy.
     """
@@ -174,7 +184,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     for name in policies:
         started = time.perf_counter()
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
-                         refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor)
+                         refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
+                         demand=demand)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if details:
@@ -186,11 +197,12 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
 def compare_count_pending(workload: Workload, *, workers: int | None = None,
                           rate: float | None = None, jobs: int | None = None,
                           warmup_frac: float = 0.1, refresh_ms: float = 0.0,
-                          hop_ms: float = 0.0,
-                          move_factor: float = MOVE_FACTOR) -> dict[str, Any]:
+                          hop_ms: float = 0.0, move_factor: float = MOVE_FACTOR,
+                          demand: bool = True) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
     kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
-          "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor}
+          "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor,
+          "demand": demand}
     on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
     off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
     return {"workload": workload.name, "count_pending": {"on": on, "off": off}}

@@ -21,9 +21,28 @@ def summarize(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float,
     outcomes = [JobOutcome(j.index, j.dag.name, j.arrival, j.end, j.failed) for j in jobs]
     hits, misses, loads = cluster.totals()
     result = policy_result(outcomes, warmup_frac, hits, misses, loads)
+    result.update(load_fraction(jobs, cluster, warmup_frac))
     result["breakdown_ms"] = breakdown(jobs, warmup_frac)
     result["plan_ms"] = plan_summary(plan_ns)
     return result
+
+
+def load_fraction(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float
+                  ) -> dict[str, float]:
+    """Model loads after warm-up, and their share of the tasks after warm-up.
+
+    Warm-up ends when the first job after the warm-up fraction arrives (as latencies leave
+    out the first ``warmup_frac`` of jobs); a load counts from the moment it started, so
+    prefetches count too. ``load_fraction`` = loads after warm-up / tasks of the jobs
+    after warm-up: the share of tasks that paid (or had prefetched) a model load.
+    """
+    skip = int(len(jobs) * warmup_frac)
+    late = [j for j in jobs if j.index >= skip]
+    if not late:
+        return {"loads_after_warmup": 0, "load_fraction": 0.0}
+    loads = cluster.loads_since(min(j.arrival for j in late))
+    tasks = sum(len(j.dag.nodes) for j in late)
+    return {"loads_after_warmup": loads, "load_fraction": round(loads / tasks, 4)}
 
 
 def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:

@@ -1,0 +1,109 @@
+"""Recent demand per model, and how many workers should keep each model resident.
+
+Demand is what arrives, not what a worker happens to run: per model, the GPU time its
+tasks ask for (ms per second, so 1000 = one speed-1.0 worker kept busy) and how often a
+task needs it (tasks per second). :class:`DemandTracker` estimates both as exponentially
+decaying rates from what it is shown; it does no I/O and reads no clock (``now_s`` is
+passed in), so whoever plans jobs can keep one: the simulator keeps one per run and feeds
+it every arriving job. The result travels to the planner as ``ClusterView.demand``.
+
+:func:`replica_targets` turns demand into replicas: a model whose tasks keep ``d``
+workers busy should be resident on ``ceil(d / REPLICA_BUSY)`` workers (at least one
+while anything asks for it), so that no replica is asked for more than ``REPLICA_BUSY``
+of a worker's time. The planner charges a placement that would evict a model below its
+target with that model's expected reload (see ``planner.evict``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+from .types import DagSpec, ModelDemand
+
+#: Time constant of the rate estimates, seconds: long enough to smooth Poisson noise
+#: (a model asked for twice a second is seen ~60 times per window), short enough to
+#: follow a shift of the job mix within a minute or two.
+DEFAULT_TAU_S = 30.0
+#: The share of one worker's time a replica should serve at most.
+REPLICA_BUSY = 0.8
+#: Below this demand (tasks per second) a model has no replica target: nothing keeps it.
+MIN_RATE_PER_S = 1e-3
+#: A tracker younger than this (seconds since its first job) reports no demand: a few
+#: seconds of arrivals say little about rates, and a cold cluster should fill its memory
+#: by earliest finish alone before copies are protected.
+DEFAULT_MIN_AGE_S = 10.0
+
+
+class DemandTracker:
+    """Exponentially decaying per-model rates: GPU ms per second and tasks per second."""
+
+    def __init__(self, tau_s: float = DEFAULT_TAU_S,
+                 min_age_s: float = DEFAULT_MIN_AGE_S) -> None:
+        if not tau_s > 0:
+            raise ValueError(f"tau_s must be > 0, got {tau_s!r}")
+        self.tau_s = float(tau_s)
+        self.min_age_s = float(min_age_s)
+        self._ms: dict[str, float] = {}  # decayed sums at self._t
+        self._n: dict[str, float] = {}
+        self._t: float | None = None
+        self._t0: float | None = None
+
+    def _decay_to(self, now_s: float) -> None:
+        if self._t is None:
+            self._t = self._t0 = now_s
+            return
+        dt = now_s - self._t
+        if dt <= 0:
+            return
+        f = math.exp(-dt / self.tau_s)
+        for d in (self._ms, self._n):
+            for k in d:
+                d[k] *= f
+        self._t = now_s
+
+    def add(self, model: str, exec_ms: float, now_s: float, count: float = 1.0) -> None:
+        """Record ``count`` tasks needing ``model`` for ``exec_ms`` each, arriving at ``now_s``."""
+        self._decay_to(now_s)
+        self._ms[model] = self._ms.get(model, 0.0) + exec_ms * count
+        self._n[model] = self._n.get(model, 0.0) + count
+
+    def observe(self, dag: DagSpec, now_s: float) -> None:
+        """Record every task of a job arriving at ``now_s``."""
+        for task in dag.nodes.values():
+            if task.model is not None:
+                self.add(task.model, task.exec_ms, now_s)
+
+    def rates(self, now_s: float) -> dict[str, ModelDemand]:
+        """Per model, the current rate estimates (bias-corrected while younger than tau);
+        empty while the tracker is younger than ``min_age_s``."""
+        if self._t is None or self._t0 is None:
+            return {}
+        t = max(now_s, self._t)
+        age = t - self._t0
+        if age < self.min_age_s:
+            return {}
+        f = math.exp(-(t - self._t) / self.tau_s)
+        # A window that opened at t0 has seen only 1 - exp(-age/tau) of a full one.
+        seen = -math.expm1(-age / self.tau_s) if age > 0 else 0.0
+        scale = f / (self.tau_s * seen) if seen > 0 else 0.0
+        if scale == 0.0:
+            return {}
+        return {m: ModelDemand(ms * scale, self._n[m] * scale) for m, ms in self._ms.items()}
+
+
+def replica_targets(
+    demand: Mapping[str, ModelDemand], holders: Mapping[str, int] | None = None,
+    busy: float = REPLICA_BUSY,
+) -> dict[str, int]:
+    """Model -> workers that should keep it resident; ``holders`` caps it (workers it fits)."""
+    out: dict[str, int] = {}
+    for model, d in demand.items():
+        if d.per_s < MIN_RATE_PER_S:
+            continue
+        want = max(1, math.ceil(d.ms_per_s / (1000.0 * busy) - 1e-9))
+        if holders is not None:
+            want = min(want, holders.get(model, want))
+        out[model] = want
+    return out
+

@@ -1,0 +1,135 @@
+"""What a model load evicts, priced: the reloads it causes later.
+
+Earliest finish alone counts a load's own time (doubled when memory must be freed) but
+not what the eviction costs the jobs after this one. Under sustained load that trade
+thrashes: a load on an idle worker pushes out a model that the next job needs, which is
+then reloaded elsewhere, pushing out another. With the cluster's recent demand
+(``ClusterView.demand``) the planner can price it:
+
+* each model has a replica target (``demand.replica_targets``): enough resident copies
+  that none serves more than ``REPLICA_BUSY`` of a worker;
+* a copy at or below its model's target is kept: evicting it costs ``KEPT_WEIGHT``
+  reloads (size over the worker's load bandwidth);
+* a copy above target is spare: the model stays resident elsewhere, but the copy was
+  absorbing part of its queue, and pricing it at zero lets copies chase queues round
+  the cluster (measured on ``multi-model.json``: 3x the loads); it costs
+  ``SPARE_WEIGHT`` reloads;
+* both are weighted by the chance that the model is asked for within ``HORIZON_S``
+  (``1 - exp(-tasks per second x HORIZON_S)``), so a model nobody uses is free to go.
+
+A load that needs ``size - free`` MB is assumed to evict spare copies first, then kept
+ones, least worth per MB first (:func:`eviction_rank` hands the worker's cache
+the same order: ``CacheDecider.rank``). :class:`EvictionPricer` prices that for every
+worker at once; the price is added to the finish when choosing (never to the estimate).
+With no demand known, every price is zero and compass plans exactly as before.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping
+
+import numpy as np
+
+from .cost import WorkerArrays, worker_arrays
+from .demand import replica_targets
+from .types import ClusterView, ModelDemand
+
+#: Horizon for "will this model be asked for again soon", seconds.
+HORIZON_S = 10.0
+#: Reloads a kept copy's eviction is expected to cause (times the chance it is asked for).
+KEPT_WEIGHT = 2.0
+#: The same for a spare copy (its model stays resident elsewhere).
+SPARE_WEIGHT = 1.0
+
+
+class EvictionPricer:
+    """Per-plan eviction prices; ``resident`` is the plan's own copy, updated on commit."""
+
+    def __init__(self, arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
+                 sizes_mb: Mapping[str, float]) -> None:
+        self.arr = arrays
+        self.active = bool(demand)
+        m = len(arrays.models)
+        self.sizes = np.zeros(m)
+        for name, j in arrays.models.items():
+            self.sizes[j] = float(sizes_mb.get(name, 0.0))
+        self.resident = arrays.resident.copy() if self.active else arrays.resident
+        fits = {name: int(arrays.fits(float(self.sizes[j])).sum())
+                for name, j in arrays.models.items()}
+        targets = replica_targets(demand, fits)
+        self.target = np.zeros(m, dtype=int)
+        self.chance = np.zeros(m)
+        for name, d in demand.items():
+            j = arrays.models.get(name)
+            if j is None:
+                continue
+            self.target[j] = targets.get(name, 0)
+            self.chance[j] = -math.expm1(-d.per_s * HORIZON_S)
+        self.copies = self.resident.sum(axis=0) if self.active else np.zeros(m, dtype=int)
+
+    def mark(self, i: int, model: str) -> None:
+        """Worker ``i`` will hold ``model`` (a placement loaded it there)."""
+        j = self.arr.models[model]
+        if self.active and not self.resident[i, j]:
+            self.resident[i, j] = True
+            self.copies[j] += 1
+
+    def kept(self) -> np.ndarray:
+        """Per model: evicting one copy would leave fewer than its target."""
+        return self.copies <= self.target
+
+    def worth(self) -> np.ndarray:
+        """Per model, the reloads one copy's eviction is expected to cause, per ms of its
+        load: ``KEPT_WEIGHT`` or ``SPARE_WEIGHT``, times the chance that the model is
+        asked for within ``HORIZON_S``."""
+        return self.chance * np.where(self.kept(), KEPT_WEIGHT, SPARE_WEIGHT)
+
+    def price(self, model: str, size_mb: float, free_mb: np.ndarray,
+              load: np.ndarray) -> np.ndarray:
+        """ms of future reloads a load of ``model`` on each worker causes (0: none)."""
+        n = len(self.arr)
+        if not self.active:
+            return np.zeros(n)
+        need = size_mb - free_mb
+        rows = np.flatnonzero((load > 0) & (need > 0))
+        out = np.zeros(n)
+        if not len(rows):
+            return out
+        kept = self.kept()
+        worth = self.worth()
+        j = self.arr.models[model]
+        worth[j] = 0.0
+        # victims: spare copies first (worth 0), then kept ones least likely needed first;
+        # among equals the larger first (fewer evictions)
+        order = np.lexsort((-self.sizes, worth, kept))
+        held = self.resident[np.ix_(rows, order)]
+        mb = held * self.sizes[order]
+        before = np.cumsum(mb, axis=1) - mb
+        victim = held & (before < need[rows, None])
+        cost_mb = (victim * mb * worth[order]).sum(axis=1)
+        out[rows] = cost_mb * self.arr.ms_per_mb[rows]
+        return out
+
+
+def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:
+    """Model -> sort key of its copies as eviction victims, lowest first: spare before
+    kept, then least worth per MB, then larger first. The order :class:`EvictionPricer`
+    assumes, for the worker's cache to follow (``CacheDecider.rank``); empty without
+    demand. Memoised per (immutable) snapshot."""
+    if not cluster.demand:
+        return {}
+    hit = _RANKS.get(id(cluster))
+    if hit is not None and hit[0]() is cluster:
+        return hit[1]
+    pricer = EvictionPricer(worker_arrays(cluster), cluster.demand, cluster.model_sizes_mb)
+    kept, worth = pricer.kept(), pricer.worth()
+    rank = {m: (float(kept[j]), float(worth[j]), -float(pricer.sizes[j]))
+            for m, j in pricer.arr.models.items()}
+    key = id(cluster)
+    _RANKS[key] = (weakref.ref(cluster, lambda _: _RANKS.pop(key, None)), rank)
+    return rank
+
+
+_RANKS: dict[int, tuple[weakref.ref[ClusterView], dict[str, tuple[float, float, float]]]] = {}
