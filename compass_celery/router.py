@@ -13,6 +13,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+from .charges import ChargeBatcher
 from .placement import Decision, decide, fallback
 from .profiles import resolve_demand
 from .signals import task_placed
@@ -45,6 +46,8 @@ class CompassRouter:
         self._local = threading.local()
         self._warned: set[str] = set()
         self.fallbacks = 0
+        self.charges: ChargeBatcher | None = None
+        self._taken_at = float("-inf")
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
                  task: Any = None, **kw: Any) -> dict[str, Any] | None:
@@ -59,7 +62,10 @@ class CompassRouter:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
         try:
+            if self.charges is not None and self._stale():
+                self.charges.flush()  # this process's charges in Redis before it reads there
             snapshot = c.reader.get()
+            self._taken_at = snapshot.taken_at
             learned = snapshot.profiles
         except StateUnavailable as exc:
             snapshot, learned = None, {}
@@ -76,7 +82,7 @@ class CompassRouter:
                 decision = self._fallback(demand, decision.reason)
             else:
                 try:
-                    charge_backlog(c, decision, +1)
+                    self._charge(decision)
                 except StateUnavailable as exc:
                     decision = self._fallback(demand, f"state unavailable ({exc})")
         if not decision.fallback:
@@ -84,6 +90,25 @@ class CompassRouter:
         self._local.pending = decision
         announce(c, decision)
         return {"queue": decision.queue}
+
+    def _stale(self) -> bool:
+        """Whether the reader's next ``get`` goes to Redis (its snapshot has expired)."""
+        reader = self.compass.reader
+        return reader.clock() - self._taken_at > reader.ttl_s
+
+    def _charge(self, decision: Decision) -> None:
+        """Charge the chosen worker: at once in this process's snapshot; in Redis through
+        the batcher, off the enqueue path (in-process stores directly)."""
+        c = self.compass
+        if not decision.charge_ms:
+            return
+        if getattr(c.store, "client", None) is None:
+            charge_backlog(c, decision, +1)
+            return
+        if self.charges is None:
+            self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
+        c.reader.note_charge(decision.worker, decision.charge_ms)
+        self.charges.add(decision.worker, decision.charge_ms)
 
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:
         queue = options.get("queue")

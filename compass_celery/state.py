@@ -57,7 +57,7 @@ class StateStore(Protocol):
         """Forget a worker: its record, beat, backlog and pending counters."""
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Add ``ms`` (negative to release) to a worker's backlog, never below zero."""
+        """Add ``ms`` (negative to release) to a worker's backlog; reads never go below zero."""
 
     def set_backlog(self, worker: str, ms: float) -> None:
         """Overwrite a worker's backlog with a reconciled value."""

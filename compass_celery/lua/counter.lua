@@ -4,8 +4,10 @@
 -- KEYS: 1 counter hash, 2 state log hash, 3 changes zset
 -- ARGV: 1 field, 2 ms, 3 mode ('add': add ms; 'set': overwrite; 'note'), 4 change-log
 --       member, 5 epoch candidate, 6 change-log size
--- A counter never goes below zero (a late decrement after a reconcile). Returns the new
--- value; an unchanged value is not logged.
+-- Additions commute: a worker's release may land before the producer's charge (charges
+-- are written in batches, off the enqueue path), so a counter may go below zero for a
+-- moment; readers see it as zero (records.decode_ms), and a reconcile ('set') never
+-- writes below zero. Returns the new value; an unchanged value is not logged.
 if ARGV[3] == 'note' then
   log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
   return false
@@ -15,7 +17,7 @@ local v = tonumber(ARGV[2])
 if ARGV[3] == 'add' then
   v = v + (tonumber(old or '0') or 0)
 end
-if v < 0 then v = 0 end
+if v < 0 and ARGV[3] == 'set' then v = 0 end
 local new = tostring(v)
 if new ~= old then
   redis.call('HSET', KEYS[1], ARGV[1], new)

@@ -1,0 +1,85 @@
+"""Backlog charges written to Redis off the enqueue path, in batches.
+
+The router charges the chosen worker at once in this process's own snapshot
+(``SnapshotReader.note_charge``): that is what keeps a burst from this process
+off a single worker. Other processes need the charge in Redis too, but nothing
+needs it there before the message itself is published, so the Redis write waits
+for a flusher thread, which sends every charge gathered meanwhile in one
+pipeline. An enqueue then pays no Redis round trip of its own for the charge.
+
+A flush that finds Redis away drops its charges with a warning: every worker
+reconciles its backlog from its own queue (``compass_reconcile_s``), which
+corrects them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+from collections import defaultdict
+from typing import Any
+
+from .state import StateStore, StateUnavailable
+
+logger = logging.getLogger("compass_celery.router")
+
+
+class ChargeBatcher:
+    """Gathers backlog charges per worker and writes them in one pipeline per flush."""
+
+    def __init__(self, store: StateStore, linger_s: float = 0.001) -> None:
+        self.store, self.linger_s = store, linger_s
+        self._lock = threading.Lock()
+        self._pending: defaultdict[str, float] = defaultdict(float)
+        self._wake = threading.Event()
+        self._pid: int | None = None
+        self.flushes = self.dropped = 0
+        atexit.register(self.flush)
+
+    def add(self, worker: str, ms: float) -> None:
+        """Charge ``ms`` to ``worker``'s backlog in Redis within a flush."""
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: own thread
+                self._pending.clear()
+                self._pid = os.getpid()
+                threading.Thread(target=self._run, name="compass-charges", daemon=True).start()
+            self._pending[worker] += ms
+        self._wake.set()
+
+    def flush(self) -> int:
+        """Write every gathered charge now; returns how many workers' backlogs it wrote."""
+        with self._lock:
+            if self._pid != os.getpid():
+                return 0  # a forked child's copy of its parent's charges is not its own
+            batch, self._pending = self._pending, defaultdict(float)
+        batch = {w: ms for w, ms in batch.items() if ms}
+        if not batch:
+            return 0
+        client: Any = getattr(self.store, "client", None)
+        pipe = client.pipeline(transaction=False) if client is not None else None
+        try:
+            for worker, ms in batch.items():
+                self.store.charge(worker, ms, pipe=pipe)
+            if pipe is not None:
+                self.store.execute(pipe)  # type: ignore[attr-defined]
+        except StateUnavailable as exc:
+            self.dropped += len(batch)
+            logger.warning("compass: %d backlog charge(s) not written (%s); the workers' "
+                           "reconciliation corrects them", len(batch), exc)
+            return 0
+        self.flushes += 1
+        return len(batch)
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while self._pid == pid:
+            self._wake.wait()
+            self._wake.clear()
+            if self.linger_s:  # let a burst's other charges join this flush
+                threading.Event().wait(self.linger_s)
+            try:
+                self.flush()
+            except Exception:  # the flusher must outlive anything one flush meets
+                logger.exception("compass: backlog charge flush failed")
