@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Reproduces every figure in docs/BENCHMARKS.md (about 40 minutes on 2 cores).
+# Reproduces every figure in docs/BENCHMARKS.md (about an hour on 2 cores).
 # Run from the repository root in the project's venv; nothing else should be running.
 set -euo pipefail
 out=docs/results
@@ -7,7 +7,7 @@ mkdir -p "$out"
 run() { echo "+ $*" | tee -a "$out/commands.log"; "$@"; }
 
 # Faults, compass and celery-default side by side, 400 jobs of edge-vision at 6 jobs/s;
-# times are real seconds into each policy's run. `docs/run_benchmarks.sh faults` runs only these.
+# times are real seconds into each policy's run.
 faults() {
   local base=(compass-celery bench --workload dags/edge-vision.json --jobs 400
               --policies celery-default,compass --quiet)
@@ -31,8 +31,8 @@ faults() {
   done
   python -m compass_celery.bench.suite "$out" | tee "$out/faults.md"
 }
-if [[ ${1:-} == faults ]]; then faults; exit 0; fi
 
+main() {
 # 1. edge-vision at its default rate (6 jobs/s, 400 jobs), every policy
 run compass-celery bench --workload dags/edge-vision.json --quiet \
     --json "$out/edge-vision.json" --plot "$out/edge-vision.png" | tee "$out/edge-vision.txt"
@@ -51,23 +51,78 @@ run compass-celery bench --workload dags/caption-translate.json --jobs 200 --qui
     | tee "$out/caption-translate.txt"
 run compass-celery bench --workload dags/vision-fanout.json --jobs 200 --quiet \
     --json "$out/vision-fanout.json" --plot "$out/vision-fanout.png" | tee "$out/vision-fanout.txt"
-# 5. faults, compass and plain Celery side by side: see faults() above
-faults
+}
+
+sim() {
 # 6. simulator: the same planner on 1,000 workers; count_pending on and off
 run compass-celery simulate --workload dags/edge-vision.json --workers 1000 --rate 1500 \
     --policies celery-default,jsq,hash,heft,compass \
     --jobs 10000 --json "$out/sim-1000.json" | tee "$out/sim-1000.txt"
 run python -m compass_celery.sim --workload dags/edge-vision.json --compare-pending \
     | tee "$out/sim-pending.txt"
-# 7. hot-path costs
+}
+
+hotpath() {
+# 7. hot-path costs: planning time, one decision, enqueue, a Dag hop against a chain; then
+# many producers reading the state of 64 and 1,000 workers
 run python -m compass_celery.bench.plan_timing | tee "$out/plan-timing.txt"
 run python -m compass_celery.bench.overhead | tee "$out/overhead.txt"
+local args
+for args in "64 1 0.1" "64 32 0.1" "1000 1 0.1" "1000 32 0.1" "64 1 0" "1000 1 0"; do
+  set -- $args
+  run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing "$3" \
+      --seconds 10 | tee "$out/producers-$1-$2-$3.txt"
+done
+}
+
+cache() {
 # 8. the model cache's eviction policy alone: same placement (jsq, compass), LRU vs look-ahead
 for cp in lru lookahead; do
   run compass-celery bench --workload dags/edge-vision.json --jobs 200 --policies jsq,compass \
       --cache-policy "$cp" --quiet --json "$out/cache-$cp.json" | tee "$out/cache-$cp.txt"
 done
+}
+
+sweep() {
 # 9. latency against load
 run compass-celery bench --workload dags/edge-vision.json --policies celery-default,hash,compass \
     --jobs 150 --sweep-rate 3,6,9,12 --quiet --json "$out/sweep.json" --plot "$out/sweep.png" \
     | tee "$out/sweep.txt"
+}
+
+multimodel() {
+# 10. sustained load with many models: the simulator (with and without the demand-aware
+# placement) and the real cluster against the simulator, at ~80% and ~40% utilisation and
+# time scales 1.0 and 0.5
+local rate
+for rate in 5.38 2.69; do
+  run compass-celery simulate --workload dags/multi-model.json --rate "$rate" \
+      --json "$out/mm-sim-$rate.json" | tee "$out/mm-sim-$rate.txt"
+  run python -m compass_celery.sim --workload dags/multi-model.json --rate "$rate" --no-demand \
+      --json "$out/mm-sim-nodemand-$rate.json" | tee "$out/mm-sim-nodemand-$rate.txt"
+done
+local ts
+for ts in 1.0 0.5; do
+  for rate in 5.38 2.69; do
+    run compass-celery bench --workload dags/multi-model.json --rate "$rate" --jobs 300 \
+        --time-scale "$ts" --policies jsq,compass --compare-sim --quiet \
+        --json "$out/mm-real-$rate-$ts.json" | tee "$out/mm-real-$rate-$ts.txt"
+  done
+done
+}
+
+amqp() {
+# 11. RabbitMQ as the broker (compass state in a private Redis): a vhost of its own
+local vhost="compass-bench-$$"
+rabbitmqctl add_vhost "$vhost" >/dev/null
+rabbitmqctl set_permissions -p "$vhost" guest ".*" ".*" ".*" >/dev/null
+run compass-celery bench --workload dags/edge-vision.json --jobs 200 \
+    --broker "amqp://guest:guest@127.0.0.1:5672/$vhost" --quiet \
+    --json "$out/edge-vision-amqp.json" | tee "$out/edge-vision-amqp.txt" || true
+rabbitmqctl delete_vhost "$vhost" >/dev/null
+}
+
+# Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
+sections=("$@")
+((${#sections[@]})) || sections=(main faults sim hotpath cache sweep multimodel amqp)
+for section in "${sections[@]}"; do "$section"; done
