@@ -54,6 +54,11 @@ class CompassWorker(bootsteps.StartStopStep):
         self.enabled = compass is not None
         if not self.enabled:
             return
+        if _is_solo(worker.pool_cls) and worker.concurrency != 1:
+            # The solo pool runs one task at a time, but Celery sizes the prefetch by
+            # concurrency (the CPU count by default): the worker would hold tasks it
+            # cannot start while a peer sits idle, and a stop would hand back less.
+            worker.concurrency = 1
         self.overrides = {k: options.get(f"compass_{k}") for k in WORKER_FLAGS
                           if options.get(f"compass_{k}") is not None}
         queues = worker.app.amqp.queues
@@ -78,6 +83,13 @@ class CompassWorker(bootsteps.StartStopStep):
     def info(self, worker: Any) -> dict[str, Any]:
         """What ``celery inspect stats`` (and Flower's worker page) shows under "compass"."""
         return {"compass": self.runtime.stats()} if self.runtime is not None else {}
+
+
+def _is_solo(pool_cls: Any) -> bool:
+    """Whether the worker runs the solo pool (one task at a time, in the main process)."""
+    from celery.concurrency.solo import TaskPool as SoloPool
+
+    return isinstance(pool_cls, type) and issubclass(pool_cls, SoloPool)
 
 
 __all__ = ["SHARED", "WORKER_FLAGS", "CompassWorker", "WorkerRuntime", "install_worker_steps",

@@ -14,6 +14,7 @@ def test_inspect_stats_shows_models_memory_and_backlog(compass_redis_url, compas
     app, ws = start(compass_redis_url, compass_workers, ["i0@stats"], timeout_s=3.0)
     replies = wait_until(lambda: app.control.inspect(destination=["i0@stats"],
                                                      timeout=2.0).stats(), 30, "a stats reply")
+    assert replies["i0@stats"]["prefetch_count"] == 1  # solo pool: one task held at a time
     stats = replies["i0@stats"]["compass"]
     assert stats["queue"] == app.compass.queue_for("i0@stats")
     assert stats["resident_models"] == ["big", "small"]  # preloaded
