@@ -55,9 +55,6 @@ class OutputCache:
             _, (_, dropped) = self._items.popitem(last=False)
             self.bytes -= dropped
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
-        return key in self._items
-
     def get(self, job: str, node: str) -> tuple[bool, Any]:
         """``(True, value)`` if the output is held here, else ``(False, None)``; counts hits."""
         key = (job, node)

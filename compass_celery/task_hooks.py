@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from redis import RedisError
 
 from .errors import JobError, RetriesExhausted
-from .job_keys import INPUT_REF, JOB_HEADER
+from .job_keys import JOB_HEADER
 from .placement import Decision
 from .profiles import profile_key, resolve_demand
 from .retry import retry_transient
@@ -177,7 +177,7 @@ class TaskHooks:
             with self._lock:
                 self._tags[request.id] = tag  # leased from now until it is acked
         job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
-        if not isinstance(job, dict) or self.jobs is None or self._inputs_here(job, request):
+        if not isinstance(job, dict) or self.jobs is None:
             return
         try:
             state = self.jobs.job_state(job.get("id", ""))
@@ -189,17 +189,6 @@ class TaskHooks:
             logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
                            state.lower(), job.get("node"))
             worker_state.revoked.add(request.id)
-
-    def _inputs_here(self, job: dict, request: Any) -> bool:
-        """Whether every input of this job node was produced on this worker moments ago:
-        its job was then running, so checking its state again would only cost a round trip
-        (a failure since then revokes the node by broadcast)."""
-        jobs = self.jobs
-        args = getattr(request, "args", None)
-        first = args[0] if isinstance(args, (list, tuple)) and args else None
-        ref = first.get(INPUT_REF) if isinstance(first, dict) else None
-        return (jobs is not None and isinstance(ref, dict) and bool(ref.get("preds"))
-                and all((job.get("id"), p) in jobs.outputs for p in ref["preds"]))
 
     def task_revoked(self, request: Any) -> None:
         """Take a revoked task's charge off this worker's backlog."""
