@@ -1,8 +1,9 @@
 """Where one job lives in Redis, and the names its messages carry.
 
-The job, its plan and its progress live under ``{prefix}:job:{id}`` (see
-:mod:`compass_celery.keys`); these helpers are shared by submission, the
-worker-side runtime, failure handling and the handle.
+The job, its plan and its progress live under ``{prefix}:job:{<id>}`` (see
+:mod:`compass_celery.keys`): the id is the hash tag, so every key of one job is in
+one Redis Cluster slot. These helpers are shared by submission, the worker-side
+runtime, failure handling and the handle.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from . import keys as _keys
 from .placement import JOB_HEADER
 from .planner.types import Placement
 
-__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "placement_json"]
+__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json"]
 
 #: The first argument of a node with predecessors: where to find its inputs.
 INPUT_REF = "__compass_inputs__"
@@ -46,6 +47,14 @@ class JobKeys:
 def deadlines_key(prefix: str) -> str:
     """The sorted set of running jobs by deadline, swept by every worker's recovery."""
     return _keys.key(_keys.JOB_DEADLINES, prefix)
+
+
+def once_keys(prefix: str, token: str, kind: str) -> list[str]:
+    """once.lua's KEYS for ``token``: its guard, the backlog ('b') or pending ('p') hash,
+    the state log and the change log, all in the cluster state's hash slot."""
+    table = _keys.BACKLOG if kind == "b" else _keys.PENDING
+    return [_keys.key(_keys.ONCE, prefix, token=token), _keys.key(table, prefix),
+            _keys.key(_keys.STATE_LOG, prefix), _keys.key(_keys.CHANGES, prefix)]
 
 
 def placement_json(p: Placement) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, parse_profile
+from .redis_cluster import connect_cluster, is_cluster_url
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
 #: than this between two reads reads everything again.
@@ -37,11 +38,12 @@ def text(value: Any) -> str:
 
 def connect(url: str, *, master_name: str | None = None,
             sentinel_kwargs: dict[str, Any] | None = None, **kwargs: Any) -> Any:
-    """A redis client for ``url``: redis://, rediss:// (TLS), unix://, or Celery's
+    """A redis client for ``url``: redis://, rediss:// (TLS), unix://, Celery's
     ``sentinel://[user:password@]host:port;sentinel://host2:port`` form (the master
     named ``master_name``; ``sentinel_kwargs`` authenticate to the sentinels
     themselves, e.g. ``{"password": ..., "ssl": True}``, as in Celery's
-    ``broker_transport_options``).
+    ``broker_transport_options``), or a Redis Cluster as
+    ``redis+cluster://host:port[,host2:port2]`` (``rediss+cluster://`` for TLS).
 
     Short socket timeouts keep an enqueue from hanging when Redis is away: the
     router then falls back to the shared queue instead.
@@ -53,6 +55,8 @@ def connect(url: str, *, master_name: str | None = None,
     opts.update(kwargs)
     if url.startswith("sentinel://"):
         return _sentinel_master(url, master_name, opts, sentinel_kwargs or {})
+    if is_cluster_url(url):
+        return connect_cluster(url, **opts)
     return redis.Redis.from_url(url, **opts)
 
 

@@ -39,7 +39,8 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "redis_url": Option(None, (str, type(None)), "Redis for worker state and jobs; "
+    "redis_url": Option(None, (str, type(None)), "Redis for worker state and jobs "
+                        "(redis+cluster://host:port[,host:port] for a Redis Cluster); "
                         "defaults to the broker URL when that is Redis"),
     "sentinel_master": Option(None, (str, type(None)), "master name for a sentinel:// "
                               "state URL (default: broker_transport_options['master_name'])"),

@@ -22,6 +22,8 @@ from typing import Any, Protocol
 from . import keys
 from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
+from .redis_cluster import register_script as register
+from .redis_cluster import unavailable_errors
 from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
 from .redis_state import epoch_candidate as epoch
 from .scripts import script
@@ -238,38 +240,36 @@ class RedisStateStore:
             self._client = self._factory(self.url)
             self._pid = os.getpid()
             head = script("changelog")
-            self._counter = self._client.register_script(head + script("counter"))
-            self._ewma = self._client.register_script(script("ewma"))
-            self._publish = self._client.register_script(head + script("publish"))
-            self._remove = self._client.register_script(head + script("remove"))
-            self._read = self._client.register_script(script("snapshot"))
+            self._counter = register(self._client, head + script("counter"))
+            self._ewma = register(self._client, script("ewma"))
+            self._publish = register(self._client, head + script("publish"))
+            self._remove = register(self._client, head + script("remove"))
+            self._read = register(self._client, script("snapshot"))
         return self._client
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        import redis
-
         try:
             return fn()
-        except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+        except unavailable_errors() as exc:  # evaluated only when something was raised
             self._mirror.reset()  # reconnected or not, the next read starts over
             raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
         """Write a worker's record (logged only if it changed) and its beat."""
-        _ = self.client
+        self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._publish(
             keys=[self._keys["workers"], self._keys["beats"], *self._log],
             args=[view.name, encode_record(view, **extra), epoch(), CHANGE_LOG_SIZE]))
 
     def remove(self, name: str) -> None:
         """Forget a worker (record, beat, backlog, pending); readers drop it."""
-        _ = self.client
+        self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._remove(
             keys=[self._keys[k] for k in ("workers", "beats", "backlog", "pending")]
             + self._log, args=[name, epoch(), CHANGE_LOG_SIZE]))
 
     def _count(self, table: str, worker: str, ms: float, mode: str, pipe: Any) -> None:
-        _ = self.client
+        self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._counter(
             keys=[self._keys[table], *self._log],
             args=[worker, ms, mode, f"{table[0]}:{worker}", epoch(), CHANGE_LOG_SIZE],
@@ -290,7 +290,7 @@ class RedisStateStore:
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold a measured run time into the learned one, then log it for readers;
         queued on ``pipe`` when given (one round trip either way)."""
-        _ = self.client
+        self._call(lambda: self.client)  # a cluster client connects when made
 
         def go() -> None:
             p = pipe if pipe is not None else self.client.pipeline(transaction=False)
@@ -308,7 +308,7 @@ class RedisStateStore:
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, from what changed since this process's last read."""
-        _ = self.client
+        self._call(lambda: self.client)  # a cluster client connects when made
         with self._lock:
             parts = self._call(lambda: self._mirror.read(
                 lambda args: self._read(keys=self._read_keys, args=args),

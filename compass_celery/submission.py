@@ -4,6 +4,14 @@ Only sources are sent at submission; the worker that finishes a node releases it
 successors (:mod:`compass_celery.job_runtime`). Every step retries Redis hiccups
 and checks whether a step whose reply was lost took effect, so a job is never
 recorded or sent twice. :func:`publish_node` is also how workers send successors.
+
+Each step stays in one Redis Cluster hash slot: the job's own keys are written in
+one MULTI/EXEC (the job exists whole or not at all), then its deadline and its
+planned-but-unsent work in another, on the cluster state's keys, once per job
+(``once.lua`` under a guard key, so a retry never counts the work twice). Sources
+are confirmed in the job's sent hash first, then charged once the same way. A
+submitter that dies between two steps leaves a job nobody was handed, which expires
+with its keys; its counters, backlog or pending, are never left charged for it.
 """
 
 from __future__ import annotations
@@ -15,12 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from .dag_validation import DagValidationError
 from .job_handle import JobHandle
-from .job_keys import JOB_HEADER, JobKeys, deadlines_key, placement_json
+from .job_keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
 from .placement import Decision
 from .planner.check import check_plan
 from .planner.pending import pending_work
 from .planner.types import ClusterView, DagSpec, Placement
+from .redis_cluster import register_script
+from .redis_state import CHANGE_LOG_SIZE, epoch_candidate
 from .retry import retry_transient
+from .scripts import script
 from .state import StateUnavailable
 from .transport import message_headers
 
@@ -72,20 +83,26 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
 
     def record() -> None:
-        pipe = client.pipeline()  # one MULTI/EXEC: the job exists whole or not at all
+        pipe = client.pipeline(transaction=True)  # the job exists whole or not at all
         pipe.hset(keys.job, mapping=body)
         left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
         if left:
             pipe.hset(keys.left, mapping=left)
         for key in keys.all():
             pipe.expire(key, int(cfg["job_ttl_s"]))
+        pipe.execute()
+
+    def start() -> None:  # its deadline, and planned work not sent yet counts (once)
+        pipe = client.pipeline(transaction=True)
         pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
-        for worker, run_ms in pending.values():  # planned work not sent yet counts
-            c.store.add_pending(worker, run_ms, pipe=pipe)
+        _add_once(c, pipe, f"{job_id}:plan", "p", list(pending.values()))
         pipe.execute()
 
     retry_transient(f"job {job_id}: recording it", record, give_up_s=cfg["submit_retry_s"],
                     done=lambda: bool(client.exists(keys.job)))
+    # done or not, a retry is safe: ZADD is idempotent and once.lua adds the work once
+    retry_transient(f"job {job_id}: starting its clock", start,
+                    give_up_s=cfg["submit_retry_s"])
     handle = JobHandle(c, job_id)
     # sources: nobody else sends them, so they are recorded as sent after publishing
     sent = {}
@@ -98,18 +115,38 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
             give_up_s=cfg["submit_retry_s"], done=lambda t=task_id: _queued(c, t))
 
     def confirm() -> None:
-        pipe = client.pipeline()
+        pipe = client.pipeline(transaction=True)
         pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
         pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
-        for decision in sent.values():
-            if isinstance(decision, Decision) and decision.charge_ms:
-                c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
         pipe.execute()
+
+    def charge() -> None:
+        _add_once(c, client, f"{job_id}:sources", "b",
+                  [(d.worker, d.charge_ms) for d in sent.values()
+                   if isinstance(d, Decision) and d.charge_ms])
 
     retry_transient(f"job {job_id}: confirming its sources", confirm,
                     give_up_s=cfg["submit_retry_s"],
                     done=lambda: client.hlen(keys.tasks) >= len(sent))
+    retry_transient(f"job {job_id}: charging its sources", charge,
+                    give_up_s=cfg["submit_retry_s"])
     return handle
+
+
+def _add_once(c: CompassContext, client: Any, token: str, kind: str,
+              changes: list[tuple[str, float]]) -> None:
+    """Add each (worker, ms) to the backlog (``kind`` 'b') or pending ('p') counters once
+    per ``token`` (once.lua), on ``client`` or a pipeline; nothing to add writes nothing."""
+    if not changes:
+        return
+    prefix = c.settings["key_prefix"]
+    guard, table, log, changes_key = once_keys(prefix, token, kind)
+    ttl = int(c.settings["submit_retry_s"]) + 60  # outlasts every retry of this submission
+    once = register_script(c.store.client, script("changelog") + script("once"))
+    args: list[Any] = [ttl, kind, epoch_candidate(), CHANGE_LOG_SIZE]
+    for worker, ms in changes:
+        args += [worker, ms]
+    once(keys=[guard, table, log, changes_key], args=args, client=client)
 
 
 def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],

@@ -313,6 +313,8 @@ class WorkerRuntime(TaskHooks):
         client, queues = self.compass.store.client, self.compass.queues
         if client is None or (queues is not None and not queues.peekable):
             return []
+        if queues is not None:  # the broker's Redis: the state may live elsewhere (a cluster)
+            return decisions_of(queues.peek(self.queue, limit))
         return peek_queue(client, self.queue, limit)
 
     def queued_backlog_ms(self) -> float:
@@ -354,8 +356,13 @@ class WorkerRuntime(TaskHooks):
 
 def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
     """Compass decisions of the next ``limit`` messages (all when -1), next first."""
+    return decisions_of(peek(client, RedisLayout(), queue, limit))
+
+
+def decisions_of(messages: list[bytes]) -> list[Decision]:
+    """The compass decisions carried by raw queue messages, in their order."""
     out = []
-    for item in peek(client, RedisLayout(), queue, limit):
+    for item in messages:
         decision = Decision.from_header(message_headers(item).get("compass"))
         if decision is not None:
             out.append(decision)

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import redis
 
+from compass_celery import keys
 from compass_celery.local import RedisServer
 from compass_celery.placement import decide
 from compass_celery.planner import get_policy
@@ -150,7 +151,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         pub.start()
         if not ready.wait(120):
             raise RuntimeError("publisher did not start")
-        raw = client.hgetall(f"{PREFIX}:workers")
+        raw = client.hgetall(keys.key(keys.WORKERS, PREFIX))
         record_bytes = sum(len(v) for v in raw.values()) / max(1, len(raw))
         # what the publisher alone makes Redis send and spend (its replies), to subtract
         base0, base_cpu0, base_t0 = *_info(client), time.time()

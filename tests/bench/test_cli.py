@@ -86,7 +86,7 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
 @pytest.mark.redis
 def test_status_lists_workers_and_skips_garbage(compass_redis_url):
     client = redis.Redis.from_url(compass_redis_url)
-    client.hset("compass:workers", "junk@x", b"not json")
+    client.hset("{compass}:workers", "junk@x", b"not json")
     result = run("status", "--redis", compass_redis_url)
     assert result.exit_code == 0, result.output
     assert "0 live compass worker(s)" in result.output

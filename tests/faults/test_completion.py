@@ -50,7 +50,7 @@ def test_a_job_nobody_waits_on_still_ends_and_expires(compass_redis_url, compass
     assert "deadline passed" in job.error["exc"]
     keys = JobKeys.of("compass", job.id)
     assert all(app.log.ttl(k) > 0 for k in (keys.job, keys.done))
-    wait_until(lambda: app.log.zscore("compass:jobs:deadlines", job.id) is None, 5,
+    wait_until(lambda: app.log.zscore("{compass}:jobs:deadlines", job.id) is None, 5,
                "the sweeper to forget the ended job")
     assert job.get(timeout=1, propagate=False) == {}
     assert app.log.ttl(keys.done) > 0  # waiting did not recreate it without a TTL

@@ -70,7 +70,7 @@ def test_a_drainer_killed_mid_drain_loses_nothing(compass_redis_url, compass_wor
     client = app.compass.store.client
     client.lpush(queue, b"\xff not json at all")
     client.lpush(queue, b'{"neither": "a celery message"}')
-    client.zadd("compass:dead-queues", {queue: 0})  # as a stopped worker leaves it
+    client.zadd("{compass}:dead-queues", {queue: 0})  # as a stopped worker leaves it
     drainer = subprocess.Popen([sys.executable, "-c", DRAINER, compass_redis_url])
     staging = f"compass:staging:{queue}"
     wait_until(lambda: 0 < client.llen(staging) < 19, 20, "the drain to be under way")

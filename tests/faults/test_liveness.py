@@ -58,12 +58,12 @@ def test_a_forged_record_never_makes_recovery_drain_a_foreign_queue(compass_redi
     forged = {"name": "evil@x", "queue": "other-app", "device": "cpu", "gpu_total_mb": 1.0,
               "gpu_free_mb": 1.0, "speed": 1.0, "load_mb_per_s": 1.0,
               "host_load_mb_per_s": 1.0, "net_mb_per_s": 1.0, "heartbeat": 0.0}
-    client.hset("compass:workers", "evil@x", json.dumps(forged))
-    client.zadd("compass:beats", {"evil@x": 0})  # a very stale beat: "dead"
+    client.hset("{compass}:workers", "evil@x", json.dumps(forged))
+    client.zadd("{compass}:beats", {"evil@x": 0})  # a very stale beat: "dead"
     wait_until(lambda: "names queue 'other-app'" in ws[0].log(), 10, "the forged record's log")
     time.sleep(1.0)  # several recovery rounds
     assert client.lrange("other-app", 0, -1) == [b"somebody else's message"]
-    assert not client.zscore("compass:dead-queues", "other-app")
+    assert not client.zscore("{compass}:dead-queues", "other-app")
     assert "evil@x" not in {w.name for w in app.compass.store.snapshot(time.time(),
                                                                        1.0).workers}
     assert app.tasks["j.src"].delay(7).get(timeout=20) == 7  # the worker keeps going

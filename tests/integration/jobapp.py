@@ -25,6 +25,8 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         master = {"master_name": os.environ["COMPASS_JOBAPP_SENTINEL_MASTER"]}
         app.conf.broker_transport_options = master
         app.conf.result_backend_transport_options = master
+    if os.environ.get("COMPASS_JOBAPP_STATE_URL"):  # compass state apart from the broker
+        app.conf.compass_redis_url = os.environ["COMPASS_JOBAPP_STATE_URL"]
     if os.environ.get("COMPASS_JOBAPP_KEY_PREFIX"):
         app.conf.compass_key_prefix = os.environ["COMPASS_JOBAPP_KEY_PREFIX"]
     if os.environ.get("COMPASS_JOBAPP_VISIBILITY_TIMEOUT"):

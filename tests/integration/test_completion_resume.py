@@ -45,4 +45,4 @@ def test_interrupted_completion_sends_successors_once_on_retry(compass_redis_url
     # a further duplicate (a redelivery of a) sends nothing at all
     assert runtime.on_success(done, "task-a", 1, {}) == []
     assert client.llen(shared) == 3
-    assert set(client.hkeys(f"compass:job:{job.id}:tasks")) == {b"a", b"b", b"c"}
+    assert set(client.hkeys(f"compass:job:{{{job.id}}}:tasks")) == {b"a", b"b", b"c"}

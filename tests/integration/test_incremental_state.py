@@ -80,13 +80,13 @@ def test_full_reload_after_the_data_is_lost(stores):
     writer.publish(_view("a"))
     writer.publish(_view("b"))
     assert len(_snap(reader).workers) == 2
-    epoch = client.hget("compass:state-log", "epoch")
+    epoch = client.hget("{compass}:state-log", "epoch")
     client.flushall()  # a restart without persistence: the version counter starts over
     for name in ("c", "d", "e"):  # ... and passes the reader's version again
         writer.publish(_view(name))
     writer.remove("d")
     writer.remove("e")
-    assert client.hget("compass:state-log", "epoch") != epoch
+    assert client.hget("{compass}:state-log", "epoch") != epoch
     fulls = reader.full_reads
     assert [w.name for w in _snap(reader).workers] == ["c"]
     assert reader.full_reads == fulls + 1
@@ -99,7 +99,7 @@ def test_liveness_is_exact_without_reading_every_beat(stores):
     writer.publish(_view("a"))
     writer.publish(_view("b"))
     assert len(_snap(reader, 1.0).workers) == 2
-    client.zadd("compass:beats", {"a": time.time() - 100})  # a's beat lapses
+    client.zadd("{compass}:beats", {"a": time.time() - 100})  # a's beat lapses
     snap = _snap(reader, 1.0)
     assert [w.name for w in snap.workers] == ["b"]
     assert snap.dead == (("a", QP + "a"),) and "dead" in snap.skipped[0]
@@ -111,13 +111,13 @@ def test_records_written_behind_the_log_are_still_seen(stores):
     writer, reader, client = stores
     writer.publish(_view("a"))
     assert len(_snap(reader).workers) == 1
-    client.hset("compass:workers", "junk@x", b"{not json")  # no logged change
+    client.hset("{compass}:workers", "junk@x", b"{not json")  # no logged change
     snap = _snap(reader)
     assert any("junk@x" in why and "not valid JSON" in why for why in snap.skipped)
     forged = json.dumps({"name": "evil@x", "queue": "other-app", "gpu_total_mb": 1.0,
                          "gpu_free_mb": 1.0, "speed": 1.0, "load_mb_per_s": 1.0,
                          "host_load_mb_per_s": 1.0, "net_mb_per_s": 1.0, "heartbeat": 0.0})
-    client.hset("compass:workers", "evil@x", forged)
+    client.hset("{compass}:workers", "evil@x", forged)
     snap = _snap(reader)
     assert [w.name for w in snap.workers] == ["a"] and snap.dead == ()
     assert any("forged" in why for why in snap.skipped)

@@ -72,7 +72,7 @@ def test_cpu_worker_runs_real_models_and_counts_each_task_once(compass_redis_url
     # the published record: both models resident, one access per task (classify hit the
     # preloaded model, translate missed and loaded); before the get_model fix: (3, 1, 2)
     def record():
-        raw = client.hget("compass:workers", NAME)
+        raw = client.hget("{compass}:workers", NAME)
         rec = json.loads(raw) if raw else {}
         return rec if rec.get("hits", 0) + rec.get("misses", 0) >= 2 else None
 

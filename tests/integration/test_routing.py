@@ -89,8 +89,8 @@ def test_killed_worker_stops_being_chosen(two_workers):
 def test_garbled_worker_record_is_skipped_and_named(two_workers, caplog):
     app, _ = two_workers
     client = redis.Redis.from_url(app.conf.broker_url)
-    client.hset("compass:workers", "evil@test", b"{not json")
-    client.hset("compass:workers", "half@test", json.dumps({"name": "half@test",
+    client.hset("{compass}:workers", "evil@test", b"{not json")
+    client.hset("{compass}:workers", "half@test", json.dumps({"name": "half@test",
                                                             "queue": "q"}))
     with caplog.at_level(logging.WARNING, logger="compass_celery.state"):
         res = app.tasks["emulated.detect"].delay("x")

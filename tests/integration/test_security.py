@@ -127,7 +127,7 @@ def test_sentinel_urls_work_for_broker_and_state(tmp_path, compass_workers, monk
             one_worker_round_trip(compass_workers, url, "sen@sec", how="through Sentinel",
                                   env={"COMPASS_JOBAPP_SENTINEL_MASTER": "mymaster"})
             # the state really lives on the master that Sentinel named
-            assert redis.Redis(port=master.port).hexists("compass:workers", "sen@sec")
+            assert redis.Redis(port=master.port).hexists("{compass}:workers", "sen@sec")
         finally:
             sentinel.terminate()
             sentinel.wait(5)

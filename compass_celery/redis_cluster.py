@@ -1,0 +1,89 @@
+"""Compass state on a Redis Cluster: the ``redis+cluster://`` URL and scripts in pipelines.
+
+Only compass's own keys (worker records, beats, counters, change log, profiles,
+jobs, recovery's locks) may live on a cluster; kombu's Redis transport, the
+broker, needs a single Redis or Sentinel. Every multi-key step compass takes
+stays in one hash slot (see :mod:`compass_celery.keys`), and a cluster pipeline
+runs its scripts with EVAL, since a node that never saw a script (a new
+primary after a failover) would fail a pipelined EVALSHA after the pipeline's
+other commands had already run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+#: State URL schemes of a Redis Cluster: ``redis+cluster://host:port[,host2:port2]``.
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a Redis Cluster (``redis+cluster://``, ``rediss+cluster://``)."""
+    return bool(url) and str(url).startswith(CLUSTER_SCHEMES)
+
+
+def connect_cluster(url: str, **opts: Any) -> Any:
+    """A ``redis.cluster.RedisCluster`` for ``redis+cluster://[user:pass@]host:port[,host:port]
+    [?option=value]`` (``rediss+cluster://`` for TLS); every listed node is a startup node."""
+    from redis.cluster import ClusterNode, RedisCluster
+
+    parts = urlsplit(url)
+    scheme = parts.scheme.split("+", 1)[0]
+    auth, _, hosts = parts.netloc.rpartition("@")
+    nodes = []
+    for hostport in filter(None, hosts.split(",")):
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"cluster URL {url!r}: expected host:port, got {hostport!r}")
+        nodes.append((host.strip("[]"), int(port)))
+    if not nodes:
+        raise ValueError(f"cluster URL {url!r} names no node")
+    first = f"{auth}@{hosts.split(',')[0]}" if auth else hosts.split(",")[0]
+    plain = urlunsplit((scheme, first, "", parts.query, ""))
+    return RedisCluster.from_url(plain, startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],
+                                 **opts)
+
+
+def unavailable_errors() -> tuple[type[BaseException], ...]:
+    """The errors that mean the state Redis (or cluster) cannot be reached now."""
+    import redis
+    from redis.exceptions import ClusterError, RedisClusterException
+
+    return (redis.ConnectionError, redis.TimeoutError, ClusterError, RedisClusterException,
+            OSError)
+
+
+def is_cluster_client(client: Any) -> bool:
+    """Whether ``client`` is a cluster client or a cluster pipeline."""
+    try:
+        from redis.cluster import RedisCluster
+    except ImportError:  # pragma: no cover - redis-py always ships it
+        return False
+    return isinstance(client, RedisCluster)
+
+
+class ClusterScript:
+    """A Lua script registered on a cluster client: called directly it uses EVALSHA (loaded
+    on the key's node when missing), queued on a cluster pipeline it is sent whole (EVAL)."""
+
+    def __init__(self, client: Any, source: str) -> None:
+        self.client, self.source = client, source
+        self._script = client.register_script(source)
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        """Run the script with ``keys`` and ``args`` (on ``client`` when given)."""
+        keys, args = list(keys or []), list(args or [])
+        target = client if client is not None else self.client
+        from redis.cluster import ClusterPipeline
+
+        if isinstance(target, ClusterPipeline):
+            return target.execute_command("EVAL", self.source, len(keys), *keys, *args)
+        return self._script(keys=keys, args=args, client=target)
+
+
+def register_script(client: Any, source: str) -> Any:
+    """``client.register_script(source)``, made safe for cluster pipelines on a cluster."""
+    if is_cluster_client(client):
+        return ClusterScript(client, source)
+    return client.register_script(source)
