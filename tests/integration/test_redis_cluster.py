@@ -20,6 +20,7 @@ from compass_celery.dag import Dag
 from compass_celery.job_keys import JobKeys
 from compass_celery.jobs import JobFailed
 from compass_celery.local import wait_until
+from compass_celery.placement import Decision
 from compass_celery.planner.types import WorkerView
 from compass_celery.redis_state import connect
 from compass_celery.state import RedisStateStore
@@ -116,6 +117,24 @@ def test_job_failure_on_the_cluster(cluster_app):
     # c's planned work was released by the failure
     snap = app.compass.store.snapshot(time.time(), 3.0)
     assert all(w.pending_ms == 0 for w in snap.workers), snap.workers
+
+
+def test_a_dead_workers_queue_is_drained_with_state_on_the_cluster(cluster_app):
+    app = cluster_app
+    app.workers[1].kill()  # b@rc dies with tasks queued for it
+    queue = app.compass.queue_for("b@rc")
+    results = []
+    for i in range(5):
+        decision = Decision(task="j.src", model="small", worker="b@rc", queue=queue,
+                            policy="compass", charge_ms=5.0, run_ms=5.0)
+        results.append(app.send_task("j.src", args=[i], queue=queue,
+                                     headers={"compass": decision.as_header()}))
+    assert sorted(r.get(timeout=40) for r in results) == list(range(5)), \
+        worker_logs(app.workers)
+    dead = keys.key(keys.DEAD_QUEUES, "compass")
+    assert app.state.zscore(dead, queue) is not None  # marked on the cluster by the leader
+    assert not app.state.hexists(keys.key(keys.WORKERS, "compass"), "b@rc")
+    assert app.broker.llen(queue) == 0
 
 
 def _view(name: str, free: float = 1000.0) -> WorkerView:
