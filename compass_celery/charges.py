@@ -32,6 +32,9 @@ class ChargeBatcher:
     def __init__(self, store: StateStore, linger_s: float = 0.001) -> None:
         self.store, self.linger_s = store, linger_s
         self._lock = threading.Lock()
+        # Held for a whole flush, so a caller's flush returns only once every charge it
+        # could see (the flusher thread's in-flight batch included) is in Redis.
+        self._flushing = threading.Lock()
         self._pending: defaultdict[str, float] = defaultdict(float)
         self._wake = threading.Event()
         self._pid: int | None = None
@@ -49,7 +52,12 @@ class ChargeBatcher:
         self._wake.set()
 
     def flush(self) -> int:
-        """Write every gathered charge now; returns how many workers' backlogs it wrote."""
+        """Write every gathered charge now, after any flush under way; returns how many
+        workers' backlogs it wrote."""
+        with self._flushing:
+            return self._flush()
+
+    def _flush(self) -> int:
         with self._lock:
             if self._pid != os.getpid():
                 return 0  # a forked child's copy of its parent's charges is not its own
