@@ -20,6 +20,9 @@ from .worker_runtime import WorkerRuntime, peek_queue
 if TYPE_CHECKING:
     from .context import CompassContext
 
+#: How often an AMQP worker's event loop wakes at least (seconds).
+AMQP_WAKE_S = 0.02
+
 # Worker command-line flags, each overriding the compass_* setting of the same name.
 WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "gpu": (str, "device to run models on: cuda, cuda:N or cpu"),
@@ -68,6 +71,12 @@ class CompassWorker(bootsteps.StartStopStep):
 
     def start(self, worker: Any) -> None:
         """Build and start this worker's runtime (the consumer starts after)."""
+        hub = getattr(worker, "hub", None)
+        if hub is not None and _on_amqp(worker.app):
+            # py-amqp can read a delivery's frames into its buffer without the socket
+            # becoming readable again; the event loop then handles them only when its
+            # next timer fires, up to 10 s later. A short timer bounds that wait.
+            hub.call_repeatedly(AMQP_WAKE_S, _wake)
         compass: CompassContext = worker.app.compass
         self.runtime = WorkerRuntime(compass, worker.hostname, self.own_queue, self.overrides)
         self.runtime.start()
@@ -83,6 +92,16 @@ class CompassWorker(bootsteps.StartStopStep):
     def info(self, worker: Any) -> dict[str, Any]:
         """What ``celery inspect stats`` (and Flower's worker page) shows under "compass"."""
         return {"compass": self.runtime.stats()} if self.runtime is not None else {}
+
+
+def _on_amqp(app: Any) -> bool:
+    """Whether the worker's broker is RabbitMQ (kombu's py-amqp transport)."""
+    scheme = str(app.conf.broker_url or "").split("://", 1)[0].split("+")[0]
+    return scheme in ("amqp", "amqps", "pyamqp")
+
+
+def _wake() -> None:
+    """A no-op timer tick: its only job is to end the event loop's poll."""
 
 
 def _is_solo(pool_cls: Any) -> bool:

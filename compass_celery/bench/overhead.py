@@ -65,6 +65,33 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
             echo(f"placement decision, {n:3d} workers, {label:16s} µs: {_stats(samples)}")
 
 
+def enqueue_cost(url: str, echo: Callable[[str], Any], n: int = 64, rounds: int = 1000
+                 ) -> None:
+    """Enqueue latency, plain Celery routing against compass routing among ``n`` workers'
+    records (default snapshot cache), alternated call by call so that drift in the
+    machine's speed hits both alike."""
+    from ..emulated import make_app
+
+    app = make_app(url, compass_key_prefix="enq", compass_heartbeat_timeout_s=3600.0)
+    _fake_workers(app, n)
+    plain, infer = app.tasks["emulated.plain"], app.tasks["emulated.infer"]
+    opts = {"compass": {"model": "detector", "exec_ms": 5}}
+    for _ in range(50):  # warm up both paths (connections, scripts, snapshot)
+        plain.apply_async((1,))
+        infer.apply_async(("detector", 5, None), **opts)
+    plain_us, compass_us = [], []
+    for _ in range(rounds):
+        plain_us += _time(lambda: plain.apply_async((1,)), 1, 1e6)
+        compass_us += _time(lambda: infer.apply_async(("detector", 5, None), **opts), 1, 1e6)
+    charges = app.compass.router.charges
+    if charges is not None:
+        charges.flush()
+    echo(f"enqueue among {n} workers, plain Celery route µs: {_stats(plain_us)}")
+    echo(f"enqueue among {n} workers, compass route      µs: {_stats(compass_us)}")
+    echo(f"added enqueue latency at {n} workers (median)  µs: "
+         f"{statistics.median(compass_us) - statistics.median(plain_us):8.1f}")
+
+
 def run(echo: Callable[[str], Any] = print) -> None:
     """Print every cost the module lists, on a private Redis with two emulated workers."""
     from celery import chain
@@ -75,6 +102,7 @@ def run(echo: Callable[[str], Any] = print) -> None:
     with RedisServer() as server:
         url = server.url
         placement_cost(url, echo)
+        enqueue_cost(url, echo)
         env = {"COMPASS_BROKER_URL": url, "COMPASS_KEY_PREFIX": "ovh"}
         workers = [WorkerProcess("compass_celery.emulated_app", f"ovh{i}@bench",
                                  ["--compass-emulate-gpu-mb", "1600", "--compass-preload",
