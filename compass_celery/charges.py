@@ -18,8 +18,8 @@ import atexit
 import logging
 import os
 import threading
+import time
 from collections import defaultdict
-from typing import Any
 
 from .state import StateStore, StateUnavailable
 
@@ -65,13 +65,11 @@ class ChargeBatcher:
         batch = {w: ms for w, ms in batch.items() if ms}
         if not batch:
             return 0
-        client: Any = getattr(self.store, "client", None)
-        pipe = client.pipeline(transaction=False) if client is not None else None
+        pipe = self.store.client.pipeline(transaction=False)  # batched for Redis stores only
         try:
             for worker, ms in batch.items():
                 self.store.charge(worker, ms, pipe=pipe)
-            if pipe is not None:
-                self.store.execute(pipe)  # type: ignore[attr-defined]
+            self.store.execute(pipe)  # type: ignore[attr-defined]
         except StateUnavailable as exc:
             self.dropped += len(batch)
             logger.warning("compass: %d backlog charge(s) not written (%s); the workers' "
@@ -86,7 +84,7 @@ class ChargeBatcher:
             self._wake.wait()
             self._wake.clear()
             if self.linger_s:  # let a burst's other charges join this flush
-                threading.Event().wait(self.linger_s)
+                time.sleep(self.linger_s)
             try:
                 self.flush()
             except Exception:  # the flusher must outlive anything one flush meets

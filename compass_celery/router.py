@@ -47,7 +47,6 @@ class CompassRouter:
         self._warned: set[str] = set()
         self.fallbacks = 0
         self.charges: ChargeBatcher | None = None
-        self._taken_at = float("-inf")
 
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
                  task: Any = None, **kw: Any) -> dict[str, Any] | None:
@@ -62,10 +61,9 @@ class CompassRouter:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
         try:
-            if self.charges is not None and self._stale():
+            if self.charges is not None and c.reader.expired():
                 self.charges.flush()  # this process's charges in Redis before it reads there
             snapshot = c.reader.get()
-            self._taken_at = snapshot.taken_at
             learned = snapshot.profiles
         except StateUnavailable as exc:
             snapshot, learned = None, {}
@@ -91,18 +89,13 @@ class CompassRouter:
         announce(c, decision)
         return {"queue": decision.queue}
 
-    def _stale(self) -> bool:
-        """Whether the reader's next ``get`` goes to Redis (its snapshot has expired)."""
-        reader = self.compass.reader
-        return reader.clock() - self._taken_at > reader.ttl_s
-
     def _charge(self, decision: Decision) -> None:
         """Charge the chosen worker: at once in this process's snapshot; in Redis through
         the batcher, off the enqueue path (in-process stores directly)."""
         c = self.compass
         if not decision.charge_ms:
             return
-        if getattr(c.store, "client", None) is None:
+        if c.store.client is None:
             charge_backlog(c, decision, +1)
             return
         if self.charges is None:

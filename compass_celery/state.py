@@ -65,7 +65,7 @@ class StateStore(Protocol):
         """Overwrite a worker's backlog with a reconciled value."""
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Add ``ms`` of planned-but-unsent work to a worker, never below zero."""
+        """Add ``ms`` of planned-but-unsent work to a worker; reads never go below zero."""
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold one measured run time into the learned one for ``task|model``."""
@@ -343,17 +343,20 @@ class SnapshotReader:
         self._indexed: tuple[WorkerView, ...] | None = None
         self._reported: set[str] = set()
         self.reads = 0
-        # After a failed read, fail fast for this long instead of paying a connect
-        # timeout on every enqueue while Redis is away.
-        self.retry_after_s = 1.0
+        self.retry_after_s = 1.0  # after a failed read, fail fast this long (Redis is away)
         self._down_until, self._down_why = 0.0, ""
+
+    def expired(self, now: float | None = None) -> bool:
+        """Whether the next :meth:`get` reads the store (no snapshot, or one over ``ttl_s``)."""
+        snap, now = self._snap, self.clock() if now is None else now
+        return snap is None or now - snap.taken_at > self.ttl_s
 
     def get(self) -> Snapshot:
         """The cached snapshot while younger than ``ttl_s``, else a fresh one."""
         now = self.clock()
         with self._lock:
-            if self._snap is not None and now - self._snap.taken_at <= self.ttl_s:
-                return self._snap
+            if not self.expired(now):
+                return self._snap  # type: ignore[return-value]  # not expired: held
             if now < self._down_until:  # failed moments ago: fail fast, don't wait again
                 raise StateUnavailable(self._down_why)
         try:
