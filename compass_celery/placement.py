@@ -165,8 +165,8 @@ def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
 
 
 # -- showing placement where Celery's own events reach (Flower) ------------------------
-#: The job runtime's message header (``jobs.JOB_HEADER``; jobs imports this module, so
-#: the name is repeated here rather than imported).
+#: The job runtime's message header (its home is here, below the job modules, which
+#: import it: ``job_keys.JOB_HEADER`` is this name).
 JOB_HEADER = "compass_job"
 #: Separates the task's own kwargs repr from the placement in ``kwargsrepr``.
 REPR_MARK = " | compass: "
