@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from celery import Celery, bootsteps
 
+from .amqp_queues import is_amqp
 from .placement import SHARED
 from .worker_runtime import WorkerRuntime, peek_queue
 
@@ -72,7 +73,7 @@ class CompassWorker(bootsteps.StartStopStep):
     def start(self, worker: Any) -> None:
         """Build and start this worker's runtime (the consumer starts after)."""
         hub = getattr(worker, "hub", None)
-        if hub is not None and _on_amqp(worker.app):
+        if hub is not None and is_amqp(worker.app.conf.broker_url):
             # py-amqp can read a delivery's frames into its buffer without the socket
             # becoming readable again; the event loop then handles them only when its
             # next timer fires, up to 10 s later. A short timer bounds that wait.
@@ -92,12 +93,6 @@ class CompassWorker(bootsteps.StartStopStep):
     def info(self, worker: Any) -> dict[str, Any]:
         """What ``celery inspect stats`` (and Flower's worker page) shows under "compass"."""
         return {"compass": self.runtime.stats()} if self.runtime is not None else {}
-
-
-def _on_amqp(app: Any) -> bool:
-    """Whether the worker's broker is RabbitMQ (kombu's py-amqp transport)."""
-    scheme = str(app.conf.broker_url or "").split("://", 1)[0].split("+")[0]
-    return scheme in ("amqp", "amqps", "pyamqp")
 
 
 def _wake() -> None:
