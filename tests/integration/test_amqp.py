@@ -53,6 +53,14 @@ def _cluster(amqp: str, state: str, compass_workers, names: list[str], preload: 
     return app, ws
 
 
+def _burst(app, n: int, exec_ms: float) -> list:
+    """``n`` captioner tasks of ``exec_ms`` each, routed by compass; data = their index."""
+    infer = app.tasks["emulated.infer"]
+    return [infer.apply_async(("captioner", exec_ms, i),
+                              compass={"model": "captioner", "exec_ms": exec_ms})
+            for i in range(n)]
+
+
 def _ledger(state: str, template: str = EXECS) -> Counter[str]:
     client = redis.Redis.from_url(state)
     return Counter({k.decode(): int(v) for k, v in
@@ -106,10 +114,7 @@ def test_sigterm_hands_back_and_every_task_runs_once(amqp_url, compass_redis_url
     names = ["g0@amqp-term", "g1@amqp-term"]
     app, ws = _cluster(amqp_url, compass_redis_url, compass_workers, names,
                        preload="captioner")
-    infer = app.tasks["emulated.infer"]
-    results = [infer.apply_async(("captioner", 150, i),
-                                 compass={"model": "captioner", "exec_ms": 150})
-               for i in range(30)]
+    results = _burst(app, 30, 150)
     on_g0 = [r for r in results if app.compass.placement(r.id).worker == names[0]]
     assert len(on_g0) >= 10, "the burst should queue work on both workers"
     time.sleep(0.5)
@@ -128,10 +133,7 @@ def test_sigkill_queue_is_drained_by_the_peer(amqp_url, compass_redis_url, compa
     names = ["k0@amqp-kill", "k1@amqp-kill"]
     app, ws = _cluster(amqp_url, compass_redis_url, compass_workers, names,
                        preload="captioner")
-    infer = app.tasks["emulated.infer"]
-    results = [infer.apply_async(("captioner", 200, i),
-                                 compass={"model": "captioner", "exec_ms": 200})
-               for i in range(20)]
+    results = _burst(app, 20, 200)
     assert sum(app.compass.placement(r.id).worker == names[0] for r in results) >= 5
     time.sleep(0.5)
     ws[0].kill()  # SIGKILL mid-task: the broker returns its unacked message to its queue
