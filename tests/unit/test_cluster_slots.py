@@ -20,9 +20,8 @@ from compass_celery.redis_state import connect
 from compass_celery.state import RedisStateStore, StateUnavailable
 
 LUA = Path(__file__).resolve().parents[2] / "compass_celery" / "lua"
-#: Scripts that run on the broker's Redis (kombu's keys), never on a cluster; charge.lua
-#: is run by nobody.
-BROKER_SCRIPTS = {"stage", "move", "lease", "charge"}
+#: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.
+BROKER_SCRIPTS = {"stage", "move", "lease"}
 PREFIXES = ["compass", "app:two", "a{b}c", "x}y"]
 
 
