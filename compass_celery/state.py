@@ -24,7 +24,7 @@ from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
 from .redis_cluster import register_script as register
 from .redis_cluster import unavailable_errors
-from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
+from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, fold_view, text
 from .redis_state import epoch_candidate as epoch
 from .scripts import script
 
@@ -387,7 +387,7 @@ class SnapshotReader:
             if i is None:
                 return
             w = workers[i]
-            workers = (*workers[:i], replace(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
+            workers = (*workers[:i], fold_view(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
                        *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
