@@ -20,7 +20,8 @@ from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
-from .state import MemoryStateStore, RedisStateStore, SnapshotReader, StateStore, connect
+from .snapshot_reader import SnapshotReader
+from .state import MemoryStateStore, RedisStateStore, StateStore, connect
 from .transport import BrokerQueues, RedisLayout, RedisQueues
 
 logger = logging.getLogger("compass_celery")

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
     from .placement import Decision
     from .planner.base import Policy
-    from .state import SnapshotReader, StateStore
+    from .snapshot_reader import SnapshotReader
+    from .state import StateStore
     from .transport import BrokerQueues
 
 

@@ -38,7 +38,8 @@ from compass_celery.planner import get_policy
 from compass_celery.planner.types import WorkerView
 from compass_celery.profiles import Demand
 from compass_celery.settings import OPTIONS
-from compass_celery.state import RedisStateStore, SnapshotReader
+from compass_celery.snapshot_reader import SnapshotReader
+from compass_celery.state import RedisStateStore
 
 PREFIX = "bench"
 QUEUE_PREFIX = "bench.w."

@@ -16,7 +16,8 @@ from compass_celery.planner.types import WorkerView
 from compass_celery.profiles import TaskDeclarationError, resolve_demand
 from compass_celery.records import RecordError, decode_record, encode_record
 from compass_celery.settings import SettingsError, resolve
-from compass_celery.state import MemoryStateStore, SnapshotReader
+from compass_celery.snapshot_reader import SnapshotReader
+from compass_celery.state import MemoryStateStore
 
 GOOD = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
                   resident=frozenset({"a"}), heartbeat=100.0)
