@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .errors import CompassInputError
-from .planner.types import WorkerView
+from .planner.types import ModelDemand, WorkerView
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_MODELS = 4096
@@ -40,6 +40,8 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
         "net_mb_per_s": view.net_mb_per_s,
         "heartbeat": view.heartbeat,
     }
+    if view.served:  # absent when empty: a worker that served nothing keeps its old bytes
+        body["served"] = {m: [d.ms_per_s, d.per_s] for m, d in sorted(view.served.items())}
     body.update(extra)
     return json.dumps(body, separators=(",", ":"))
 
@@ -63,6 +65,23 @@ def _names(body: Mapping[str, Any], key: str, who: str) -> frozenset[str]:
             isinstance(v, str) for v in value):
         raise RecordError(f"worker record {who!r}: field {key!r} must be a list of model names")
     return frozenset(value)
+
+
+def _served(body: Mapping[str, Any], who: str) -> dict[str, ModelDemand]:
+    """``{"model": [ms_per_s, per_s]}``: the demand the worker served lately (optional)."""
+    value = body.get("served", {})
+    bad = f"worker record {who!r}: field 'served' must map model names to " \
+          "[ms_per_s, per_s] pairs of finite numbers >= 0"
+    if not isinstance(value, dict) or len(value) > MAX_MODELS:
+        raise RecordError(f"{bad}, got {value!r:.60}")
+    out: dict[str, ModelDemand] = {}
+    for model, pair in value.items():
+        if not isinstance(pair, list) or len(pair) != 2 or not all(
+                not isinstance(v, bool) and isinstance(v, (int, float))
+                and math.isfinite(v) and v >= 0 for v in pair):
+            raise RecordError(f"{bad}; model {model!r:.60} has {pair!r:.60}")
+        out[model] = ModelDemand(float(pair[0]), float(pair[1]))
+    return out
 
 
 def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
@@ -106,6 +125,7 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
         host_load_mb_per_s=_number(body, "host_load_mb_per_s", name, positive=True),
         net_mb_per_s=_number(body, "net_mb_per_s", name, positive=True),
         heartbeat=_number(body, "heartbeat", name),
+        served=_served(body, name),
     )
 
 

@@ -30,6 +30,15 @@ class PlanningError(ValueError):
 
 
 @dataclass(frozen=True)
+class ModelDemand:
+    """Recent demand for one model across the cluster: GPU ms asked per second (1000 =
+    one speed-1.0 worker busy) and tasks per second (see ``planner.demand``)."""
+
+    ms_per_s: float
+    per_s: float
+
+
+@dataclass(frozen=True)
 class WorkerView:
     """One worker as the planner sees it: a decoded, validated state record."""
 
@@ -49,6 +58,10 @@ class WorkerView:
     # Work planned onto this worker but not yet sent (successors waiting for
     # inputs), in ms. Counted by compass so concurrent jobs do not stack.
     pending_ms: float = 0.0
+    # The demand this worker served lately, per model (``planner.demand``): the
+    # cluster's demand is the sum over live workers (``demand.cluster_demand``).
+    # Validated where records are decoded; left out of the hash (a dict is unhashable).
+    served: Mapping[str, ModelDemand] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -122,15 +135,6 @@ class DagSpec:
     def single(cls, task: TaskSpec) -> DagSpec:
         """A plain (non-DAG) task planned as a one-node DAG."""
         return cls(nodes={task.name: task}, edges=(), name=task.name)
-
-
-@dataclass(frozen=True)
-class ModelDemand:
-    """Recent demand for one model across the cluster: GPU ms asked per second (1000 =
-    one speed-1.0 worker busy) and tasks per second (see ``planner.demand``)."""
-
-    ms_per_s: float
-    per_s: float
 
 
 @dataclass(frozen=True)
