@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import attrgetter
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -149,27 +149,53 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
     )
 
 
-def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView]) -> WorkerArrays:
+def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
+              before: Mapping[int, WorkerView] | None = None) -> WorkerArrays:
     """``arrays`` with the workers at positions ``rows`` replaced by new views of the same
     workers: what :func:`build_worker_arrays` would build, for a pass over the changed rows
-    only. The original is left as it was (columns are copied, then written)."""
-    columns = {f: getattr(arrays, f).copy() for f in _FIELDS}
-    resident, host = arrays.resident.copy(), arrays.host_resident.copy()
-    if rows:
-        at = np.fromiter(rows, dtype=int, count=len(rows))
-        views = list(rows.values())
-        table = np.array([_row(w) for w in views], dtype=float).reshape(len(views), -1)
-        for k, f in enumerate(_FIELDS):
-            columns[f][at] = table[:, k]
-        resident[at] = _membership(views, "resident", arrays.models)
-        host[at] = _membership(views, "host_resident", arrays.models)
-    return replace(
-        arrays, resident=resident, host_resident=host,
-        host_models=host.any(axis=0).tolist(),
-        ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
-        ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
-        host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
-        _fetch={}, _fits={}, **columns)
+    only. The original is left as it was: a column that changed is copied, then written;
+    one that did not (a backlog charge changes one number of one column) is shared, with
+    the memos that depend only on unchanged columns. ``before``, the views the rows had
+    (same positions), makes finding what changed a few tuple compares per row."""
+    if not rows:
+        return arrays
+    at = np.fromiter(rows, dtype=int, count=len(rows))
+    views = list(rows.values())
+    new_rows = [_row(w) for w in views]
+    table = np.array(new_rows, dtype=float).reshape(len(views), -1)
+    if before is not None:
+        old_rows = [_row(before[i]) for i in rows]
+        fields = {k for new, old in zip(new_rows, old_rows, strict=True) if new != old
+                  for k, (a, b) in enumerate(zip(new, old, strict=True)) if a != b}
+        sets = {attr for attr in ("resident", "host_resident")
+                if any(getattr(w, attr) != getattr(before[i], attr) for i, w in rows.items())}
+    else:
+        fields = {k for k, f in enumerate(_FIELDS)
+                  if not np.array_equal(getattr(arrays, f)[at], table[:, k])}
+        sets = {"resident", "host_resident"}
+    changes: dict[str, Any] = {}
+    for k in fields:
+        changes[_FIELDS[k]] = column = getattr(arrays, _FIELDS[k]).copy()
+        column[at] = table[:, k]
+    for attr in sets:
+        old = getattr(arrays, attr)
+        new = _membership(views, attr, arrays.models)
+        if not np.array_equal(old[at], new):
+            changes[attr] = matrix = old.copy()
+            matrix[at] = new
+    if "host_resident" in changes:
+        changes["host_models"] = changes["host_resident"].any(axis=0).tolist()
+    if "net_mb_per_s" in changes:
+        changes["ms_per_kb"] = MS_PER_S / (KB_PER_MB * changes["net_mb_per_s"])
+    if "load_mb_per_s" in changes:
+        changes["ms_per_mb"] = MS_PER_S / changes["load_mb_per_s"]
+    if "host_load_mb_per_s" in changes:
+        changes["host_ms_per_mb"] = MS_PER_S / changes["host_load_mb_per_s"]
+    if changes.keys() & {"resident", "host_resident", "load_mb_per_s", "host_load_mb_per_s"}:
+        changes["_fetch"] = {}  # load_columns reads these
+    if "gpu_total_mb" in changes:
+        changes["_fits"] = {}
+    return replace(arrays, **changes) if changes else arrays
 
 
 def _membership(workers: Sequence[WorkerView], attr: str, models: dict[str, int]) -> np.ndarray:

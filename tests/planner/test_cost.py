@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -9,10 +11,12 @@ from hypothesis import strategies as st
 from compass_celery.planner import ClusterView, DagSpec, TaskSpec
 from compass_celery.planner.cost import (
     EVICTION_PENALTY,
+    build_worker_arrays,
     load_ms,
     queue_wait_ms,
     scalar_costs,
     transfer_ms,
+    with_rows,
     worker_arrays,
 )
 from compass_celery.planner.walk import Walk
@@ -106,3 +110,60 @@ def test_arrays_are_built_once_per_snapshot() -> None:
     assert worker_arrays(c) is worker_arrays(c)
     twin = ClusterView.of(c.workers, c.model_sizes_mb)
     assert worker_arrays(twin) is not worker_arrays(c)
+
+
+@FAST
+@given(old=clusters(min_workers=2), new=clusters(min_workers=2), data=st.data())
+def test_rewriting_rows_equals_building_afresh(
+    old: ClusterView, new: ClusterView, data: st.DataObject
+) -> None:
+    """with_rows, told the rows' old views or not, gives the columns a full build gives;
+    columns and memos of what did not change are shared, the original stays as it was."""
+    n = min(len(old.workers), len(new.workers))
+    base = ClusterView(old.workers[:n], old.model_sizes_mb)
+    arrays = worker_arrays(base)
+    for model, size in base.model_sizes_mb.items():  # fill the memos
+        arrays.load_columns(model, size)
+        arrays.fits(size)
+    before_backlog = arrays.backlog_ms.copy()
+    picked = data.draw(st.sets(st.integers(0, n - 1), min_size=1))
+    rows = {}
+    for j in picked:  # a new view of the same worker: its name and queue kept
+        w = new.workers[j]
+        if data.draw(st.booleans()):  # or only a backlog charge, as routing makes
+            w = replace(base.workers[j], backlog_ms=base.workers[j].backlog_ms + 5.0)
+        rows[j] = replace(w, name=base.workers[j].name, queue=base.workers[j].queue)
+    workers = list(base.workers)
+    for j, w in rows.items():
+        workers[j] = w
+    want = build_worker_arrays(ClusterView(tuple(workers), base.model_sizes_mb))
+    for told in (True, False):
+        got = with_rows(arrays, rows, {j: base.workers[j] for j in rows} if told else None)
+        for f in fields(want):
+            if not f.name.startswith("_"):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+        for model, size in base.model_sizes_mb.items():  # memos answer for the new rows
+            fresh = want.load_columns(model, size)
+            assert all(np.array_equal(a, b)
+                       for a, b in zip(got.load_columns(model, size), fresh, strict=True))
+            assert np.array_equal(got.fits(size), want.fits(size))
+        if not np.array_equal(want.gpu_free_mb, arrays.gpu_free_mb):
+            assert got.gpu_free_mb is not arrays.gpu_free_mb
+        else:
+            assert got.gpu_free_mb is arrays.gpu_free_mb  # unchanged: shared, not copied
+    assert np.array_equal(arrays.backlog_ms, before_backlog)  # the original is untouched
+
+
+def test_a_backlog_charge_copies_one_column_and_keeps_the_memos() -> None:
+    c = ClusterView.of([worker("a", resident=frozenset({"m"})), worker("b")], {"m": 1000.0})
+    arrays = worker_arrays(c)
+    cols = arrays.load_columns("m", 1000.0)
+    charged = replace(c.workers[1], backlog_ms=40.0)
+    got = with_rows(arrays, {1: charged}, {1: c.workers[1]})
+    assert got.backlog_ms.tolist() == [0.0, 40.0] and arrays.backlog_ms.tolist() == [0.0, 0.0]
+    assert got.gpu_free_mb is arrays.gpu_free_mb and got.resident is arrays.resident
+    assert got.load_columns("m", 1000.0) is cols  # the load memo is still right: kept
+    loaded = replace(c.workers[1], resident=frozenset({"m"}))
+    moved = with_rows(arrays, {1: loaded}, {1: c.workers[1]})
+    assert moved.load_columns("m", 1000.0)[0].tolist() == [0.0, 0.0]  # memo rebuilt
