@@ -118,9 +118,26 @@ class StateMirror:
         self.workers: tuple[WorkerView, ...] = ()
         self.refused: dict[str, str] = {}
         self.no_beat: set[str] = set()
-        self.full_reads = self.records_fetched = 0
+        self.full_reads = self.records_fetched = self.own_skipped = 0
+        # Counter changes this process made itself, as counter.lua returned them:
+        # member -> (epoch, version, value). A read asks Redis to leave out a member whose
+        # latest change is still that one, and takes the value from here instead.
+        self.own: dict[str, tuple[str, int, Any]] = {}
         self._synced = self._full_at = float("-inf")  # monotonic time of the last ones
         self._cursor = ""  # where the pass over the beats is ('': none under way)
+
+    def note_own(self, member: str, reply: Any) -> None:
+        """Remember a counter change this process made (``counter.lua``'s reply): the next
+        read need not fetch it back. Called from any thread (one dict store)."""
+        if isinstance(reply, (list, tuple)) and len(reply) == 3 and reply[1]:
+            self.own[member] = (text(reply[2]), int(reply[1]), reply[0])
+
+    def _take_own(self) -> tuple[dict[str, tuple[str, int, Any]], str]:
+        """This mirror's own changes in its epoch, and the ARGV line list naming them."""
+        own, self.own = self.own, {}
+        epoch = text(self.epoch or "")
+        own = {m: o for m, o in own.items() if o[0] == epoch}
+        return own, "\n".join(f"{m}\t{o[1]}" for m, o in own.items())
 
     def reset(self) -> None:
         """Forget the log position: the next read reads everything (decodings are kept)."""
@@ -136,9 +153,12 @@ class StateMirror:
         if not self._cursor and clock - self._synced >= beat_sync_s:
             self._cursor = "0"  # start a pass over the beats, a slice per read
         dirty: set[str] = set()
+        own, own_arg = self._take_own()
         for _attempt in range(2):
+            mine = self.version
             epoch, version, redis_now, kind, count, stale, beats, body = call(
-                [text(self.epoch or ""), self.version, timeout_s, self._cursor])
+                [text(self.epoch or ""), mine, timeout_s, self._cursor,
+                 own_arg if mine >= 0 else ""])
             kind, redis_now = text(kind), float(redis_now)
             if kind == "full":
                 dirty |= self.load(*(pairs(part) for part in body))
@@ -149,6 +169,9 @@ class StateMirror:
                 dirty |= self.apply(body)
                 self.records_fetched += sum(1 for i in range(0, len(body), 3)
                                             if text(body[i]).startswith("w:"))
+                if own and kind == "delta":
+                    dirty |= self.apply_own(own, mine, {text(body[i])
+                                                        for i in range(0, len(body), 3)})
             if beats is not None:
                 dirty |= self.take_beats(beats[1], every=kind == "full")
                 self._cursor = "" if kind == "full" else text(beats[0])
@@ -210,6 +233,16 @@ class StateMirror:
         if profiles is not None:
             self.profiles = profiles  # a new dict: snapshots already handed out keep theirs
         return dirty
+
+    def apply_own(self, own: dict[str, tuple[str, int, Any]], mine: int,
+                  fetched: set[str]) -> set[str]:
+        """Take the values of this process's own changes that the read left out: those
+        made after the last read (``mine``) and not fetched, since a member is left out
+        only while its latest change is the one this process made. Returns the workers."""
+        skipped = [(m, value) for m, (_e, v, value) in own.items()
+                   if v > mine and m not in fetched]
+        self.own_skipped += len(skipped)
+        return self.apply([x for m, value in skipped for x in (m, value, None)])
 
     def take_beats(self, flat: Sequence[Any], every: bool) -> set[str]:
         """Take beats from a flat name/score list (``every``: all of them, so any other

@@ -269,10 +269,14 @@ class RedisStateStore:
 
     def _count(self, table: str, worker: str, ms: float, mode: str, pipe: Any) -> None:
         self._call(lambda: self.client)  # a cluster client connects when made
-        self._call(lambda: self._counter(
+        member = f"{table[0]}:{worker}"
+        reply = self._call(lambda: self._counter(
             keys=[self._keys[table], *self._log],
-            args=[worker, ms, mode, f"{table[0]}:{worker}", epoch(), CHANGE_LOG_SIZE],
-            client=pipe))
+            args=[worker, ms, mode, member, epoch(), CHANGE_LOG_SIZE], client=pipe))
+        if pipe is None:
+            self._mirror.note_own(member, reply)
+        else:  # its reply comes from execute(pipe): remember where it will be
+            pipe.__dict__.setdefault("_compass_own", []).append((len(pipe) - 1, member))
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
@@ -302,8 +306,11 @@ class RedisStateStore:
         self._call(go)
 
     def execute(self, pipe: Any) -> None:
-        """Run what was queued on ``pipe`` (one round trip)."""
-        self._call(pipe.execute)
+        """Run what was queued on ``pipe`` (one round trip); this process's reads then
+        skip the counter changes it made (their values came back here)."""
+        replies = self._call(pipe.execute)
+        for at, member in pipe.__dict__.pop("_compass_own", ()):
+            self._mirror.note_own(member, replies[at])
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, from what changed since this process's last read."""

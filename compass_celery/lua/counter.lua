@@ -7,7 +7,9 @@
 -- Additions commute: a worker's release may land before the producer's charge (charges
 -- are written in batches, off the enqueue path), so a counter may go below zero for a
 -- moment; readers see it as zero (records.decode_ms), and a reconcile ('set') never
--- writes below zero. Returns the new value; an unchanged value is not logged.
+-- writes below zero. Returns {new value, version, epoch} when the change was logged, so
+-- the writer's own reader can skip it (snapshot.lua), or {new value} when the value did
+-- not change (nothing logged).
 if ARGV[3] == 'note' then
   log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
   return false
@@ -21,6 +23,7 @@ if v < 0 and ARGV[3] == 'set' then v = 0 end
 local new = tostring(v)
 if new ~= old then
   redis.call('HSET', KEYS[1], ARGV[1], new)
-  log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
+  local version = log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
+  return {new, version, redis.call('HGET', KEYS[2], 'epoch')}
 end
-return new
+return {new}

@@ -3,7 +3,10 @@
 --       6 pending hash, 7 profiles hash
 -- ARGV: 1 the reader's epoch ('' for none), 2 its version (-1: read everything),
 --       3 heartbeat timeout (s), 4 a ZSCAN cursor over the beats ('' for none: the
---       reader refreshes the beats it reports a slice at a time, now and then)
+--       reader refreshes the beats it reports a slice at a time, now and then),
+--       5 the reader's own writes: 'member<TAB>version' lines of counter changes this
+--       reader made itself and already knows the value of (counter.lua returned it); a
+--       member whose latest change is still that version is left out of a delta
 -- Returns {epoch or false, version, Redis TIME, kind, number of records, stale beats,
 --          beats, body}; beats is {next cursor, flat name/score list} or false:
 --   kind 'full'  (new reader, other epoch, version went back or fell off the log):
@@ -32,10 +35,16 @@ if kind == 'full' then
           redis.call('HGETALL', KEYS[6]), redis.call('HGETALL', KEYS[7])}
 elseif kind == 'delta' then
   local hashes = {w = KEYS[3], b = KEYS[5], p = KEYS[6], f = KEYS[7]}
-  for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. mine, '+inf')) do
+  local own = {}
+  for member, at in string.gmatch(ARGV[5] or '', '([^\n]+)\t(%d+)') do
+    own[member] = at
+  end
+  local changed = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. mine, '+inf', 'WITHSCORES')
+  for i = 1, #changed, 2 do
+    local member = changed[i]
     local prefix, name = string.sub(member, 1, 1), string.sub(member, 3)
     local hash = hashes[prefix]
-    if hash then
+    if hash and own[member] ~= changed[i + 1] then
       body[#body + 1] = member
       body[#body + 1] = redis.call('HGET', hash, name)
       body[#body + 1] = prefix == 'w' and redis.call('ZSCORE', KEYS[4], name) or false

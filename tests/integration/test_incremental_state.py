@@ -146,3 +146,66 @@ def test_reported_heartbeats_are_refreshed_a_slice_at_a_time(stores):
     writer.publish(_view("a"))  # same bytes: only the beat moves, nothing is logged
     _snap(reader)
     assert _snap(reader).workers[0].heartbeat >= first + 0.25
+
+
+def _backlog(snap, name: str) -> float:
+    return next(w.backlog_ms for w in snap.workers if w.name == name)
+
+
+def test_a_producer_does_not_fetch_back_its_own_charges(stores):
+    writer, reader, client = stores
+    for name in ("a", "b", "c"):
+        writer.publish(_view(name))
+    _snap(reader)
+    reader.charge("a", 40.0)  # one round trip of its own
+    pipe = reader.client.pipeline(transaction=False)  # and batched, as the router does
+    reader.charge("b", 15.0, pipe=pipe)
+    reader.charge("b", 5.0, pipe=pipe)
+    reader.execute(pipe)
+    snap = _snap(reader)
+    assert (_backlog(snap, "a"), _backlog(snap, "b"), _backlog(snap, "c")) == (40.0, 20.0, 0.0)
+    assert reader._mirror.own_skipped == 2  # a and b: left out of the read, values known
+    assert _backlog(_snap(writer), "b") == 20.0  # another process reads them from Redis
+
+
+def test_a_change_by_someone_else_after_the_own_one_is_fetched(stores):
+    writer, reader, _ = stores
+    writer.publish(_view("a"))
+    _snap(reader)
+    reader.charge("a", 40.0)
+    writer.charge("a", -25.0)  # the worker's release lands after the producer's charge
+    assert _backlog(_snap(reader), "a") == 15.0
+    assert reader._mirror.own_skipped == 0
+    writer.set_backlog("a", 3.0)  # a reconcile, then the producer charges again
+    reader.charge("a", 10.0)
+    assert _backlog(_snap(reader), "a") == 13.0
+    assert reader._mirror.own_skipped == 1
+
+
+def test_an_own_change_older_than_the_last_read_is_not_applied(stores):
+    writer, reader, _ = stores
+    writer.publish(_view("a"))
+    _snap(reader)
+    pipe = reader.client.pipeline(transaction=False)
+    reader.charge("a", 40.0, pipe=pipe)
+    late = pipe.execute()[0]  # its reply, not yet handed to the mirror
+    writer.set_backlog("a", 3.0)  # a reconcile overwrites it
+    assert _backlog(_snap(reader), "a") == 3.0
+    reader._mirror.note_own("b:a", late)  # the reply arrives only now (another thread)
+    writer.publish(_view("b"))  # something else changes: the next read is a delta
+    assert _backlog(_snap(reader), "a") == 3.0
+
+
+def test_own_changes_from_before_the_data_was_lost_are_dropped(stores):
+    writer, reader, client = stores
+    writer.publish(_view("a"))  # version 1
+    _snap(reader)
+    pipe = reader.client.pipeline(transaction=False)
+    reader.charge("a", 40.0, pipe=pipe)  # version 2
+    late = pipe.execute()[0]
+    client.flushall()  # Redis restarted empty: a new epoch, versions start over
+    writer.publish(_view("a"))  # version 1 again
+    _snap(reader)
+    writer.charge("a", 1.0)  # version 2 again, the same number as the lost charge
+    reader._mirror.note_own("b:a", late)  # an old epoch's version: must not be trusted
+    assert _backlog(_snap(reader), "a") == 1.0
