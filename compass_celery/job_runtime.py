@@ -20,6 +20,7 @@ from .job_failure import fail_job
 from .job_keys import INPUT_REF, JobKeys
 from .placement import Decision
 from .planner.adjust import choose_successor
+from .planner.demand import cluster_demand
 from .planner.types import ClusterView, TaskSpec
 from .scripts import script
 from .state import StateUnavailable, text
@@ -198,7 +199,8 @@ class JobRuntime:
             better = choose_successor(
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
                 planned["worker"] if planned else "",
-                lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at),
+                lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
+                                       demand=cluster_demand(workers)),
                 where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
                 adjusts=c.policy.adjusts)
         if better is not None:

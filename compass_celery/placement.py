@@ -20,6 +20,7 @@ from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
 from .planner.cost import remember_arrays, with_rows, worker_arrays
+from .planner.demand import DemandSum
 from .planner.types import SHARED, ClusterView, DagSpec, WorkerView
 from .profiles import Demand
 from .state import Snapshot
@@ -80,42 +81,47 @@ class ViewCache:
     time); a fresh snapshot keeps the views of the workers that did not change. So
     the next view is the last one with the changed workers' rows rewritten, instead
     of a pass over every worker: at 1,000 workers that pass costs more than the rest
-    of a decision.
+    of a decision. The view's ``demand`` (the sum of the workers' ``served``) is
+    carried the same way: only a changed row whose ``served`` changed touches it.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView] | None = None
+        self._last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView,
+                          DemandSum] | None = None
         self.carried = self.built = 0
 
     def get(self, workers: tuple[WorkerView, ...], model_sizes_mb: Mapping[str, float],
             now: float) -> ClusterView:
-        """A view of ``workers`` equal to ``ClusterView.of(workers, model_sizes_mb, now)``."""
+        """A view of ``workers`` equal to ``ClusterView.of(workers, model_sizes_mb, now,
+        demand=cluster_demand(workers))`` (the demand up to float rounding)."""
         with self._lock:
             last = self._last
-        view = self._carry(last, workers, model_sizes_mb, now) if last is not None else None
-        if view is None:
-            view = ClusterView.of(workers, model_sizes_mb, now)
+        carried = self._carry(last, workers, model_sizes_mb, now) if last is not None else None
+        if carried is None:
+            sums = DemandSum(workers)
+            view = ClusterView.of(workers, model_sizes_mb, now, demand=sums.demand)
             self.built += 1
         else:
+            view, sums = carried
             self.carried += 1
         with self._lock:
-            self._last = (workers, dict(model_sizes_mb), view)
+            self._last = (workers, dict(model_sizes_mb), view, sums)
         return view
 
     @staticmethod
-    def _carry(last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView],
+    def _carry(last: tuple[tuple[WorkerView, ...], dict[str, float], ClusterView, DemandSum],
                workers: tuple[WorkerView, ...], sizes: Mapping[str, float], now: float
-               ) -> ClusterView | None:
-        old_workers, old_sizes, old_view = last
+               ) -> tuple[ClusterView, DemandSum] | None:
+        old_workers, old_sizes, old_view, sums = last
         if sizes != old_sizes or len(workers) != len(old_workers):
             return None
         if workers is old_workers:
             if old_view.now == now:
-                return old_view
+                return old_view, sums
             view = replace(old_view, now=now)
             remember_arrays(view, worker_arrays(old_view))
-            return view
+            return view, sums
         # positions whose view object changed, compared at C speed (a Python loop over a
         # thousand workers cost more than the rest of a decision)
         changed = list(compress(count(), map(is_not, old_workers, workers)))
@@ -129,14 +135,27 @@ class ViewCache:
                 return None  # a worker came or went: build afresh
             rows[j] = workers[i]
         ordered = list(old_view.workers)
+        copied = False
         for j, w in rows.items():
+            old = ordered[j]
             ordered[j] = w
-        view = replace(old_view, workers=tuple(ordered), now=now)
+            if old.served is not w.served and old.served != w.served:
+                if not copied:  # copy on write: another thread may carry from it too
+                    sums, copied = sums.copy(), True
+                sums.replace(old, w)
+        view = replace(old_view, workers=tuple(ordered), now=now,
+                       demand=sums.demand if copied else old_view.demand)
         remember_arrays(view, with_rows(arrays, rows))
-        return view
+        return view, sums
 
 
 _VIEWS = ViewCache()
+
+
+def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> ClusterView:
+    """The planner's view of ``snapshot``, with the cluster's demand (the sum of the live
+    workers' ``served``), carried over from the last one this process built."""
+    return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at)
 
 
 def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
@@ -148,7 +167,7 @@ def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
                              f"known models: {sorted(model_sizes_mb)}")
     if not snapshot.workers:
         return fallback(demand, shared_queue, policy.name, "no live compass worker known")
-    cluster = _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at)
+    cluster = cluster_view(snapshot, model_sizes_mb)
     try:
         dag = DagSpec.single(demand.spec())
         plan = policy.plan(dag, cluster)

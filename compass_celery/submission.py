@@ -26,6 +26,7 @@ from .job_handle import JobHandle
 from .job_keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
 from .placement import Decision
 from .planner.check import check_plan
+from .planner.demand import cluster_demand
 from .planner.pending import pending_work
 from .planner.types import ClusterView, DagSpec, Placement
 from .redis_cluster import register_script
@@ -62,7 +63,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                     f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
                     f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                     f"(largest {largest:.0f} MB)")
-        cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at)
+        cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at,
+                                 demand=cluster_demand(live))
         full = c.policy.plan(spec, cluster)
         if cfg["validate"]:
             check_plan(full, spec, cluster)

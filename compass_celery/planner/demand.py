@@ -12,14 +12,19 @@ workers busy should be resident on ``ceil(d / REPLICA_BUSY)`` workers (at least 
 while anything asks for it), so that no replica is asked for more than ``REPLICA_BUSY``
 of a worker's time. The planner charges a placement that would evict a model below its
 target with that model's expected reload (see ``planner.evict``).
+
+On a real cluster nobody sees every arriving job, so each worker tracks the demand it
+served and publishes it, coarsened by :func:`coarse_rates`, as ``WorkerView.served``;
+whoever plans sums the live workers' with :func:`cluster_demand` (or, carried from view
+to view, :class:`DemandSum`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from .types import DagSpec, ModelDemand
+from .types import DagSpec, ModelDemand, WorkerView
 
 #: Time constant of the rate estimates, seconds: long enough to smooth Poisson noise
 #: (a model asked for twice a second is seen ~60 times per window), short enough to
@@ -107,3 +112,85 @@ def replica_targets(
         out[model] = want
     return out
 
+
+
+#: Significant figures of a published rate: coarse, so that a worker's record (re-read by
+#: every planner whenever its bytes change) does not change with every task.
+PUBLISH_DIGITS = 2
+
+
+def coarse_rates(rates: Mapping[str, ModelDemand],
+                 digits: int = PUBLISH_DIGITS) -> dict[str, ModelDemand]:
+    """``rates`` rounded to ``digits`` significant figures, dropping models asked for less
+    than ``MIN_RATE_PER_S`` (which no replica target counts): once a worker's rates have
+    decayed, what it publishes stops changing."""
+    out: dict[str, ModelDemand] = {}
+    for model, d in sorted(rates.items()):
+        if d.per_s < MIN_RATE_PER_S:
+            continue
+        out[model] = ModelDemand(float(f"{d.ms_per_s:.{digits}g}"),
+                                 float(f"{d.per_s:.{digits}g}"))
+    return out
+
+
+def cluster_demand(workers: Iterable[WorkerView]) -> dict[str, ModelDemand]:
+    """The cluster's recent demand: per model, the sum of what the workers served."""
+    ms: dict[str, float] = {}
+    n: dict[str, float] = {}
+    for w in workers:
+        for model, d in w.served.items():
+            ms[model] = ms.get(model, 0.0) + d.ms_per_s
+            n[model] = n.get(model, 0.0) + d.per_s
+    return {m: ModelDemand(ms[m], n[m]) for m in sorted(ms)}
+
+
+class DemandSum:
+    """:func:`cluster_demand` kept up to date row by row: a worker whose ``served``
+    changed is taken out and put back in, in O(its models), not O(workers).
+
+    Per model it keeps the two sums and how many workers contribute, so a model nobody
+    serves any more disappears exactly (no float residue left behind).
+    """
+
+    def __init__(self, workers: Iterable[WorkerView] = ()) -> None:
+        self._sums: dict[str, list[float]] = {}  # model -> [ms_per_s, per_s, contributors]
+        for w in workers:
+            self._add(w.served, 1.0)
+        self._demand = self._freeze()
+
+    def _add(self, served: Mapping[str, ModelDemand], sign: float) -> None:
+        sums = self._sums
+        for model, d in served.items():
+            acc = sums.get(model)
+            if acc is None:
+                acc = sums[model] = [0.0, 0.0, 0.0]
+            acc[0] += sign * d.ms_per_s
+            acc[1] += sign * d.per_s
+            acc[2] += sign
+            if acc[2] <= 0:
+                del sums[model]
+
+    def _freeze(self) -> dict[str, ModelDemand]:
+        return {m: ModelDemand(max(0.0, a[0]), max(0.0, a[1]))
+                for m, a in sorted(self._sums.items())}
+
+    @property
+    def demand(self) -> dict[str, ModelDemand]:
+        """The current sum (the same dict until a row's ``served`` changes)."""
+        return self._demand
+
+    def replace(self, old: WorkerView, new: WorkerView) -> bool:
+        """Swap one worker's row; True when the sum changed (``demand`` is a new dict)."""
+        if old.served is new.served or old.served == new.served:
+            return False
+        self._add(old.served, -1.0)
+        self._add(new.served, 1.0)
+        self._demand = self._freeze()
+        return True
+
+    def copy(self) -> DemandSum:
+        """An independent copy (a carried view's sum must not change an older view's)."""
+        out = DemandSum()
+        out._sums = {m: list(a) for m, a in self._sums.items()}
+        out._demand = self._demand
+        return out
