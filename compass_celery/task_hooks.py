@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .cache import ModelCache
     from .context import CompassContext
     from .job_runtime import JobRuntime
+    from .worker_demand import ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
 
@@ -42,6 +43,7 @@ class TaskHooks:
     name: str
     cfg: dict[str, Any]
     cache: ModelCache
+    served: ServedDemand
     jobs: JobRuntime | None
     _lock: threading.Lock
     _wake: threading.Event
@@ -116,6 +118,8 @@ class TaskHooks:
         if model is not None:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
+        if model is not None and started is not None:
+            self.served.ran(model, run_ms)  # published with the record (worker_demand)
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0

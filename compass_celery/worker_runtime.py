@@ -22,12 +22,13 @@ from redis import RedisError
 
 from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from .job_runtime import JobRuntime
-from .placement import Decision
-from .planner.types import WorkerView
+from .placement import Decision, cluster_view
+from .planner.types import ClusterView, WorkerView
 from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
 from .state import StateUnavailable
 from .task_hooks import TaskHooks
 from .transport import RedisLayout, message_headers, peek
+from .worker_demand import RankFollower, ServedDemand
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -46,6 +47,8 @@ class WorkerRuntime(TaskHooks):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
         self._wake = threading.Event()
         self.cache = self._make_cache()
+        self.served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
+        self.rank = RankFollower(self.cache, self._cluster)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         # task id -> (its decision, the model acquired for it, when it started running)
@@ -94,7 +97,8 @@ class WorkerRuntime(TaskHooks):
             host_load_mb_per_s=self.cfg["host_load_mb_per_s"],
             # liveness is the beat Redis stamps on every publish; the record's own time
             # stays fixed, so an unchanged record is byte-identical and readers reuse it
-            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born)
+            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
+            served=self.served.published())
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -225,6 +229,14 @@ class WorkerRuntime(TaskHooks):
             self._wake.clear()
             if not self._stopping.is_set():
                 self.publish()
+                self.rank.maybe_refresh()
+
+    def _cluster(self) -> ClusterView | None:
+        """The planner's view of the last snapshot (with demand), for the cache's rank."""
+        try:
+            return cluster_view(self.compass.reader.get(), self.compass.model_sizes())
+        except (StateUnavailable, RedisError):
+            return None
 
     def _reconcile_loop(self) -> None:
         while not self._stopping.wait(self.cfg["reconcile_s"]):

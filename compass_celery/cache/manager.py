@@ -103,6 +103,12 @@ class ModelCache:
                 f"on {self.device}"
             )
 
+    def set_rank(self, rank: Mapping[str, tuple[float, ...]]) -> None:
+        """Follow the planner's eviction order (``planner.evict.eviction_rank``) among
+        victims no queued task needs; empty: recency alone (``CacheDecider.rank``)."""
+        with self._cond:
+            self.decider.rank = rank
+
     # -- use ------------------------------------------------------------------
     def acquire(self, model: str, queued: Sequence[str | None] = ()) -> Any:
         """Return ``model`` resident on the device, loading (and evicting) as the decider says.
