@@ -27,8 +27,9 @@ spare copies before the only copy of a busy model, as the plan assumed.
 Every planner re-reads a record whose bytes changed, so what is published is coarse:
 recomputed at most every ``DEMAND_PUBLISH_S`` workload seconds, rounded to two
 significant figures, models below ``MIN_RATE_PER_S`` dropped, nothing while the tracker
-is younger than its ``min_age_s``. A worker that stops serving a model keeps changing
-its record every ``DEMAND_PUBLISH_S`` while the rate decays, then stops.
+is younger than its ``min_age_s``, and replaced only when a model came or went or a rate
+moved by more than ``PUBLISH_TOLERANCE``. A worker that stops serving a model changes
+its record every ~10 s while the rate decays (20% per ~7 s at tau 30 s), then never.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ logger = logging.getLogger("compass_celery.worker")
 
 #: Workload seconds between recomputations of the rates a worker publishes.
 DEMAND_PUBLISH_S = 5.0
+#: A published rate is replaced only when it moved by more than this share (or a model
+#: came or went): Poisson noise under a steady load does not change the record.
+PUBLISH_TOLERANCE = 0.2
 #: Real seconds between refreshes of the cache's eviction order from the last snapshot.
 RANK_REFRESH_S = 2.0
 
@@ -60,11 +64,13 @@ class ServedDemand:
     def __init__(self, speed: float, time_scale: float = 1.0, *,
                  tau_s: float = DEFAULT_TAU_S, min_age_s: float = DEFAULT_MIN_AGE_S,
                  publish_every_s: float = DEMAND_PUBLISH_S,
+                 tolerance: float = PUBLISH_TOLERANCE,
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         self.speed, self.time_scale = float(speed), float(time_scale)
         self.publish_every_s, self.clock = float(publish_every_s), clock
+        self.tolerance = float(tolerance)
         self.tracker = DemandTracker(tau_s, min_age_s)
         self._lock = threading.Lock()
         self._published: dict[str, ModelDemand] = {}
@@ -80,17 +86,28 @@ class ServedDemand:
             self.tracker.add(model, max(0.0, run_ms) * self.speed, self.now_s())
 
     def published(self) -> Mapping[str, ModelDemand]:
-        """The coarse rates to publish now: the same dict object between recomputations,
-        and an equal one whenever the rounded rates did not move."""
+        """The coarse rates to publish now: the same dict object until a recomputation
+        finds a model came or went or a rate moved by more than ``tolerance``."""
         with self._lock:
             now = self.now_s()
             if self._computed_at is not None and now - self._computed_at < self.publish_every_s:
                 return self._published
             self._computed_at = now
             fresh = coarse_rates(self.tracker.rates(now))
-            if fresh != self._published:
+            if _moved(self._published, fresh, self.tolerance):
                 self._published = fresh
             return self._published
+
+
+def _moved(old: Mapping[str, ModelDemand], new: Mapping[str, ModelDemand],
+           tolerance: float) -> bool:
+    """Whether ``new`` is worth a record change: another set of models, or a rate that
+    moved by more than ``tolerance`` (relative) from what was published."""
+    if old.keys() != new.keys():
+        return True
+    return any(abs(n.ms_per_s - o.ms_per_s) > tolerance * o.ms_per_s
+               or abs(n.per_s - o.per_s) > tolerance * o.per_s
+               for o, n in ((old[m], new[m]) for m in new))
 
 
 

@@ -109,3 +109,21 @@ def test_the_rank_follower_never_raises() -> None:
     follower = RankFollower(cache, broken, every_s=0.0)
     assert not follower.maybe_refresh() and cache.decider.rank == {}
     assert not RankFollower(cache, lambda: None, every_s=0.0).maybe_refresh()
+
+
+def test_a_steady_load_does_not_change_what_is_published() -> None:
+    clock = Clock()
+    served = ServedDemand(speed=1.0, clock=clock, min_age_s=0.0, publish_every_s=1.0)
+    for _ in range(600):  # 2 tasks a second for 300 s: settled
+        served.ran("m", 100.0)
+        clock.t += 0.5
+    settled = served.published()
+    for k in range(40):  # the same load, a little faster or slower: within tolerance
+        served.ran("m", 110.0 if k % 2 else 90.0)
+        clock.t += 0.5
+        assert served.published() is settled
+    for _ in range(60):  # the load doubles: a rate moves by more than 20%
+        served.ran("m", 100.0)
+        served.ran("m", 100.0)
+        clock.t += 0.5
+    assert served.published()["m"].per_s > 1.2 * settled["m"].per_s
