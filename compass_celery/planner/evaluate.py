@@ -18,7 +18,10 @@ from .walk import Walk
 def evaluate(plan: Plan, dag: DagSpec, cluster: ClusterView, *, count_pending: bool = True) -> Plan:
     """A plan with the same workers and the full model's start/finish for each task."""
     walk = Walk(dag, cluster, count_pending=count_pending)
-    topo = {n: k for k, n in enumerate(walk.topo)}
+    # ties on (start, finish) in the order compass commits tasks (rank, then topological):
+    # a task that starts when its predecessor's output lands is committed before an
+    # unrelated zero-length one that the plan put after it
+    topo = {n: k for k, n in enumerate(walk.rank_order())}
     for name in dag.nodes:
         if name not in plan.placements:
             raise PlanningError(f"plan {plan.policy!r} has no placement for task {name!r}")
