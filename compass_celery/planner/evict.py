@@ -27,6 +27,7 @@ With no demand known, every price is zero and compass plans exactly as before.
 from __future__ import annotations
 
 import math
+import threading
 import weakref
 from collections.abc import Mapping
 
@@ -45,34 +46,31 @@ SPARE_WEIGHT = 1.0
 
 
 class EvictionPricer:
-    """Per-plan eviction prices; ``resident`` is the plan's own copy, updated on commit."""
+    """Per-plan eviction prices; ``resident`` is the plan's own copy, updated on commit.
+
+    What depends only on the snapshot (sizes, replica targets, chances, copy counts) is
+    worked out once per residency, capacity and demand (:func:`_snapshot_terms`): a
+    routed decision's view differs from the last one by backlog charges, which change
+    none of them, and at 1,000 workers working them out again cost more than the plan.
+    The residency matrix and copy counts are copied on the plan's first load only.
+    """
 
     def __init__(self, arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                  sizes_mb: Mapping[str, float]) -> None:
         self.arr = arrays
         self.active = bool(demand)
-        m = len(arrays.models)
-        self.sizes = np.zeros(m)
-        for name, j in arrays.models.items():
-            self.sizes[j] = float(sizes_mb.get(name, 0.0))
-        self.resident = arrays.resident.copy() if self.active else arrays.resident
-        fits = {name: int(arrays.fits(float(self.sizes[j])).sum())
-                for name, j in arrays.models.items()}
-        targets = replica_targets(demand, fits)
-        self.target = np.zeros(m, dtype=int)
-        self.chance = np.zeros(m)
-        for name, d in demand.items():
-            j = arrays.models.get(name)
-            if j is None:
-                continue
-            self.target[j] = targets.get(name, 0)
-            self.chance[j] = -math.expm1(-d.per_s * HORIZON_S)
-        self.copies = self.resident.sum(axis=0) if self.active else np.zeros(m, dtype=int)
+        self.sizes, self.target, self.chance, self.copies = _snapshot_terms(
+            arrays, demand, sizes_mb)
+        self.resident = arrays.resident
+        self._owned = False  # resident and copies are still the shared ones
 
     def mark(self, i: int, model: str) -> None:
         """Worker ``i`` will hold ``model`` (a placement loaded it there)."""
         j = self.arr.models[model]
         if self.active and not self.resident[i, j]:
+            if not self._owned:
+                self.resident, self.copies = self.resident.copy(), self.copies.copy()
+                self._owned = True
             self.resident[i, j] = True
             self.copies[j] += 1
 
@@ -111,6 +109,50 @@ class EvictionPricer:
         cost_mb = (victim * mb * worth[order]).sum(axis=1)
         out[rows] = cost_mb * self.arr.ms_per_mb[rows]
         return out
+
+
+Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: The last few snapshots' terms, keyed by the identity of what they depend on; each
+#: entry holds those objects, so an id cannot be reused while its entry lives.
+_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Terms]] = {}
+_TERMS_KEPT = 8
+_TERMS_LOCK = threading.Lock()
+
+
+def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
+                    sizes_mb: Mapping[str, float]) -> Terms:
+    """Per model: size, replica target, chance of being asked for within ``HORIZON_S``,
+    resident copies. Read-only: a pricer copies before it changes anything."""
+    deps = (arrays.resident, arrays.gpu_total_mb, arrays.models, demand, sizes_mb)
+    key = tuple(map(id, deps))
+    hit = _TERMS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)):
+        return hit[1]
+    m = len(arrays.models)
+    sizes = np.zeros(m)
+    for name, j in arrays.models.items():
+        sizes[j] = float(sizes_mb.get(name, 0.0))
+    target = np.zeros(m, dtype=int)
+    chance = np.zeros(m)
+    if demand:
+        fits = {name: int(arrays.fits(float(sizes[j])).sum())
+                for name, j in arrays.models.items()}
+        targets = replica_targets(demand, fits)
+        for name, d in demand.items():
+            j = arrays.models.get(name)
+            if j is None:
+                continue
+            target[j] = targets.get(name, 0)
+            chance[j] = -math.expm1(-d.per_s * HORIZON_S)
+    copies = arrays.resident.sum(axis=0) if demand else np.zeros(m, dtype=int)
+    terms = (sizes, target, chance, copies)
+    for a in terms:
+        a.flags.writeable = False  # shared between plans: a write would be a bug
+    with _TERMS_LOCK:  # routers plan on several threads
+        if len(_TERMS) >= _TERMS_KEPT:
+            _TERMS.pop(next(iter(_TERMS)), None)
+        _TERMS[key] = (deps, terms)
+    return terms
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:

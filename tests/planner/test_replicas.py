@@ -117,3 +117,27 @@ def test_the_cache_evicts_in_the_planners_order() -> None:
     dec.rank = rank
     actions = dec.on_need("hot", now=3.0)
     assert [a.name for a in actions] == ["e", "hot"]
+
+
+def test_snapshot_terms_are_shared_between_plans_but_never_stale() -> None:
+    """The pricer's per-snapshot terms are worked out once per residency and demand; a
+    plan's own loads change its copy only, and a new residency gets new terms."""
+    from compass_celery.planner.cost import with_rows, worker_arrays
+    from compass_celery.planner.evict import EvictionPricer
+
+    c = ClusterView.of([w("a", {"hot"}), w("b", {"busy"}), w("c", set())], SIZES,
+                       demand=demand(hot=900.0, busy=900.0))
+    arrays = worker_arrays(c)
+    first = EvictionPricer(arrays, c.demand, SIZES)
+    second = EvictionPricer(arrays, c.demand, SIZES)
+    assert first.copies is second.copies  # shared, not worked out again
+    hot = arrays.models["hot"]
+    first.mark(2, "hot")  # this plan loads hot on c
+    assert first.copies[hot] == 2 and second.copies[hot] == 1
+    assert not second.resident[2, hot] and first.resident[2, hot]
+    charged = with_rows(arrays, {2: w("c", set(), backlog=50.0)}, {2: c.workers[2]})
+    assert EvictionPricer(charged, c.demand, SIZES).copies is second.copies  # a charge
+    loaded = with_rows(arrays, {2: w("c", {"hot"})}, {2: c.workers[2]})
+    assert EvictionPricer(loaded, c.demand, SIZES).copies[hot] == 2  # a load: new terms
+    assert EvictionPricer(arrays, {}, SIZES).price("cold", 500.0, arrays.gpu_free_mb,
+                                                    arrays.gpu_free_mb * 0 + 1.0).sum() == 0
