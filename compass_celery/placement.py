@@ -19,7 +19,7 @@ from .errors import CompassInputError
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
-from .planner.cost import remember_arrays, with_rows, worker_arrays
+from .planner.cost import evolve, remember_arrays, with_rows, worker_arrays
 from .planner.demand import DemandSum
 from .planner.types import SHARED, ClusterView, DagSpec, WorkerView
 from .profiles import Demand
@@ -135,17 +135,18 @@ class ViewCache:
                 return None  # a worker came or went: build afresh
             rows[j] = workers[i]
         ordered = list(old_view.workers)
+        before: dict[int, WorkerView] = {}
         copied = False
         for j, w in rows.items():
-            old = ordered[j]
+            before[j] = old = ordered[j]
             ordered[j] = w
             if old.served is not w.served and old.served != w.served:
                 if not copied:  # copy on write: another thread may carry from it too
                     sums, copied = sums.copy(), True
                 sums.replace(old, w)
-        view = replace(old_view, workers=tuple(ordered), now=now,
-                       demand=sums.demand if copied else old_view.demand)
-        remember_arrays(view, with_rows(arrays, rows))
+        view = evolve(old_view, workers=tuple(ordered), now=now,
+                      demand=sums.demand if copied else old_view.demand)
+        remember_arrays(view, with_rows(arrays, rows, before))
         return view, sums
 
 

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from .planner.cost import evolve
 from .planner.types import WorkerView
-from .redis_state import fold_view
 from .state import Snapshot, StateStore, StateUnavailable
 
 logger = logging.getLogger("compass_celery.state")
@@ -81,7 +81,7 @@ class SnapshotReader:
             if i is None:
                 return
             w = workers[i]
-            workers = (*workers[:i], fold_view(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
+            workers = (*workers[:i], evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
                        *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
 from typing import Any, NamedTuple
@@ -55,6 +55,7 @@ class WorkerArrays:
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
+    _means: dict[tuple[str, bool], float] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -80,6 +81,15 @@ class WorkerArrays:
             cols = (fit, fit * EVICTION_PENALTY)
             self._fetch[model] = cols
         return cols
+
+    def mean(self, column: str, inverse: bool = False) -> float:
+        """The mean of a column (of its inverse): the same for every plan on this snapshot."""
+        value = self._means.get((column, inverse))
+        if value is None:
+            values = getattr(self, column)
+            value = self._means[(column, inverse)] = float(
+                np.mean(1.0 / values if inverse else values))
+        return value
 
     def available_ms(self, count_pending: bool) -> np.ndarray:
         """ms until each worker is free: backlog, plus planned-not-sent work if counted."""
@@ -161,17 +171,24 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         return arrays
     at = np.fromiter(rows, dtype=int, count=len(rows))
     views = list(rows.values())
-    new_rows = [_row(w) for w in views]
-    table = np.array(new_rows, dtype=float).reshape(len(views), -1)
+    width = len(_FIELDS)
+    table = np.fromiter(chain.from_iterable(map(_row, views)), dtype=float,
+                        count=len(views) * width).reshape(len(views), width)
     if before is not None:
-        old_rows = [_row(before[i]) for i in rows]
-        fields = {k for new, old in zip(new_rows, old_rows, strict=True) if new != old
-                  for k, (a, b) in enumerate(zip(new, old, strict=True)) if a != b}
-        sets = {attr for attr in ("resident", "host_resident")
-                if any(getattr(w, attr) != getattr(before[i], attr) for i, w in rows.items())}
+        old = [before[i] for i in rows]
+        if len(old) <= 8:  # a few rows (backlog charges): tuple compares beat numpy's setup
+            fields = sorted({k for w, o in zip(views, old, strict=True) for k, (a, b)
+                             in enumerate(zip(_row(w), _row(o), strict=True)) if a != b})
+        else:
+            was = np.fromiter(chain.from_iterable(map(_row, old)), dtype=float,
+                              count=len(views) * width).reshape(len(views), width)
+            fields = np.flatnonzero((table != was).any(axis=0)).tolist()
+        sets = {attr for attr in ("resident", "host_resident") if any(
+            getattr(w, attr) is not getattr(o, attr) and getattr(w, attr) != getattr(o, attr)
+            for w, o in zip(views, old, strict=True))}
     else:
-        fields = {k for k, f in enumerate(_FIELDS)
-                  if not np.array_equal(getattr(arrays, f)[at], table[:, k])}
+        fields = [k for k, f in enumerate(_FIELDS)
+                  if not np.array_equal(getattr(arrays, f)[at], table[:, k])]
         sets = {"resident", "host_resident"}
     changes: dict[str, Any] = {}
     for k in fields:
@@ -195,7 +212,20 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
-    return replace(arrays, **changes) if changes else arrays
+    if not changes:
+        return arrays
+    if arrays._means:
+        changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
+    return evolve(arrays, **changes)
+
+
+def evolve(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace(obj, **changes)`` without re-running the constructor, for the
+    immutable values the planner copies on every routed decision (several times faster;
+    ``changes`` must already be valid)."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__, **changes)
+    return new
 
 
 def _membership(workers: Sequence[WorkerView], attr: str, models: dict[str, int]) -> np.ndarray:

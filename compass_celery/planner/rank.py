@@ -7,8 +7,6 @@ topological position, so the order is always a valid topological order.
 
 from __future__ import annotations
 
-import numpy as np
-
 from .cost import WorkerArrays
 from .types import DagSpec
 
@@ -32,8 +30,8 @@ def upward_rank(
     with_transfer: bool = True,
 ) -> dict[str, float]:
     """rank(t) = mean run(t) + max over successors s of (mean transfer(t->s) + rank(s)), ms."""
-    inv_speed = float(np.mean(1.0 / arrays.speed))
-    ms_per_kb = float(np.mean(arrays.ms_per_kb)) if with_transfer else 0.0
+    inv_speed = arrays.mean("speed", inverse=True)
+    ms_per_kb = arrays.mean("ms_per_kb") if with_transfer else 0.0
     rank: dict[str, float] = {}
     for n in reversed(topo):
         task = dag.nodes[n]

@@ -9,6 +9,7 @@ import pytest
 
 from compass_celery.placement import ViewCache, cluster_view, decide
 from compass_celery.planner import get_policy
+from compass_celery.planner.cost import evolve as fold_view
 from compass_celery.planner.demand import (
     MIN_RATE_PER_S,
     DemandSum,
@@ -17,7 +18,6 @@ from compass_celery.planner.demand import (
 )
 from compass_celery.planner.types import ModelDemand, WorkerView
 from compass_celery.profiles import Demand
-from compass_celery.redis_state import fold_view
 from compass_celery.state import Snapshot
 
 SIZES = {"busy": 900.0, "other": 900.0, "c": 300.0}
