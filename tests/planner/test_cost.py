@@ -113,7 +113,8 @@ def test_arrays_are_built_once_per_snapshot() -> None:
 
 
 @FAST
-@given(old=clusters(min_workers=2), new=clusters(min_workers=2), data=st.data())
+@given(old=clusters(min_workers=2, max_workers=14), new=clusters(min_workers=2, max_workers=14),
+       data=st.data())
 def test_rewriting_rows_equals_building_afresh(
     old: ClusterView, new: ClusterView, data: st.DataObject
 ) -> None:
