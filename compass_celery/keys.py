@@ -15,7 +15,8 @@ and fail.lua touch one slot each. On a single Redis the braces are just characte
 from __future__ import annotations
 
 # -- cluster state (state Redis) ------------------------------------------------------
-WORKERS = "{{{p}}}:workers"          # hash: worker name -> JSON record
+WORKERS = "{{{p}}}:workers"          # hash: worker name -> JSON record (what planning reads)
+WORKER_STATS = "{{{p}}}:worker-stats"  # hash: worker name -> JSON counters (pid, cache hits...)
 BEATS = "{{{p}}}:beats"              # zset: worker name -> Redis TIME of its last publish
 BACKLOG = "{{{p}}}:backlog"          # hash: worker name -> ms queued and running
 PENDING = "{{{p}}}:pending"          # hash: worker name -> ms planned but not yet sent

@@ -52,7 +52,8 @@ class StateStore(Protocol):
     client: Any
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
-        """Write a worker's record and beat (``extra`` adds informational fields)."""
+        """Write a worker's record and beat; ``extra`` (informational counters) is kept
+        beside the record, not in it, so counters never make readers re-fetch it."""
 
     def remove(self, name: str) -> None:
         """Forget a worker: its record, beat, backlog and pending counters."""
@@ -150,18 +151,21 @@ class MemoryStateStore:
         self.backlog: dict[str, float] = {}
         self.pending: dict[str, float] = {}
         self.profiles: dict[str, str] = {}
+        self.stats: dict[str, dict[str, Any]] = {}
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
-        """Write a worker's record (``extra`` adds informational fields)."""
+        """Write a worker's record, and ``extra`` (informational counters) beside it."""
         with self._lock:
-            self.records[view.name] = encode_record(view, **extra)
+            self.records[view.name] = encode_record(view)
+            if extra:
+                self.stats[view.name] = dict(extra)
             if view.backlog_ms:
                 self.backlog.setdefault(view.name, view.backlog_ms)
 
     def remove(self, name: str) -> None:
         """Forget a worker: its record, backlog and pending counters."""
         with self._lock:
-            for table in (self.records, self.backlog, self.pending):
+            for table in (self.records, self.backlog, self.pending, self.stats):
                 table.pop(name, None)
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
@@ -220,7 +224,7 @@ class RedisStateStore:
         self._keys = {k: keys.key(t, prefix) for k, t in (
             ("workers", keys.WORKERS), ("backlog", keys.BACKLOG), ("pending", keys.PENDING),
             ("profiles", keys.PROFILES), ("beats", keys.BEATS), ("log", keys.STATE_LOG),
-            ("changes", keys.CHANGES))}
+            ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS))}
         self._log = [self._keys["log"], self._keys["changes"]]
         self._read_keys = [self._keys[k] for k in ("log", "changes", "workers", "beats",
                                                    "backlog", "pending", "profiles")]
@@ -254,18 +258,20 @@ class RedisStateStore:
             raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
 
     def publish(self, view: WorkerView, **extra: Any) -> None:
-        """Write a worker's record (logged only if it changed) and its beat."""
+        """Write a worker's record (logged only if it changed) and its beat; ``extra``
+        (informational counters) goes to the worker-stats hash, which readers never fetch."""
         self._call(lambda: self.client)  # a cluster client connects when made
+        stats = json.dumps(extra, separators=(",", ":")) if extra else ""
         self._call(lambda: self._publish(
-            keys=[self._keys["workers"], self._keys["beats"], *self._log],
-            args=[view.name, encode_record(view, **extra), epoch(), CHANGE_LOG_SIZE]))
+            keys=[self._keys["workers"], self._keys["beats"], *self._log, self._keys["stats"]],
+            args=[view.name, encode_record(view), epoch(), CHANGE_LOG_SIZE, stats]))
 
     def remove(self, name: str) -> None:
         """Forget a worker (record, beat, backlog, pending); readers drop it."""
         self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._remove(
             keys=[self._keys[k] for k in ("workers", "beats", "backlog", "pending")]
-            + self._log, args=[name, epoch(), CHANGE_LOG_SIZE]))
+            + self._log + [self._keys["stats"]], args=[name, epoch(), CHANGE_LOG_SIZE]))
 
     def _count(self, table: str, worker: str, ms: float, mode: str, pipe: Any) -> None:
         self._call(lambda: self.client)  # a cluster client connects when made

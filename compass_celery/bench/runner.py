@@ -276,7 +276,7 @@ def _progress(opts: BenchOptions, policy: str, sent: int, total: int,
 
 def _cache_counters(client: Any, prefix: str) -> tuple[int, int, int]:
     hits = misses = loads = 0
-    for raw in client.hgetall(keys.key(keys.WORKERS, prefix)).values():
+    for raw in client.hgetall(keys.key(keys.WORKER_STATS, prefix)).values():
         try:
             rec = json.loads(raw)
             hits, misses, loads = (hits + int(rec.get("hits", 0)),

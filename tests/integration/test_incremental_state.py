@@ -209,3 +209,18 @@ def test_own_changes_from_before_the_data_was_lost_are_dropped(stores):
     writer.charge("a", 1.0)  # version 2 again, the same number as the lost charge
     reader._mirror.note_own("b:a", late)  # an old epoch's version: must not be trusted
     assert _backlog(_snap(reader), "a") == 1.0
+
+
+def test_counters_that_move_on_every_task_do_not_change_the_record(stores):
+    writer, reader, client = stores
+    writer.publish(_view("a"), pid=7, hits=1)
+    _snap(reader)
+    fetched = reader.records_fetched
+    for hits in range(2, 12):  # a busy worker: its cache counters move on every publish
+        writer.publish(_view("a"), pid=7, hits=hits)
+        _snap(reader)
+    assert reader.records_fetched == fetched  # the record's bytes never changed
+    assert json.loads(client.hget("{compass}:worker-stats", "a")) == {"pid": 7, "hits": 11}
+    assert "hits" not in json.loads(client.hget("{compass}:workers", "a"))
+    writer.remove("a")
+    assert client.hget("{compass}:worker-stats", "a") is None
