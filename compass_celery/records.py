@@ -110,8 +110,7 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
     device = body.get("device", "cpu")
     if not isinstance(device, str):
         raise RecordError(f"worker record {name!r}: field 'device' must be a string")
-    total = _number(body, "gpu_total_mb", name)
-    free = _number(body, "gpu_free_mb", name)
+    total, free, speed, load, host_load, net, beat = _numbers(body, name)
     return WorkerView(
         name=name,
         queue=queue,
@@ -120,12 +119,12 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
         gpu_free_mb=min(free, total),
         resident=_names(body, "resident", name),
         host_resident=_names(body, "host_resident", name),
-        speed=_number(body, "speed", name, positive=True),
-        load_mb_per_s=_number(body, "load_mb_per_s", name, positive=True),
-        host_load_mb_per_s=_number(body, "host_load_mb_per_s", name, positive=True),
-        net_mb_per_s=_number(body, "net_mb_per_s", name, positive=True),
-        heartbeat=_number(body, "heartbeat", name),
-        served=_served(body, name),
+        speed=speed,
+        load_mb_per_s=load,
+        host_load_mb_per_s=host_load,
+        net_mb_per_s=net,
+        heartbeat=beat,
+        served=_served(body, name) if "served" in body else {},
     )
 
 
@@ -147,3 +146,26 @@ def decode_ms(raw: bytes | str | None) -> float:
     except (TypeError, ValueError):
         return 0.0
     return value if math.isfinite(value) and value > 0 else 0.0
+
+
+#: The record's numbers in :func:`_numbers`'s order, and whether each must be > 0.
+_NUMBERS = (("gpu_total_mb", False), ("gpu_free_mb", False), ("speed", True),
+            ("load_mb_per_s", True), ("host_load_mb_per_s", True), ("net_mb_per_s", True),
+            ("heartbeat", False))
+
+
+def _numbers(body: Mapping[str, Any], who: str) -> list[float]:
+    """The record's numbers, checked in one pass when they are all fine (a reader decodes
+    every changed record on every read); field by field, for the error, when one is not."""
+    try:
+        values = [body[key] for key, _ in _NUMBERS]
+    except KeyError:
+        values = []
+    ok = len(values) == len(_NUMBERS)
+    for v in values:
+        if (type(v) is not float and type(v) is not int) or not 0 <= v < math.inf:
+            ok = False
+            break
+    if ok and min(values[2:6]) > 0:  # speed and the three bandwidths
+        return [float(v) for v in values]
+    return [_number(body, key, who, positive=positive) for key, positive in _NUMBERS]
