@@ -81,6 +81,9 @@ class CacheDecider:
         #: spare copies (the model has more replicas than its demand needs) go before
         #: kept ones, so the cache evicts what the plan expected. Empty: LRU as before.
         self.rank: Mapping[str, tuple[float, ...]] = {}
+        #: Models never offered as eviction victims (the simulator's static-replicas
+        #: reference preloads its assignment and pins it). Empty: nothing is pinned.
+        self.pinned: frozenset[str] = frozenset()
 
     # -- accounting ---------------------------------------------------------
     def resident_mb(self) -> float:
@@ -100,7 +103,8 @@ class CacheDecider:
         self, protected: set[str], queued: Sequence[str | None], allow_needed: bool
     ) -> list[str]:
         """Evictable resident models, best victim first, under this policy."""
-        cands = [m for m in self.resident if m not in protected]
+        pinned = self.pinned
+        cands = [m for m in self.resident if m not in protected and m not in pinned]
         if self.policy == "fifo":
             return sorted(cands, key=lambda m: self._load_seq[m])
         if self.policy == "lru":

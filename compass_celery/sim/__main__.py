@@ -3,6 +3,11 @@
 A standalone entry to the simulator (the ``compass-celery simulate`` command wraps
 the same :func:`simulate`); ``--compare-pending`` runs compass with and without
 planned-not-sent work counted in its backlog.
+
+Besides the runtime's policies, ``--policies`` takes ``static-replicas``, a simulator-only
+reference: replicas per model sized from the workload's expected demand, packed onto the
+GPUs before the run, preloaded and never evicted; each task goes to the earliest-finish
+worker holding its model (``planner.static``). The real runtime cannot run it.
 """
 
 from __future__ import annotations
@@ -14,7 +19,11 @@ import sys
 from ..errors import CompassInputError
 from ..planner import POLICIES
 from ..workload import load_workload
-from .runner import MOVE_FACTOR, compare_count_pending, simulate
+from .runner import MOVE_FACTOR, SIM_ONLY_POLICIES, compare_count_pending, simulate
+
+#: Everything ``--policies`` accepts, and its default: the runtime's policies, then the
+#: simulator-only references.
+KNOWN = (*POLICIES, *SIM_ONLY_POLICIES)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m compass_celery.sim", description=__doc__)
     ap.add_argument("--workload", required=True)
     ap.add_argument("--workers", type=int)
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies", default=",".join(KNOWN),
+                    help=f"comma-separated, default all: {', '.join(KNOWN)}; "
+                         f"{', '.join(SIM_ONLY_POLICIES)} is a simulator-only reference "
+                         "(static replicas from the workload's expected demand, preloaded, "
+                         "never evicted), which the real runtime does not support")
     ap.add_argument("--rate", type=float, help="jobs per second (overrides the file)")
     ap.add_argument("--jobs", type=int, help="number of jobs (overrides the file)")
     ap.add_argument("--refresh-ms", type=float, default=0.0, help="snapshot staleness, ms")
@@ -46,9 +59,9 @@ def main(argv: list[str] | None = None) -> int:
             result = compare_count_pending(workload, **kw)
         else:
             names = [p.strip() for p in args.policies.split(",") if p.strip()]
-            unknown = [p for p in names if p not in POLICIES]
+            unknown = [p for p in names if p not in KNOWN]
             if unknown:
-                ap.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
+                ap.error(f"unknown policies {unknown}; known: {', '.join(KNOWN)}")
             result = simulate(workload, names, **kw)
     except CompassInputError as exc:  # a bad workload file, or a bad --jobs/--rate
         print(f"error: {exc}", file=sys.stderr)

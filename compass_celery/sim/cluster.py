@@ -11,7 +11,7 @@ next ready task, the way prefetch-one Celery workers pull from a broker.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -91,6 +91,15 @@ class SimWorker:
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0))
         return self._view
+
+    def preload(self, models: Iterable[str]) -> None:
+        """Make ``models`` resident before the run, pinned: never evicted, no load counted
+        (the static-replicas reference's assignment)."""
+        names = tuple(models)
+        for model in names:
+            self.decider.on_loaded(model, now=self.engine.now)
+        self.decider.pinned = self.decider.pinned | frozenset(names)
+        self.touch()
 
     def add_pending(self, ms: float) -> None:
         """Charge (or with a negative ``ms``, release) planned-not-sent work."""
@@ -272,6 +281,11 @@ class SimCluster:
         self.columns = LiveColumns(self._views, self.sizes)
         self.dirty.clear()
         self._snapshot: ClusterView | None = None
+
+    def preload(self, models_by_worker: Mapping[str, Iterable[str]]) -> None:
+        """Load and pin each worker's models before the first job (see SimWorker.preload)."""
+        for worker, models in models_by_worker.items():
+            self.by_name[worker].preload(models)
 
     def snapshot(self) -> ClusterView:
         """A consistent ClusterView; only workers that changed are re-read.

@@ -16,11 +16,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..planner import PlanningError, get_policy
+from ..planner import PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
+from ..planner.static import NAME as STATIC
+from ..planner.static import (
+    ReplicaAssignment,
+    StaticReplicaPolicy,
+    assign_replicas,
+    expected_demand,
+)
 from ..planner.types import DagSpec
 from ..settings import OPTIONS
 from ..workload import Workload, job_stream
@@ -30,6 +37,9 @@ from .stats import summarize
 
 #: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
 MOVE_FACTOR = float(OPTIONS["move_factor"].default)
+#: Policies only the simulator can run (references, not in ``planner.POLICIES``):
+#: ``static-replicas`` (``planner.static``) needs its assignment, built per run here.
+SIM_ONLY_POLICIES = (STATIC,)
 
 
 @dataclass(eq=False)
@@ -51,19 +61,33 @@ class Job:
 
 
 class Simulation:
-    """One policy on one cluster over one job stream."""
+    """One policy on one cluster over one job stream.
+
+    ``rate`` (jobs per second; default the workload's) sizes ``static-replicas``'
+    assignment (``planner.static``), which is preloaded and pinned before the first job;
+    ``assignment`` holds it (None under every other policy).
+    """
 
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
                  workers: int | None = None, count_pending: bool = True,
                  refresh_ms: float = 0.0, hop_ms: float = 0.0,
-                 move_factor: float = MOVE_FACTOR, demand: bool = True) -> None:
-        opts = {"count_pending": count_pending} if policy == "compass" else {}
-        self.policy = get_policy(policy, seed=workload.seed, **opts)
+                 move_factor: float = MOVE_FACTOR, demand: bool = True,
+                 rate: float | None = None) -> None:
+        specs = workload.cluster.workers if workers is None else \
+            workload.cluster.scaled(workers).workers
+        self.assignment: ReplicaAssignment | None = None
+        if policy == STATIC:
+            wanted = expected_demand(workload.dags, workload.mix,
+                                     workload.arrivals.rate_per_s if rate is None else rate)
+            self.assignment = assign_replicas(wanted, workload.models,
+                                              {s.name: s.gpu_mem_mb for s in specs})
+            self.policy: Policy = StaticReplicaPolicy(self.assignment, count_pending)
+        else:
+            opts = {"count_pending": count_pending} if policy == "compass" else {}
+            self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
         self.move_factor = move_factor
         self.workload, self.stream = workload, stream
-        specs = workload.cluster.workers if workers is None else \
-            workload.cluster.scaled(workers).workers
         self.engine = Engine()
         # The producer's view of recent demand per model (planner.demand), fed with every
         # arriving job; the snapshot hands it to the planner. Off: plans as without it.
@@ -72,6 +96,8 @@ class Simulation:
                                   shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand)
+        if self.assignment is not None:
+            self.cluster.preload(self.assignment.by_worker())
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
@@ -177,7 +203,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
     producer that tracks the jobs it submits would; off, compass plans without it.
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
-    per policy.
+    per policy. ``static-replicas`` (simulator only, ``planner.static``) also reports its
+    ``assignment`` (model -> workers), ``replica_targets`` and ``replicas_missing``.
     """
     stream = job_stream(workload, rate=rate, jobs=jobs)
     out: dict[str, Any] = {}
@@ -185,9 +212,11 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
         started = time.perf_counter()
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
-                         demand=demand)
+                         demand=demand, rate=rate)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
+        if sim.assignment is not None:
+            out[name].update(sim.assignment.report())
         if details:
             out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
             out[name]["reassigned"] = sim.moved
