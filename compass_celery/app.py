@@ -129,9 +129,12 @@ class Compass:
 
     @cached_property
     def reader(self) -> SnapshotReader:
-        """Snapshots for routing, reused for ``compass_snapshot_ttl_s``, plus local charges."""
+        """Snapshots for routing, reused for ``compass_snapshot_ttl_s`` and read ahead for
+        ``compass_snapshot_refresh_ahead_s`` past it (Redis only: in-process reads are
+        cheap), plus local charges."""
+        ahead = self.settings["snapshot_refresh_ahead_s"] if self.store.client is not None else 0.0
         return SnapshotReader(self.store, self.settings["snapshot_ttl_s"],
-                              self.settings["heartbeat_timeout_s"])
+                              self.settings["heartbeat_timeout_s"], refresh_ahead_s=ahead)
 
     @cached_property
     def policy(self) -> Policy:

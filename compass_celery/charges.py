@@ -20,10 +20,13 @@ import os
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from typing import TypeVar
 
 from .state import StateStore, StateUnavailable
 
 logger = logging.getLogger("compass_celery.router")
+T = TypeVar("T")
 
 
 class ChargeBatcher:
@@ -56,6 +59,17 @@ class ChargeBatcher:
         workers' backlogs it wrote."""
         with self._flushing:
             return self._flush()
+
+    def read_through(self, read: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        """Write every gathered charge, then ``read()`` while no charge is written, so the
+        read sees exactly the charges made before it started; returns what it read and the
+        charges gathered meanwhile (not in Redis yet, nor in what was read)."""
+        with self._flushing:
+            self._flush()
+            result = read()
+            with self._lock:
+                unflushed = dict(self._pending) if self._pid == os.getpid() else {}
+        return result, {w: ms for w, ms in unflushed.items() if ms}
 
     def _flush(self) -> int:
         with self._lock:

@@ -61,8 +61,6 @@ class CompassRouter:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
         try:
-            if self.charges is not None and c.reader.expired():
-                self.charges.flush()  # this process's charges in Redis before it reads there
             snapshot = c.reader.get()
             learned = snapshot.profiles
         except StateUnavailable as exc:
@@ -100,6 +98,9 @@ class CompassRouter:
             return
         if self.charges is None:
             self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
+            # this process's charges are in Redis before the reader reads there, and
+            # those made while it reads are folded into what it read
+            c.reader.charges = self.charges
         c.reader.note_charge(decision.worker, decision.charge_ms)
         self.charges.add(decision.worker, decision.charge_ms)
 

@@ -50,6 +50,11 @@ OPTIONS: dict[str, Option] = {
     "seed": Option(0, int, "seed for randomised policies"),
     "state_refresh_s": Option(0.25, (int, float), "worker record publish interval", "s", 0.01),
     "snapshot_ttl_s": Option(0.05, (int, float), "how long a reader reuses a snapshot", "s", 0.0),
+    "snapshot_refresh_ahead_s": Option(0.05, (int, float), "how much older than the TTL a "
+                                       "busy process's snapshot may get while a fresh one is "
+                                       "read in the background (0: a decision past the TTL "
+                                       "waits for the read); producers only, workers always "
+                                       "read before they re-place", "s", 0.0),
     "heartbeat_timeout_s": Option(30.0, (int, float), "a worker whose last beat (on Redis's "
                                   "clock) is older than this is dead and its queue drained; "
                                   "the default outlasts a Sentinel failover", "s", 0.05),

@@ -3,15 +3,23 @@
 A burst of enqueues in one process plans against one snapshot, and the process's own
 backlog charges are folded into it as they are made, so the burst spreads over the
 workers instead of piling onto the one that looked idle when the snapshot was taken.
+
+A busy process does not wait for reads at all: once its snapshot is older than ``ttl_s``
+(but younger than ``ttl_s + refresh_ahead_s``), a decision plans on it while a thread of
+the reader's own reads the store and swaps the new snapshot in. Only a process that has
+been idle longer than that reads before it decides. Either way a decision sees state at
+most ``ttl_s + refresh_ahead_s`` old.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 from .planner.cost import evolve
 from .planner.types import WorkerView
@@ -24,37 +32,65 @@ class SnapshotReader:
     """Reuses a snapshot for ``ttl_s`` and applies this process's own charges to it.
 
     Without the local charges, every task in a burst would see the same stale
-    backlog and pile onto one worker until the cache expired.
+    backlog and pile onto one worker until the cache expired. ``charges`` (the router's
+    :class:`~compass_celery.charges.ChargeBatcher`) writes this process's charges before
+    every store read and holds back the ones made during it, which are then folded into
+    what was read: each charge counts exactly once, also while a read runs ahead.
+    ``reads`` counts store reads; ``background_reads`` those made ahead, off the
+    decision path.
     """
 
     def __init__(self, store: StateStore, ttl_s: float, heartbeat_timeout_s: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, refresh_ahead_s: float = 0.0) -> None:
         self.store, self.ttl_s, self.clock = store, ttl_s, clock
         self.timeout_s = heartbeat_timeout_s
+        self.refresh_ahead_s = refresh_ahead_s
+        self.charges: ChargeSource | None = None
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
         self._index: dict[str, int] = {}
         self._indexed: tuple[WorkerView, ...] | None = None
         self._reported: set[str] = set()
-        self.reads = 0
+        self.reads = self.background_reads = 0
         self.retry_after_s = 1.0  # after a failed read, fail fast this long (Redis is away)
         self._down_until, self._down_why = 0.0, ""
+        self._wake = threading.Event()
+        self._refreshing = False
+        self._thread_pid: int | None = None
 
     def expired(self, now: float | None = None) -> bool:
-        """Whether the next :meth:`get` reads the store (no snapshot, or one over ``ttl_s``)."""
+        """Whether the snapshot is over ``ttl_s`` old (or there is none): the next
+        :meth:`get` reads the store, or has it read ahead."""
         snap, now = self._snap, self.clock() if now is None else now
         return snap is None or now - snap.taken_at > self.ttl_s
 
     def get(self) -> Snapshot:
-        """The cached snapshot while younger than ``ttl_s``, else a fresh one."""
+        """The cached snapshot while younger than ``ttl_s``; past that, still the cached one
+        while a fresh one is read ahead (within ``refresh_ahead_s``), else a fresh one."""
         now = self.clock()
         with self._lock:
-            if not self.expired(now):
-                return self._snap  # type: ignore[return-value]  # not expired: held
+            snap = self._snap
+            if snap is not None:
+                age = now - snap.taken_at
+                if age <= self.ttl_s:
+                    return snap
+                if age <= self.ttl_s + self.refresh_ahead_s:
+                    if now >= self._down_until:  # (a read that failed is not retried yet)
+                        self._read_ahead()
+                    return snap
             if now < self._down_until:  # failed moments ago: fail fast, don't wait again
                 raise StateUnavailable(self._down_why)
+        return self._read(now)
+
+    def _read(self, now: float) -> Snapshot:
+        """Read the store now (in the caller's thread) and keep the result."""
         try:
-            snap = self.store.snapshot(now, self.timeout_s)
+            if self.charges is None:
+                snap = self.store.snapshot(now, self.timeout_s)
+            else:
+                snap, unflushed = self.charges.read_through(
+                    lambda: self.store.snapshot(now, self.timeout_s))
+                snap = _charged(snap, unflushed)
         except StateUnavailable as exc:
             with self._lock:
                 self._down_until, self._down_why = now + self.retry_after_s, str(exc)
@@ -65,8 +101,35 @@ class SnapshotReader:
                 self._reported.add(why)
                 logger.warning("compass: skipping %s", why)
         with self._lock:
-            self._snap = snap
+            if self._snap is None or snap.taken_at >= self._snap.taken_at:
+                self._snap = snap
         return snap
+
+    def _read_ahead(self) -> None:
+        """Have the reader's thread read the store (called with the lock held)."""
+        pid = os.getpid()
+        if self._thread_pid != pid:  # first use, or a forked child: a thread of its own
+            self._thread_pid, self._refreshing = pid, False
+            threading.Thread(target=self._run, name="compass-snapshot", daemon=True).start()
+        if not self._refreshing:
+            self._refreshing = True
+            self._wake.set()
+
+    def _run(self) -> None:
+        pid = os.getpid()
+        while self._thread_pid == pid:
+            self._wake.wait()
+            self._wake.clear()
+            try:
+                self._read(self.clock())
+                self.background_reads += 1
+            except StateUnavailable:
+                pass  # remembered by _read: decisions past the grace fail fast, then retry
+            except Exception:  # the thread must outlive anything one read meets
+                logger.exception("compass: reading the cluster state ahead failed")
+            finally:
+                with self._lock:
+                    self._refreshing = False
 
     def note_charge(self, worker: str, ms: float) -> None:
         """Add ``ms`` to ``worker``'s backlog in this process's snapshot only."""
@@ -91,3 +154,19 @@ class SnapshotReader:
         with self._lock:
             self._snap = None
 
+
+class ChargeSource(Protocol):
+    """What the reader needs of the router's charge batcher."""
+
+    def read_through(self, read: Callable[[], Snapshot]) -> tuple[Snapshot, dict[str, float]]:
+        """Write the gathered charges, then ``read()`` holding new ones back; returns what
+        was read and the charges held back."""
+
+
+def _charged(snap: Snapshot, charges: dict[str, float]) -> Snapshot:
+    """``snap`` with ``charges`` (worker -> ms) added to the workers' backlogs."""
+    if not charges:
+        return snap
+    workers = tuple(evolve(w, backlog_ms=max(0.0, w.backlog_ms + charges[w.name]))
+                    if w.name in charges else w for w in snap.workers)
+    return replace(snap, workers=workers)

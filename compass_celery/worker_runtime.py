@@ -104,6 +104,9 @@ class WorkerRuntime(TaskHooks):
     def start(self) -> None:
         """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
+        # a worker re-places successors and retries on fresh state (its decisions come
+        # one per finished task, not in bursts): it reads before deciding, never ahead
+        self.compass.reader.refresh_ahead_s = 0.0
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
         if self.cfg["preload"]:

@@ -1,0 +1,158 @@
+"""The snapshot reader: a busy process plans on its snapshot while a fresh one is read
+ahead, an idle one reads before it decides, and a failing read never blocks decisions."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from compass_celery.planner.types import WorkerView
+from compass_celery.snapshot_reader import SnapshotReader
+from compass_celery.state import MemoryStateStore, StateUnavailable
+
+
+def view(name: str, free: float = 500.0) -> WorkerView:
+    return WorkerView(name=name, queue="q." + name, gpu_total_mb=1000.0, gpu_free_mb=free,
+                      heartbeat=100.0)
+
+
+class GatedStore(MemoryStateStore):
+    """A store whose reads wait for ``gate`` and can be made to fail; it records the
+    thread each read ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+        self.threads: list[str] = []
+
+    def snapshot(self, now, heartbeat_timeout_s):
+        self.threads.append(threading.current_thread().name)
+        if not self.gate.wait(10):
+            raise AssertionError("gate never opened")
+        if self.fail:
+            raise StateUnavailable("Redis at redis://x unavailable: refused")
+        return super().snapshot(now, heartbeat_timeout_s)
+
+
+def wait_for(cond, timeout: float = 5.0) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def setup():
+    now = [100.0]
+    store = GatedStore()
+    store.publish(view("a"))
+    reader = SnapshotReader(store, ttl_s=0.05, heartbeat_timeout_s=1e12,
+                            clock=lambda: now[0], refresh_ahead_s=0.05)
+    return now, store, reader
+
+
+def test_a_busy_reader_plans_on_its_snapshot_while_the_next_is_read_ahead(setup):
+    now, store, reader = setup
+    first = reader.get()
+    charges = HeldCharges(store)
+    reader.charges = charges
+    store.publish(view("b"))
+    store.gate.clear()  # the read ahead will wait here
+    now[0] += 0.07  # past the TTL, within the read-ahead window
+    assert reader.get() is first  # no waiting: the old snapshot, a read under way
+    assert reader.get() is first  # one read ahead at a time
+    wait_for(lambda: len(store.threads) == 2)
+    assert store.threads[1] == "compass-snapshot"
+    store.gate.set()
+    wait_for(lambda: reader.background_reads == 1)
+    assert [w.name for w in reader.get().workers] == ["a", "b"]
+    assert charges.reads == 1  # the read went through the charges
+    assert store.threads.count("compass-snapshot") == 1
+
+
+class HeldCharges:
+    """The ChargeBatcher's contract by hand: gathered charges are written to the store
+    before a read, and those made during the read are held back and returned."""
+
+    def __init__(self, store: MemoryStateStore) -> None:
+        self.store, self.pending, self.reads = store, {}, 0
+        self.during: dict[str, float] = {}
+
+    def add(self, worker: str, ms: float) -> None:
+        self.pending[worker] = self.pending.get(worker, 0.0) + ms
+
+    def read_through(self, read):
+        for worker, ms in self.pending.items():
+            self.store.charge(worker, ms)
+        self.pending = {}
+        self.reads += 1
+        snap = read()
+        held, self.pending = dict(self.pending), {}
+        for worker, ms in held.items():  # written once the read is done
+            self.store.charge(worker, ms)
+        return snap, held
+
+
+def test_charges_made_while_a_read_runs_ahead_count_once(setup):
+    now, store, reader = setup
+    charges = HeldCharges(store)
+    reader.charges = charges
+    reader.get()
+    for _ in range(3):  # a burst: charged in the snapshot at once, in Redis later
+        reader.note_charge("a", 10.0)
+        charges.add("a", 10.0)
+    store.gate.clear()
+    now[0] += 0.07
+    reader.get()  # starts the read ahead, which writes the 30 ms first, then waits
+    wait_for(lambda: len(store.threads) == 2)
+    reader.note_charge("a", 5.0)  # made while the read runs: not in what it reads
+    charges.add("a", 5.0)
+    store.gate.set()
+    wait_for(lambda: reader.background_reads == 1)
+    assert reader.get().workers[0].backlog_ms == 35.0  # each charge exactly once
+    now[0] += 0.2
+    assert reader.get().workers[0].backlog_ms == 35.0  # and so in the store
+
+
+def test_an_idle_reader_reads_before_it_decides(setup):
+    now, store, reader = setup
+    reader.get()
+    store.publish(view("b"))
+    now[0] += 0.2  # idle longer than TTL + read-ahead: the snapshot is too old to use
+    assert [w.name for w in reader.get().workers] == ["a", "b"]
+    assert store.threads[-1] == threading.current_thread().name
+    assert reader.background_reads == 0
+
+
+def test_a_failed_read_ahead_never_blocks_and_is_reported_past_the_window(setup):
+    now, store, reader = setup
+    first = reader.get()
+    store.fail = True
+    now[0] += 0.07
+    assert reader.get() is first
+    wait_for(lambda: len(store.threads) == 2 and not reader._refreshing)
+    assert reader.get() is first  # still inside the window: plan on what we have
+    now[0] += 0.05  # past the window: the failure is raised, fast (no new attempt)
+    with pytest.raises(StateUnavailable, match="refused"):
+        reader.get()
+    assert len(store.threads) == 2
+    store.fail = False
+    now[0] += reader.retry_after_s
+    assert [w.name for w in reader.get().workers] == ["a"]
+
+
+def test_without_read_ahead_a_decision_past_the_ttl_waits_for_the_read():
+    now = [100.0]
+    store = GatedStore()
+    store.publish(view("a"))
+    reader = SnapshotReader(store, ttl_s=0.05, heartbeat_timeout_s=1e12, clock=lambda: now[0])
+    reader.get()
+    store.publish(view("b"))
+    now[0] += 0.07
+    assert [w.name for w in reader.get().workers] == ["a", "b"]
+    assert set(store.threads) == {threading.current_thread().name}
