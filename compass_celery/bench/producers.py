@@ -6,15 +6,15 @@ them beating at the workers' own pace (each every ``compass_state_refresh_s``; a
 ``--changing`` fraction of them change their record on every publish, the rest are
 idle and publish the same bytes), reconciles every backlog every ``compass_reconcile_s``,
 then runs ``--producers`` processes that each route as fast as they can, as the router
-does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``), then
+does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``, reading ahead for
+``--refresh-ahead`` seconds past it, ``compass_snapshot_refresh_ahead_s`` by default), then
 :func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
-(in Redis and in the reader's snapshot). Prints decisions/s, the time of the snapshot
-reads that went to Redis, the decision time (read + decide), and Redis's egress and CPU
-over the measured window (``INFO stats``/``INFO cpu`` deltas), with the producers' share
-of the egress (the total less what the publisher alone caused in a 2 s window before).
-
-It imports only names that the state module has kept stable, so the same file measures
-an older checkout too (copy it there and run it with that checkout first on the path).
+(in the reader's snapshot at once, in Redis through the router's :class:`ChargeBatcher`,
+flushed before every read). Prints decisions/s; the time of every read that went to
+Redis, wherever it was made; the decisions that waited for one (read + decide) and all
+decisions; and Redis's egress and CPU over the measured window (``INFO stats``/``INFO
+cpu`` deltas), with the producers' share of the egress (the total less what the publisher
+alone caused in a 2 s window before).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import json
 import multiprocessing as mp
 import random
 import sys
+import threading
 import time
 from array import array
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 import redis
 
 from compass_celery import keys
+from compass_celery.charges import ChargeBatcher
 from compass_celery.local import RedisServer
 from compass_celery.placement import decide
 from compass_celery.planner import get_policy
@@ -96,35 +98,49 @@ def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
     out.put({"published": published, "seconds": time.monotonic() - start, "late": late})
 
 
-def _producer(url: str, seed: int, start_at: float, seconds: float, out: Any) -> None:
+def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float,
+              out: Any) -> None:
     """Route as fast as possible from ``start_at`` for ``seconds``; report timings."""
     store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX)
     reader = SnapshotReader(store, float(OPTIONS["snapshot_ttl_s"].default),
-                            float(OPTIONS["heartbeat_timeout_s"].default))
+                            float(OPTIONS["heartbeat_timeout_s"].default), refresh_ahead_s=ahead)
+    charges = ChargeBatcher(store, float(OPTIONS["charge_linger_s"].default))
+    reader.charges = charges
+    reads, waited = array("d"), [0]
+    main, snapshot = threading.current_thread(), store.snapshot
+
+    def timed_snapshot(now: float, timeout_s: float) -> Any:
+        t = time.perf_counter()
+        snap = snapshot(now, timeout_s)
+        reads.append(time.perf_counter() - t)
+        if threading.current_thread() is main:
+            waited[0] += 1
+        return snap
+
+    store.snapshot = timed_snapshot  # type: ignore[method-assign]
     policy = get_policy("compass")
     rng = random.Random(seed)
     demands = [Demand(task=f"bench.{m}", model=m, exec_ms=40.0, output_kb=0.0,
                       exec_source="declared") for m in MODELS]
     reader.get()  # the first (full) read is not measured
     time.sleep(max(0.0, start_at - time.time()))
-    fresh, fresh_decision, decision = array("d"), array("d"), array("d")
+    del reads[:]
+    fresh_decision, decision = array("d"), array("d")
     end = start_at + seconds
     clock = time.perf_counter
     while time.time() < end:
-        reads = reader.reads
+        before = waited[0]
         t0 = clock()
         snap = reader.get()
-        t1 = clock()
         d = decide(rng.choice(demands), snap, policy, MODELS, "bench.shared")
         t2 = clock()
         decision.append(t2 - t0)
-        if reader.reads != reads:
-            fresh.append(t1 - t0)
+        if waited[0] != before:
             fresh_decision.append(t2 - t0)
         if d.charge_ms:
-            store.charge(d.worker, d.charge_ms)
             reader.note_charge(d.worker, d.charge_ms)
-    out.put({"decisions": len(decision), "fresh": fresh.tobytes(),
+            charges.add(d.worker, d.charge_ms)
+    out.put({"decisions": len(decision), "fresh": reads.tobytes(),
              "fresh_decision": fresh_decision.tobytes(), "decision": decision.tobytes(),
              "workers_seen": len(reader.get().workers)})
 
@@ -141,7 +157,7 @@ def _pct(samples: np.ndarray, q: float) -> float:
 
 
 def run(records: int, producers: int, seconds: float, changing: float = 0.1,
-        warmup_s: float = 2.0) -> dict[str, Any]:
+        warmup_s: float = 2.0, ahead: float | None = None) -> dict[str, Any]:
     """One measurement; returns the numbers the command prints."""
     ctx = mp.get_context("fork")
     with RedisServer() as server:
@@ -162,7 +178,10 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         background_cpu = (base_cpu1 - base_cpu0) / (base_t1 - base_t0)
         out = ctx.Queue()
         start_at = time.time() + warmup_s + 0.05 * producers
-        procs = [ctx.Process(target=_producer, args=(server.url, k, start_at, seconds, out))
+        if ahead is None:
+            ahead = float(OPTIONS["snapshot_refresh_ahead_s"].default)
+        procs = [ctx.Process(target=_producer,
+                             args=(server.url, k, start_at, seconds, ahead, out))
                  for k in range(producers)]
         for p in procs:
             p.start()
@@ -188,7 +207,9 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         "workers_seen": min(r["workers_seen"] for r in results),
         "publishes_per_s": round(pub_stats["published"] / pub_stats["seconds"], 1),
         "decisions_per_s": round(total / seconds, 1),
+        "refresh_ahead_s": ahead,
         "fresh_reads_per_s": round(arrays["fresh"].size / seconds, 1),
+        "waited_decisions_per_s": round(arrays["fresh_decision"].size / seconds, 1),
         "fresh_read_ms": {"p50": _pct(arrays["fresh"], 50), "p99": _pct(arrays["fresh"], 99)},
         "fresh_decision_ms": {"p50": _pct(arrays["fresh_decision"], 50),
                               "p99": _pct(arrays["fresh_decision"], 99)},
@@ -213,15 +234,17 @@ def report(r: dict[str, Any]) -> str:
         f"producers {r['producers']}, {r['seconds']:.0f} s; "
         f"publishes/s {r['publishes_per_s']:.0f}; live workers seen {r['workers_seen']}",
         f"  decisions/s              {r['decisions_per_s']:12.0f}",
-        f"  fresh reads/s            {r['fresh_reads_per_s']:12.0f}",
-        f"  fresh read ms            p50 {f['p50']:8.3f}  p99 {f['p99']:8.3f}",
-        f"  fresh decision ms        p50 {fd['p50']:8.3f}  p99 {fd['p99']:8.3f}",
+        f"  reads/s (to Redis)       {r['fresh_reads_per_s']:12.0f}  (read ahead for "
+        f"{r['refresh_ahead_s']:g} s past the TTL)",
+        f"  read ms (any thread)     p50 {f['p50']:8.3f}  p99 {f['p99']:8.3f}",
+        f"  decisions that waited    {r['waited_decisions_per_s']:12.0f}  per s",
+        f"  ... their ms (read+plan) p50 {fd['p50']:8.3f}  p99 {fd['p99']:8.3f}",
         f"  decision ms (all)        p50 {d['p50']:8.3f}  p99 {d['p99']:8.3f}",
         f"  Redis egress bytes/s     {r['redis_egress_bytes_per_s']:12.0f}  (publisher "
         f"alone {r['publisher_egress_bytes_per_s']:.0f})",
         f"  producers' egress B/s    {r['producer_egress_bytes_per_s']:12.0f}",
         f"  producers' B/decision    {r['producer_egress_bytes_per_decision']:12.1f}",
-        f"  producers' B/fresh read  {r['producer_egress_bytes_per_fresh_read']:12.1f}",
+        f"  producers' B/read        {r['producer_egress_bytes_per_fresh_read']:12.1f}",
         f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}  (publisher alone "
         f"{r['publisher_redis_cpu_per_s']:.3f})",
     ])
@@ -235,9 +258,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="measured window")
     ap.add_argument("--changing", type=float, default=0.1,
                     help="fraction of workers whose record changes on every publish")
+    ap.add_argument("--refresh-ahead", type=float, default=None,
+                    help="seconds past the TTL a snapshot is served while read ahead "
+                    "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads)")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
-    result = run(args.records, args.producers, args.seconds, args.changing)
+    result = run(args.records, args.producers, args.seconds, args.changing,
+                 ahead=args.refresh_ahead)
     print(report(result))
     if args.json:
         with open(args.json, "w") as fh:
