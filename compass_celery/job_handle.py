@@ -38,15 +38,21 @@ class JobHandle:
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the job ends (or ``timeout``); fail it when its deadline passes."""
-        deadline_raw = self.client.hget(self.keys.job, "deadline")
+        return self._wait(timeout, ())[0]
+
+    def _wait(self, timeout: float | None, also: tuple[str, ...]) -> tuple[str, list[Any]]:
+        """:meth:`wait`, returning too the job fields ``also`` as read with the final state
+        (one round trip for both, on the path from the job's end to the caller)."""
+        deadline_raw, raw, *fields = self.client.hmget(self.keys.job,
+                                                       ["deadline", "state", *also])
         if deadline_raw is None:
             raise JobError(f"job {self.id} is unknown or expired")
         deadline = float(deadline_raw)
         until = deadline if timeout is None else min(deadline, time.time() + timeout)
         while True:
-            state = self.status
+            state = raw.decode() if raw else "UNKNOWN"
             if state in ("SUCCESS", "FAILURE"):
-                return state
+                return state, fields
             if state == "UNKNOWN":
                 raise JobError(f"job {self.id}: its record is gone from Redis (expired after "
                                "compass_job_ttl_s, or Redis restarted without persistence)")
@@ -56,6 +62,7 @@ class JobHandle:
                     fail_job(self.c, self.id, {"job": self.id, "node": None, "task": None,
                                                "worker": None, "exc_type": "JobTimeout",
                                                "exc": "job deadline passed"})
+                    raw, *fields = self.client.hmget(self.keys.job, ["state", *also])
                     continue
                 raise JobTimeout(f"job {self.id} not finished within {timeout}s "
                                  f"(state {state})")
@@ -63,17 +70,21 @@ class JobHandle:
             # other waiters instead of recreating the key without one
             self.client.blmove(self.keys.done, self.keys.done, max(0.01, min(left, 1.0)),
                                "RIGHT", "LEFT")
+            raw, *fields = self.client.hmget(self.keys.job, ["state", *also])
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
         """The sink results ``{node: result}``; raises JobFailed / JobTimeout."""
-        state = self.wait(timeout)
+        state, (error_raw, sinks_raw) = self._wait(timeout, ("error", "sinks"))
         if state == "FAILURE":
-            error = json.loads(self.client.hget(self.keys.job, "error") or "{}")
+            error = json.loads(error_raw or "{}")
             if propagate:
                 raise JobFailed(error)
             return {}
-        nodes = json.loads(self.client.hget(self.keys.job, "nodes"))
-        sinks = [n for n, v in nodes.items() if not v["succs"]]
+        if sinks_raw is not None:
+            sinks = json.loads(sinks_raw)
+        else:  # a job recorded before its sinks were (an older compass): from the nodes
+            nodes = json.loads(self.client.hget(self.keys.job, "nodes"))
+            sinks = [n for n, v in nodes.items() if not v["succs"]]
         raw = self.client.hmget(self.keys.outputs, sinks)
         return {n: json.loads(r) if r is not None else None for n, r in zip(sinks, raw,
                                                                              strict=True)}

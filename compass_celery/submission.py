@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .dag_validation import DagValidationError
@@ -29,7 +30,7 @@ from .planner.check import check_plan
 from .planner.demand import cluster_demand
 from .planner.pending import pending_work
 from .planner.types import ClusterView, DagSpec, Placement
-from .redis_cluster import register_script
+from .redis_cluster import is_cluster_client, register_script
 from .redis_state import CHANGE_LOG_SIZE, epoch_candidate
 from .retry import retry_transient
 from .scripts import script
@@ -76,6 +77,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     plan_json = {k: placement_json(p) for k, p in plan.items()}
     body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
             "nodes": json.dumps(nodes), "plan": json.dumps(plan_json),
+            "sinks": json.dumps(spec.sinks()),  # what JobHandle.get returns, read in one go
             "created": now, "deadline": now + timeout, "policy": c.policy.name,
             # per node, for completions that must not read the whole DAG (complete.lua)
             **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
@@ -84,27 +86,31 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
 
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
 
-    def record() -> None:
-        pipe = client.pipeline(transaction=True)  # the job exists whole or not at all
+    # On one Redis each pair of steps below is one transaction (one round trip); on a
+    # Redis Cluster the job's keys and the cluster state's keys live in different hash
+    # slots, so each step is a transaction of its own.
+    single = not is_cluster_client(client)
+
+    def record(pipe: Any) -> None:  # the job exists whole or not at all
         pipe.hset(keys.job, mapping=body)
         left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
         if left:
             pipe.hset(keys.left, mapping=left)
         for key in keys.all():
             pipe.expire(key, int(cfg["job_ttl_s"]))
-        pipe.execute()
 
-    def start() -> None:  # its deadline, and planned work not sent yet counts (once)
-        pipe = client.pipeline(transaction=True)
+    def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
         pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
         _add_once(c, pipe, f"{job_id}:plan", "p", list(pending.values()))
-        pipe.execute()
 
-    retry_transient(f"job {job_id}: recording it", record, give_up_s=cfg["submit_retry_s"],
-                    done=lambda: bool(client.exists(keys.job)))
-    # done or not, a retry is safe: ZADD is idempotent and once.lua adds the work once
-    retry_transient(f"job {job_id}: starting its clock", start,
-                    give_up_s=cfg["submit_retry_s"])
+    # done or not, a retry of start is safe: ZADD is idempotent and once.lua adds the
+    # work once; a job recorded is recorded whole, with its start when they share a step
+    retry_transient(f"job {job_id}: recording it",
+                    lambda: _transaction(client, record, *([start] if single else [])),
+                    give_up_s=cfg["submit_retry_s"], done=lambda: bool(client.exists(keys.job)))
+    if not single:
+        retry_transient(f"job {job_id}: starting its clock", lambda: _transaction(client, start),
+                        give_up_s=cfg["submit_retry_s"])
     handle = JobHandle(c, job_id)
     # sources: nobody else sends them, so they are recorded as sent after publishing
     sent = {}
@@ -116,23 +122,31 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                                                    None, t),
             give_up_s=cfg["submit_retry_s"], done=lambda t=task_id: _queued(c, t))
 
-    def confirm() -> None:
-        pipe = client.pipeline(transaction=True)
+    def confirm(pipe: Any) -> None:
         pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
         pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
-        pipe.execute()
 
-    def charge() -> None:
-        _add_once(c, client, f"{job_id}:sources", "b",
+    def charge(pipe: Any) -> None:
+        _add_once(c, pipe, f"{job_id}:sources", "b",
                   [(d.worker, d.charge_ms) for d in sent.values()
                    if isinstance(d, Decision) and d.charge_ms])
 
-    retry_transient(f"job {job_id}: confirming its sources", confirm,
+    retry_transient(f"job {job_id}: confirming its sources",
+                    lambda: _transaction(client, confirm, *([charge] if single else [])),
                     give_up_s=cfg["submit_retry_s"],
                     done=lambda: client.hlen(keys.tasks) >= len(sent))
-    retry_transient(f"job {job_id}: charging its sources", charge,
-                    give_up_s=cfg["submit_retry_s"])
+    if not single:
+        retry_transient(f"job {job_id}: charging its sources",
+                        lambda: _transaction(client, charge), give_up_s=cfg["submit_retry_s"])
     return handle
+
+
+def _transaction(client: Any, *steps: Callable[[Any], None]) -> None:
+    """Queue ``steps`` on one MULTI/EXEC pipeline and run it (one round trip)."""
+    pipe = client.pipeline(transaction=True)
+    for step in steps:
+        step(pipe)
+    pipe.execute()
 
 
 def _add_once(c: CompassContext, client: Any, token: str, kind: str,
