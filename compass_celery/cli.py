@@ -239,10 +239,12 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
                    "workload ms")
         click.echo(text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
                             f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
-                            f"{r['p99']:.2f}x"]
+                            f"{r['p99']:.2f}x", _pct(r["real_load_fraction"]),
+                            _pct(r["sim_load_fraction"])]
                            for name, r in result["real_over_sim"].items()],
                           ["policy", "real mean", "sim mean", "real/sim", "real p99",
-                           "sim p99", "real/sim"]))
+                           "sim p99", "real/sim", "real loads", "sim loads"]))
+        click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
     _write_outputs(result, json_out, plot_out)
 
 
@@ -256,8 +258,14 @@ def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, 
         rm, sm = r["latency_ms"]["mean"], s["latency_ms"]["mean"]
         rp, sp = r["latency_ms"]["p99"], s["latency_ms"]["p99"]
         out[name] = {"real_mean": rm, "sim_mean": sm, "mean": rm / sm if sm else float("nan"),
-                     "real_p99": rp, "sim_p99": sp, "p99": rp / sp if sp else float("nan")}
+                     "real_p99": rp, "sim_p99": sp, "p99": rp / sp if sp else float("nan"),
+                     "real_load_fraction": r.get("load_fraction"),
+                     "sim_load_fraction": s.get("load_fraction")}
     return out
+
+
+def _pct(fraction: float | None) -> str:
+    return "-" if fraction is None else f"{fraction:.1%}"
 
 
 @compass_command.command(help="Discrete-event simulation of the same planner on any cluster "

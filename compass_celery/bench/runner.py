@@ -172,10 +172,14 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                          log_dir=log_dir, policy=policy, events=faults, t0=t0)
         outcomes: list[JobOutcome] = []
         handles = []
+        skip = int(len(stream) * opts.warmup_frac)
+        loads_at_warmup = 0
         for i, (at_ms, name) in enumerate(stream):
             delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
             if delay > 0:
                 time.sleep(delay)
+            if i == skip:  # warm-up ends as the first job after it arrives (as simulated)
+                loads_at_warmup = _cache_counters(client, prefix)[2]
             outcome = JobOutcome(i, name, clock())
             try:
                 handle = dags[name].apply_async()
@@ -210,6 +214,10 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             stranded.update(stranded_amqp(app.compass.queues, prefix, names))
         hits, misses, loads = _cache_counters(client, prefix)
         result = policy_result(outcomes, opts.warmup_frac, hits, misses, loads)
+        late_tasks = sum(len(workload.dags[n].nodes) if n in workload.dags else 1
+                         for _, n in stream[skip:])
+        result["loads_after_warmup"] = loads - loads_at_warmup
+        result["load_fraction"] = round((loads - loads_at_warmup) / max(1, late_tasks), 4)
         result["breakdown_ms"] = _breakdown(handles, opts.warmup_frac, len(stream))
         result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3) for o in outcomes
                                   if o.end_ms is not None and not o.failed

@@ -74,6 +74,11 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
         gap = data["real_over_sim"][name]
         assert data["simulated"][name]["jobs"] == 16 and gap["sim_mean"] > 0
         assert gap["mean"] == pytest.approx(gap["real_mean"] / gap["sim_mean"])
+        # loads after warm-up, real and simulated, as shares of the same tasks
+        real = data["policies"][name]
+        assert 0 <= real["loads_after_warmup"] <= real["model_loads"]
+        assert gap["real_load_fraction"] == real["load_fraction"]
+        assert gap["sim_load_fraction"] == data["simulated"][name]["load_fraction"]
     assert data["emulated_gpu"] is True and data["time_scale"] == 0.3
     for name in ("celery-default", "compass"):
         r = data["policies"][name]
