@@ -68,10 +68,12 @@ hotpath() {
 run python -m compass_celery.bench.plan_timing | tee "$out/plan-timing.txt"
 run python -m compass_celery.bench.overhead | tee "$out/overhead.txt"
 local args
-for args in "64 1 0.1" "64 32 0.1" "1000 1 0.1" "1000 32 0.1" "64 1 0" "1000 1 0"; do
+# (a fourth number: --refresh-ahead, 0 for decisions that wait for their reads)
+for args in "64 1 0.1" "64 32 0.1" "1000 1 0.1" "1000 32 0.1" "64 1 0" "1000 1 0" \
+            "1000 1 0.1 0" "1000 32 0.1 0"; do
   set -- $args
   run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing "$3" \
-      --seconds 10 | tee "$out/producers-$1-$2-$3.txt"
+      --seconds 10 ${4:+--refresh-ahead "$4"} | tee "$out/producers-$1-$2-$3${4:+-ahead$4}.txt"
 done
 }
 

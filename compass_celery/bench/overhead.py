@@ -126,11 +126,16 @@ def run(echo: Callable[[str], Any] = print) -> None:
             a = dag.node("a", infer.s("detector", 0, None), model="detector", exec_ms=0)
             b = dag.node("b", step.s("translator", 0), after=[a], model="translator", exec_ms=0)
             dag.node("c", step.s("classifier", 0), after=[b], model="classifier", exec_ms=0)
-            celery_ms = _time(lambda: chain(plain.s(1), plain.s(), plain.s()).apply_async()
-                              .get(timeout=10), 60, 1e3)
-            dag_ms = _time(lambda: dag.apply_async().get(timeout=10), 60, 1e3)
+            celery_ms: list[float] = []
+            dag_ms: list[float] = []
+            for _ in range(200):  # alternated, so drift in the machine's speed hits both
+                celery_ms += _time(lambda: chain(plain.s(1), plain.s(), plain.s())
+                                   .apply_async().get(timeout=10), 1, 1e3)
+                dag_ms += _time(lambda: dag.apply_async().get(timeout=10), 1, 1e3)
             echo(f"3-task no-op chain, Celery chain   ms: {_stats(celery_ms)}")
             echo(f"3-task no-op chain, compass Dag    ms: {_stats(dag_ms)}")
+            echo(f"Dag / chain (medians)                : "
+                 f"{statistics.median(dag_ms) / statistics.median(celery_ms):8.2f}x")
             echo(f"compass hop overhead (Dag / 3)     ms: {statistics.median(dag_ms) / 3:8.2f}")
         finally:
             for w in workers:
