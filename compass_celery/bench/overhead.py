@@ -55,6 +55,7 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
     for n in (4, 64):
         for ttl, label in ((60.0, "cached snapshot"), (0.0, "fresh snapshot")):
             app = make_app(url, compass_key_prefix=f"ovh{n}", compass_snapshot_ttl_s=ttl,
+                           compass_snapshot_refresh_ahead_s=0.0,  # fresh: read, not ahead
                            compass_heartbeat_timeout_s=3600.0)
             _fake_workers(app, n)
             router, opts = app.compass.router, {}
