@@ -113,6 +113,18 @@ for ts in 1.0 0.5; do
 done
 }
 
+regress() {
+# 12. a quick check that the shipped workloads did not regress: compass and celery-default
+# on each, the first at its default rate and job count, the others at 200 jobs
+local wl jobs
+for wl in edge-vision caption-translate vision-fanout; do
+  jobs=200; [[ $wl == edge-vision ]] && jobs=400
+  run compass-celery bench --workload "dags/$wl.json" --jobs "$jobs" \
+      --policies celery-default,compass --quiet --json "$out/regress-$wl.json" \
+      | tee "$out/regress-$wl.txt"
+done
+}
+
 amqp() {
 # 11. RabbitMQ as the broker (compass state in a private Redis): a vhost of its own
 local vhost="compass-bench-$$"
@@ -127,4 +139,5 @@ rabbitmqctl delete_vhost "$vhost" >/dev/null
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
 ((${#sections[@]})) || sections=(main faults sim hotpath cache sweep multimodel amqp)
+# (regress is not in the default list: main measures the same workloads with every policy)
 for section in "${sections[@]}"; do "$section"; done
