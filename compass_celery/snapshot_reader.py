@@ -131,8 +131,9 @@ class SnapshotReader:
                 with self._lock:
                     self._refreshing = False
 
-    def note_charge(self, worker: str, ms: float) -> None:
-        """Add ``ms`` to ``worker``'s backlog in this process's snapshot only."""
+    def note_charge(self, worker: str, ms: float, pending: bool = False) -> None:
+        """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work) in
+        this process's snapshot only."""
         with self._lock:
             snap = self._snap
             if snap is None:
@@ -144,8 +145,9 @@ class SnapshotReader:
             if i is None:
                 return
             w = workers[i]
-            workers = (*workers[:i], evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms)),
-                       *workers[i + 1:])
+            w = evolve(w, pending_ms=max(0.0, w.pending_ms + ms)) if pending \
+                else evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms))
+            workers = (*workers[:i], w, *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
 

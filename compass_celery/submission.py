@@ -138,6 +138,13 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     if not single:
         retry_transient(f"job {job_id}: charging its sources",
                         lambda: _transaction(client, charge), give_up_s=cfg["submit_retry_s"])
+    # the next job this process plans sees this one at once, as the router's bursts do,
+    # not only once its snapshot is read again
+    for d in sent.values():
+        if isinstance(d, Decision) and d.charge_ms:
+            c.reader.note_charge(d.worker, d.charge_ms)
+    for worker, ms in pending.values():
+        c.reader.note_charge(worker, ms, pending=True)
     return handle
 
 

@@ -196,3 +196,30 @@ def test_backlog_reconciles_to_what_the_queue_holds(cluster):
     store.charge("b@jobs", 50_000)  # a drifted estimate (e.g. a lost decrement)
     wait_until(lambda: {w.name: w.backlog_ms for w in store.snapshot(time.time(), 3.0)
                         .workers}["b@jobs"] < 1000, 10, "the reconciler to correct the backlog")
+
+
+def test_a_producer_sees_its_own_submitted_job_before_reading_again(compass_redis_url):
+    """A job's charges are folded into the submitting process's snapshot at once (as the
+    router's are), so the next job it plans within the snapshot's lifetime sees them."""
+    from compass_celery.planner.types import WorkerView
+
+    app = make_app(compass_redis_url, compass_snapshot_ttl_s=60.0,
+                   compass_key_prefix="ownjobs", compass_heartbeat_timeout_s=3600.0)
+    for name in ("x@own", "y@own"):  # records only: the jobs stay queued
+        app.compass.store.publish(WorkerView(
+            name=name, queue=app.compass.queue_for(name), gpu_total_mb=4000,
+            gpu_free_mb=1000, resident=frozenset({"big", "small"}), heartbeat=time.time()))
+    before = app.compass.reader.get()
+    assert all(w.backlog_ms == 0 and w.pending_ms == 0 for w in before.workers)
+    dag = Dag(app, "heavy-then-add")
+    a = dag.node("a", app.tasks["j.heavy"].s(1))
+    dag.node("b", app.tasks["j.add"].s(2), after=[a])
+    handle = dag.apply_async()
+    plan = {n: p["planned"] for n, p in handle.placement().items()}
+    snap = app.compass.reader.get()
+    assert app.compass.reader.reads == 1  # no second read: the charges came from the job
+    by_name = {w.name: w for w in snap.workers}
+    assert by_name[plan["a"]].backlog_ms == pytest.approx(300.0)  # the source, sent
+    assert by_name[plan["b"]].pending_ms == pytest.approx(5.0)  # its successor, waiting
+    second = dag.apply_async()
+    assert second.placement()["a"]["planned"] != plan["a"]  # planned around the first
