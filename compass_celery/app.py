@@ -35,6 +35,7 @@ class Compass:
     def __init__(self, app: Celery, *, store: StateStore | None = None) -> None:
         self.app = app
         self._store = store
+        self.reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
         app.compass = self  # type: ignore[attr-defined]
@@ -132,7 +133,8 @@ class Compass:
         """Snapshots for routing, reused for ``compass_snapshot_ttl_s`` and read ahead for
         ``compass_snapshot_refresh_ahead_s`` past it (Redis only: in-process reads are
         cheap), plus local charges."""
-        ahead = self.settings["snapshot_refresh_ahead_s"] if self.store.client is not None else 0.0
+        ahead = self.settings["snapshot_refresh_ahead_s"] \
+            if self.store.client is not None and self.reads_ahead else 0.0
         return SnapshotReader(self.store, self.settings["snapshot_ttl_s"],
                               self.settings["heartbeat_timeout_s"], refresh_ahead_s=ahead)
 

@@ -26,6 +26,8 @@ class CompassContext(Protocol):
     """What a Celery edge needs from one Compass-enabled app."""
 
     app: Celery
+    #: Whether this process's reader reads ahead (producers); a worker turns it off.
+    reads_ahead: bool
 
     @property
     def settings(self) -> dict[str, Any]:

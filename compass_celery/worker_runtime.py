@@ -42,6 +42,12 @@ class WorkerRuntime(TaskHooks):
     def __init__(self, compass: CompassContext, name: str, queue: str,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.compass, self.name, self.queue = compass, name, queue
+        # a worker re-places successors and retries on fresh state (its decisions come one
+        # per finished task, not in bursts): its reader reads before deciding, never ahead.
+        # Said before the reader exists, so the reader is still made where it is first used.
+        compass.reads_ahead = False
+        if "reader" in vars(compass):
+            compass.reader.refresh_ahead_s = 0.0
         self.cfg = {**compass.settings, **(overrides or {})}
         if isinstance(self.cfg["preload"], str):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
@@ -104,9 +110,6 @@ class WorkerRuntime(TaskHooks):
     def start(self) -> None:
         """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
-        # a worker re-places successors and retries on fresh state (its decisions come
-        # one per finished task, not in bursts): it reads before deciding, never ahead
-        self.compass.reader.refresh_ahead_s = 0.0
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
         if self.cfg["preload"]:
@@ -235,9 +238,12 @@ class WorkerRuntime(TaskHooks):
                 self.rank.maybe_refresh()
 
     def _cluster(self) -> ClusterView | None:
-        """The planner's view of the last snapshot (with demand), for the cache's rank."""
+        """The planner's view of the cluster (with demand), for the cache's rank. Read from
+        the store, not through the reader: a snapshot taken here every few seconds would
+        otherwise be the one a retry or a successor is placed on, up to its TTL later."""
         try:
-            return cluster_view(self.compass.reader.get(), self.compass.model_sizes())
+            snapshot = self.compass.store.snapshot(time.time(), self.cfg["heartbeat_timeout_s"])
+            return cluster_view(snapshot, self.compass.model_sizes())
         except (StateUnavailable, RedisError):
             return None
 
