@@ -103,13 +103,15 @@ def _load(path: str) -> Any:
         raise click.ClickException(f"cannot read workload {path}: {exc}") from None
 
 
-def _policies(text: str | None, default: list[str]) -> list[str]:
+def _policies(text: str | None, default: list[str],
+              extra: tuple[str, ...] = ()) -> list[str]:
     from .planner import POLICIES
 
+    known = (*POLICIES, *extra)
     names = [p.strip() for p in text.split(",") if p.strip()] if text else list(default)
-    bad = [p for p in names if p not in POLICIES]
+    bad = [p for p in names if p not in known]
     if bad:
-        raise click.BadParameter(f"unknown policy {bad[0]!r}; known: {', '.join(POLICIES)}",
+        raise click.BadParameter(f"unknown policy {bad[0]!r}; known: {', '.join(known)}",
                                  param_hint="--policies")
     return names
 
@@ -272,7 +274,9 @@ def _pct(fraction: float | None) -> str:
                          "size.")
 @click.option("--workload", "workload_path", required=True)
 @click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None)
-@click.option("--policies", default=None)
+@click.option("--policies", default=None,
+              help="comma-separated subset (default: every real policy); static-replicas "
+              "is a simulator-only reference: replicas sized from the workload, pinned")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
 @click.option("--hop-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
@@ -284,10 +288,12 @@ def simulate(workload_path: str, n_workers: int | None, policies: str | None,
              json_out: str | None) -> None:
     """Simulate the policies on the workload; print latency, time per task and planning time."""
     from .bench.runner import POLICIES
+    from .sim.runner import SIM_ONLY_POLICIES
     from .sim.runner import simulate as run_sim
 
     workload = _load(workload_path)
-    result = run_sim(workload, _policies(policies, POLICIES), workers=n_workers, rate=rate,
+    result = run_sim(workload, _policies(policies, POLICIES, SIM_ONLY_POLICIES),
+                     workers=n_workers, rate=rate,
                      jobs=n_jobs, hop_ms=hop_ms)
     hop = f", {hop_ms:g} ms modelled hop per task" if hop_ms else ""
     click.echo(f"{workload.name}: simulated, {n_workers or len(workload.cluster.workers)} "

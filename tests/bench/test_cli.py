@@ -110,3 +110,16 @@ def test_broker_takes_an_amqp_url():
     result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--broker",
                  "redis://127.0.0.1:6379/0")
     assert result.exit_code != 0 and "amqp://" in result.output
+
+
+def test_simulate_takes_the_static_replica_reference_but_bench_does_not(tmp_path):
+    out = tmp_path / "sim.json"
+    result = run("simulate", "--workload", str(workloads.path("multi-model.json")), "--jobs",
+                 "40", "--policies", "compass,static-replicas", "--json", str(out))
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())["policies"]
+    assert data["static-replicas"]["jobs"] == 40 and data["static-replicas"]["lost"] == 0
+    assert data["static-replicas"]["assignment"]  # which workers hold which models
+    refused = run("bench", "--workload", str(workloads.path("multi-model.json")),
+                  "--policies", "static-replicas")
+    assert refused.exit_code != 0 and "unknown policy 'static-replicas'" in refused.output
