@@ -135,19 +135,14 @@ class ViewCache:
                 return None  # a worker came or went: build afresh
             rows[j] = workers[i]
         ordered = list(old_view.workers)
-        before: dict[int, WorkerView] = {}
-        copied = False
+        before = {j: ordered[j] for j in rows}
         for j, w in rows.items():
-            before[j] = old = ordered[j]
             ordered[j] = w
-            if old.served is not w.served and old.served != w.served:
-                if not copied:  # copy on write: another thread may carry from it too
-                    sums, copied = sums.copy(), True
-                sums.replace(old, w)
-        view = evolve(old_view, workers=tuple(ordered), now=now,
-                      demand=sums.demand if copied else old_view.demand)
+        new_sums = sums.replaced((before[j], w) for j, w in rows.items())
+        demand = old_view.demand if new_sums is sums else new_sums.demand  # same: shared
+        view = evolve(old_view, workers=tuple(ordered), now=now, demand=demand)
         remember_arrays(view, with_rows(arrays, rows, before))
-        return view, sums
+        return view, new_sums
 
 
 _VIEWS = ViewCache()

@@ -135,13 +135,7 @@ def coarse_rates(rates: Mapping[str, ModelDemand],
 
 def cluster_demand(workers: Iterable[WorkerView]) -> dict[str, ModelDemand]:
     """The cluster's recent demand: per model, the sum of what the workers served."""
-    ms: dict[str, float] = {}
-    n: dict[str, float] = {}
-    for w in workers:
-        for model, d in w.served.items():
-            ms[model] = ms.get(model, 0.0) + d.ms_per_s
-            n[model] = n.get(model, 0.0) + d.per_s
-    return {m: ModelDemand(ms[m], n[m]) for m in sorted(ms)}
+    return DemandSum(workers).demand
 
 
 class DemandSum:
@@ -181,12 +175,23 @@ class DemandSum:
 
     def replace(self, old: WorkerView, new: WorkerView) -> bool:
         """Swap one worker's row; True when the sum changed (``demand`` is a new dict)."""
-        if old.served is new.served or old.served == new.served:
+        if _same_served(old, new):
             return False
         self._add(old.served, -1.0)
         self._add(new.served, 1.0)
         self._demand = self._freeze()
         return True
+
+    def replaced(self, rows: Iterable[tuple[WorkerView, WorkerView]]) -> DemandSum:
+        """This sum with each (old, new) row swapped: itself when no row's ``served``
+        changed, else a copy (another view may still be carried from this one)."""
+        out = self
+        for old, new in rows:
+            if not _same_served(old, new):
+                if out is self:
+                    out = self.copy()
+                out.replace(old, new)
+        return out
 
     def copy(self) -> DemandSum:
         """An independent copy (a carried view's sum must not change an older view's)."""
@@ -194,3 +199,7 @@ class DemandSum:
         out._sums = {m: list(a) for m, a in self._sums.items()}
         out._demand = self._demand
         return out
+
+
+def _same_served(old: WorkerView, new: WorkerView) -> bool:
+    return old.served is new.served or old.served == new.served
