@@ -302,8 +302,8 @@ class StateMirror:
                     view = None
                 else:
                     view = evolve(view, heartbeat=min(now, beat + offset),
-                                 backlog_ms=self.backlog.get(name, 0.0),
-                                 pending_ms=self.pending.get(name, 0.0))
+                                  backlog_ms=self.backlog.get(name, 0.0),
+                                  pending_ms=self.pending.get(name, 0.0))
             if view is None:
                 if self.live.pop(name, None) is not None:
                     members_changed = changed = True

@@ -58,12 +58,6 @@ class SnapshotReader:
         self._refreshing = False
         self._thread_pid: int | None = None
 
-    def expired(self, now: float | None = None) -> bool:
-        """Whether the snapshot is over ``ttl_s`` old (or there is none): the next
-        :meth:`get` reads the store, or has it read ahead."""
-        snap, now = self._snap, self.clock() if now is None else now
-        return snap is None or now - snap.taken_at > self.ttl_s
-
     def get(self) -> Snapshot:
         """The cached snapshot while younger than ``ttl_s``; past that, still the cached one
         while a fresh one is read ahead (within ``refresh_ahead_s``), else a fresh one."""
@@ -144,10 +138,7 @@ class SnapshotReader:
             i = self._index.get(worker)
             if i is None:
                 return
-            w = workers[i]
-            w = evolve(w, pending_ms=max(0.0, w.pending_ms + ms)) if pending \
-                else evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms))
-            workers = (*workers[:i], w, *workers[i + 1:])
+            workers = (*workers[:i], _charge(workers[i], ms, pending), *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
 
@@ -165,10 +156,18 @@ class ChargeSource(Protocol):
         was read and the charges held back."""
 
 
+def _charge(w: WorkerView, ms: float, pending: bool = False) -> WorkerView:
+    """``w`` with ``ms`` added to its backlog (``pending``: its planned-but-unsent work),
+    never below zero, as reads of the store's counters clamp them."""
+    if pending:
+        return evolve(w, pending_ms=max(0.0, w.pending_ms + ms))
+    return evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms))
+
+
 def _charged(snap: Snapshot, charges: dict[str, float]) -> Snapshot:
     """``snap`` with ``charges`` (worker -> ms) added to the workers' backlogs."""
     if not charges:
         return snap
-    workers = tuple(evolve(w, backlog_ms=max(0.0, w.backlog_ms + charges[w.name]))
-                    if w.name in charges else w for w in snap.workers)
+    workers = tuple(_charge(w, charges[w.name]) if w.name in charges else w
+                    for w in snap.workers)
     return replace(snap, workers=workers)
