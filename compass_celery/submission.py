@@ -126,10 +126,11 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
         pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
         pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
 
+    sources = [(d.worker, d.charge_ms) for d in sent.values()
+               if isinstance(d, Decision) and d.charge_ms]
+
     def charge(pipe: Any) -> None:
-        _add_once(c, pipe, f"{job_id}:sources", "b",
-                  [(d.worker, d.charge_ms) for d in sent.values()
-                   if isinstance(d, Decision) and d.charge_ms])
+        _add_once(c, pipe, f"{job_id}:sources", "b", sources)
 
     retry_transient(f"job {job_id}: confirming its sources",
                     lambda: _transaction(client, confirm, *([charge] if single else [])),
@@ -140,9 +141,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                         lambda: _transaction(client, charge), give_up_s=cfg["submit_retry_s"])
     # the next job this process plans sees this one at once, as the router's bursts do,
     # not only once its snapshot is read again
-    for d in sent.values():
-        if isinstance(d, Decision) and d.charge_ms:
-            c.reader.note_charge(d.worker, d.charge_ms)
+    for worker, ms in sources:
+        c.reader.note_charge(worker, ms)
     for worker, ms in pending.values():
         c.reader.note_charge(worker, ms, pending=True)
     return handle
