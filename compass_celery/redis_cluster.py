@@ -1,4 +1,9 @@
-"""Compass state on a Redis Cluster: the ``redis+cluster://`` URL and scripts in pipelines.
+"""Scripts in pipelines, and compass state on a Redis Cluster (the ``redis+cluster://`` URL).
+
+On one Redis, a pipeline runs its scripts by EVALSHA without asking first
+(:class:`PipelinedScript`, :func:`run_pipeline`): redis-py's own scripts make every
+pipeline that carries one ask SCRIPT EXISTS before it runs, a round trip on the path
+of every task.
 
 Only compass's own keys (worker records, beats, counters, change log, profiles,
 jobs, recovery's locks) may live on a cluster; kombu's Redis transport, the
@@ -82,8 +87,51 @@ class ClusterScript:
         return self._script(keys=keys, args=args, client=target)
 
 
+class PipelinedScript:
+    """A Lua script that a pipeline runs by EVALSHA without asking SCRIPT EXISTS first.
+
+    Redis loads it on its first direct call (redis-py's :class:`~redis.commands.core.Script`
+    does that on a NOSCRIPT reply). Queued on a pipeline, it is remembered there, so that
+    :func:`run_pipeline` can re-run just the commands that found it missing (a Redis that
+    restarted or flushed its scripts): a missing script ran nothing, so each runs once.
+    """
+
+    def __init__(self, client: Any, source: str) -> None:
+        self._script = client.register_script(source)
+
+    def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
+        """Run the script with ``keys`` and ``args`` (queued on ``client`` when a pipeline)."""
+        keys, args = list(keys or []), list(args or [])
+        from redis.client import Pipeline
+
+        if isinstance(client, Pipeline):
+            client.__dict__.setdefault("_compass_scripts", []).append(
+                (len(client), self._script, keys, args))
+            return client.evalsha(self._script.sha, len(keys), *keys, *args)
+        return self._script(keys=keys, args=args, client=client)
+
+
+def run_pipeline(pipe: Any) -> list[Any]:
+    """``pipe.execute()``, re-running any :class:`PipelinedScript` that found its script
+    missing (loading it first); any other error is raised as ``execute`` would."""
+    queued = pipe.__dict__.pop("_compass_scripts", ())
+    if not queued:
+        return pipe.execute()
+    from redis.exceptions import NoScriptError
+
+    replies = pipe.execute(raise_on_error=False)
+    for at, script, keys, args in queued:
+        if isinstance(replies[at], NoScriptError):
+            replies[at] = script(keys=keys, args=args)  # loads it, runs it once
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
 def register_script(client: Any, source: str) -> Any:
-    """``client.register_script(source)``, made safe for cluster pipelines on a cluster."""
+    """A script for ``client`` that pipelines run without a SCRIPT EXISTS round trip, and
+    that cluster pipelines can run (:class:`ClusterScript`) on a cluster."""
     if is_cluster_client(client):
         return ClusterScript(client, source)
-    return client.register_script(source)
+    return PipelinedScript(client, source)

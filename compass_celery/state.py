@@ -22,7 +22,7 @@ from . import keys
 from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
 from .redis_cluster import register_script as register
-from .redis_cluster import unavailable_errors
+from .redis_cluster import run_pipeline, unavailable_errors
 from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
 from .redis_state import epoch_candidate as epoch
 from .scripts import script
@@ -308,13 +308,13 @@ class RedisStateStore:
                           args=[key, 0, "note", f"f:{key}", epoch(), CHANGE_LOG_SIZE],
                           client=p)
             if pipe is None:
-                p.execute()
+                run_pipeline(p)
         self._call(go)
 
     def execute(self, pipe: Any) -> None:
         """Run what was queued on ``pipe`` (one round trip); this process's reads then
         skip the counter changes it made (their values came back here)."""
-        replies = self._call(pipe.execute)
+        replies = self._call(lambda: run_pipeline(pipe))
         for at, member in pipe.__dict__.pop("_compass_own", ()):
             self._mirror.note_own(member, replies[at])
 

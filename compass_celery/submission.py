@@ -30,7 +30,7 @@ from .planner.check import check_plan
 from .planner.demand import cluster_demand
 from .planner.pending import pending_work
 from .planner.types import ClusterView, DagSpec, Placement
-from .redis_cluster import is_cluster_client, register_script
+from .redis_cluster import is_cluster_client, register_script, run_pipeline
 from .redis_state import CHANGE_LOG_SIZE, epoch_candidate
 from .retry import retry_transient
 from .scripts import script
@@ -153,7 +153,7 @@ def _transaction(client: Any, *steps: Callable[[Any], None]) -> None:
     pipe = client.pipeline(transaction=True)
     for step in steps:
         step(pipe)
-    pipe.execute()
+    run_pipeline(pipe)
 
 
 def _add_once(c: CompassContext, client: Any, token: str, kind: str,

@@ -57,3 +57,30 @@ def test_routed_charges_reach_redis_in_batches(compass_redis_url: str) -> None:
     assert backlogs(c.store) == {"a": 500.0, "b": 500.0}  # this process spread them evenly
     assert 1 <= batcher.flushes <= 20 and batcher.dropped == 0
     assert batcher.flush() == 0  # nothing left behind
+
+
+def test_pipelined_charges_land_once_after_redis_forgets_its_scripts(
+        compass_redis_url: str) -> None:
+    """Pipelines run their scripts without asking SCRIPT EXISTS first; a Redis that lost its
+    scripts (restarted, flushed) gets them loaded again, and each charge still lands once."""
+    import redis
+
+    store = RedisStateStore(compass_redis_url, "flush")
+    store.publish(view("w1", "flush"))
+    raw = redis.Redis.from_url(compass_redis_url)
+    for transaction in (False, True):
+        raw.script_flush()
+        pipe = store.client.pipeline(transaction=transaction)
+        store.charge("w1", 30.0, pipe=pipe)
+        pipe.hset("flush:other", "x", 1)
+        store.charge("w1", 12.0, pipe=pipe)
+        store.execute(pipe)
+    assert backlogs(store) == {"w1": 84.0}  # 2 x (30 + 12): none lost, none doubled
+    exists = raw.info("commandstats").get("cmdstat_script|exists", {}).get("calls", 0)
+    pipe = store.client.pipeline(transaction=False)
+    store.charge("w1", -4.0, pipe=pipe)
+    store.record_run("t|m", 10.0, 0.3, pipe=pipe)
+    store.execute(pipe)
+    after = raw.info("commandstats").get("cmdstat_script|exists", {}).get("calls", 0)
+    assert after == exists  # no round trip asking whether the scripts are there
+    assert backlogs(store) == {"w1": 80.0}
