@@ -31,6 +31,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("compass_celery.jobs")
 
+#: How long a job this worker saw running (its own completion of one of the job's nodes
+#: released successors) counts as running at a successor's receipt, without asking Redis
+#: again. A failure here forgets it at once; one on another worker within this window
+#: may let one more node run here, whose completion is then refused as late.
+SEEN_RUNNING_S = 1.0
 
 
 class OutputCache:
@@ -73,6 +78,7 @@ class JobRuntime:
     def __init__(self, compass: CompassContext, worker_name: str) -> None:
         self.c, self.name = compass, worker_name
         self.outputs = OutputCache(int(compass.settings["output_cache_mb"] * 2**20))
+        self._seen_running: OrderedDict[str, float] = OrderedDict()  # job id -> monotonic
         client = compass.store.client
         self._complete = client.register_script(script("complete"))
 
@@ -81,9 +87,20 @@ class JobRuntime:
         return JobKeys.of(self.c.settings["key_prefix"], job_id)
 
     def job_state(self, job_id: str) -> str:
-        """Job ``job_id``'s state in Redis, or ``UNKNOWN`` once its record is gone."""
+        """Job ``job_id``'s state: ``RUNNING`` if this worker completed one of its nodes
+        within ``SEEN_RUNNING_S`` (a collocated successor's receipt asks Redis nothing),
+        else Redis's, or ``UNKNOWN`` once its record is gone."""
+        seen = self._seen_running.get(job_id)
+        if seen is not None and time.monotonic() - seen < SEEN_RUNNING_S:
+            return "RUNNING"
         state = self.c.store.client.hget(self.keys(job_id).job, "state")
         return state.decode() if state else "UNKNOWN"
+
+    def _saw_running(self, job_id: str) -> None:
+        self._seen_running[job_id] = time.monotonic()
+        self._seen_running.move_to_end(job_id)
+        while len(self._seen_running) > 4096:
+            self._seen_running.popitem(last=False)
 
     def resolve_inputs(self, job: dict[str, Any], args: Any) -> None:
         """Replace the input reference (first arg) in place with the predecessors' outputs."""
@@ -149,6 +166,8 @@ class JobRuntime:
                            "but never confirmed sent", job_id, node, [r[0] for r in released])
         else:
             self.outputs.put(job_id, node, retval, len(output))
+            if released:  # still running: its successors were just released
+                self._saw_running(job_id)
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
                                    pipe=pipe, unsettled_ms=unsettled_ms)
 
@@ -172,10 +191,14 @@ class JobRuntime:
                 for _, _, decision, planned in sent:
                     if decision.charge_ms:
                         c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+                        # the next re-placement here sees it before the next read
+                        c.reader.note_charge(decision.worker, decision.charge_ms)
                     if planned and planned.get("worker") not in (None, "*") and not resumed:
                         c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
                                             pipe=pipe)  # no longer pending
-                pipe.execute()
+                        c.reader.note_charge(planned["worker"], -float(planned["run_ms"]),
+                                             pending=True)
+                c.store.execute(pipe)  # type: ignore[attr-defined]
         return [tid for _, tid, _, _ in sent]
 
     def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
@@ -186,8 +209,8 @@ class JobRuntime:
         c = self.c
         placement: Any = planned
         moved_from = None
-        try:
-            snapshot = c.reader.get()
+        try:  # read ahead, as producers do: a successor waits for no read (retries do)
+            snapshot = c.reader.get(c.settings["snapshot_refresh_ahead_s"])
         except StateUnavailable:
             snapshot = None  # no fresh state to judge by: keep the plan
         better = None
@@ -217,6 +240,7 @@ class JobRuntime:
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:
         """Fail the job once (fail.lua), revoke its outstanding tasks, release pending."""
+        self._seen_running.pop(job["id"], None)  # its queued nodes here are checked again
         return fail_job(self.c, job["id"], {
             "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
             "worker": self.name,

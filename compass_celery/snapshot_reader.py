@@ -58,17 +58,19 @@ class SnapshotReader:
         self._refreshing = False
         self._thread_pid: int | None = None
 
-    def get(self) -> Snapshot:
+    def get(self, refresh_ahead_s: float | None = None) -> Snapshot:
         """The cached snapshot while younger than ``ttl_s``; past that, still the cached one
-        while a fresh one is read ahead (within ``refresh_ahead_s``), else a fresh one."""
+        while a fresh one is read ahead (within ``refresh_ahead_s``, this reader's unless
+        given), else a fresh one."""
         now = self.clock()
+        ahead_s = self.refresh_ahead_s if refresh_ahead_s is None else refresh_ahead_s
         with self._lock:
             snap = self._snap
             if snap is not None:
                 age = now - snap.taken_at
                 if age <= self.ttl_s:
                     return snap
-                if age <= self.ttl_s + self.refresh_ahead_s:
+                if age <= self.ttl_s + ahead_s:
                     if now >= self._down_until:  # (a read that failed is not retried yet)
                         self._read_ahead()
                     return snap

@@ -47,6 +47,8 @@ class TaskHooks:
     jobs: JobRuntime | None
     _lock: threading.Lock
     _wake: threading.Event
+    _stopping: threading.Event
+    _prefetch_due: threading.Event
     _running: dict[str, tuple[Decision | None, str | None, float]]
     _timing: dict[str, dict[str, float]]
     _tags: dict[str, str]
@@ -92,17 +94,42 @@ class TaskHooks:
             except JobError as exc:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
         if model is not None:
-            try:
-                queued = [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
-            except Exception:  # queue peek is advisory
-                queued = []
-            self.cache.acquire(model, queued)
-            self.cache.prefetch(queued)
+            if model in self.cache.resident():  # a hit: the queue peek only feeds the
+                self.cache.acquire(model)        # prefetch, so it is made off this path
+                self._prefetch_soon()
+            else:  # a load: what is queued next decides what it may evict
+                queued = self._queued_models()
+                self.cache.acquire(model, queued)
+                self.cache.prefetch(queued)
         loaded = time.monotonic()
         with self._lock:
             self._running[request.id] = (decision, model, loaded)
             self._timing[request.id] = {"started": time.time(),
                                         "load_ms": self._ms(loaded - started)}
+
+    def _queued_models(self) -> list[str | None]:
+        """The models of the next messages in this worker's queue (advisory: [] on error)."""
+        try:
+            return [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
+        except Exception:  # queue peek is advisory
+            return []
+
+    def _prefetch_soon(self) -> None:
+        """Have this process's prefetch thread peek the queue and prefetch what is next."""
+        with self._lock:
+            thread = self.__dict__.get("_prefetcher")
+            if thread is None or not thread.is_alive():  # first use, or a forked child
+                self._prefetch_due = threading.Event()
+                thread = self._prefetcher = threading.Thread(
+                    target=self._prefetch_loop, name="compass-prefetch", daemon=True)
+                thread.start()
+        self._prefetch_due.set()
+
+    def _prefetch_loop(self) -> None:
+        while not self._stopping.is_set():
+            if self._prefetch_due.wait(1.0):
+                self._prefetch_due.clear()
+                self.cache.prefetch(self._queued_models())
 
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""

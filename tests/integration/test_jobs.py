@@ -223,3 +223,28 @@ def test_a_producer_sees_its_own_submitted_job_before_reading_again(compass_redi
     assert by_name[plan["b"]].pending_ms == pytest.approx(5.0)  # its successor, waiting
     second = dag.apply_async()
     assert second.placement()["a"]["planned"] != plan["a"]  # planned around the first
+
+
+def test_a_job_seen_running_here_is_not_asked_again_until_it_fails_here(compass_redis_url,
+                                                                         monkeypatch):
+    """A successor's receipt check trusts this worker's own completion of the job for
+    SEEN_RUNNING_S (no round trip); a failure here, or the window passing, asks Redis."""
+    from compass_celery import job_runtime
+    from compass_celery.job_runtime import JobRuntime
+
+    app = make_app(compass_redis_url, compass_key_prefix="seen")
+    jobs = JobRuntime(app.compass, "w@seen")
+    key = jobs.keys("j1").job
+    app.log = redis.Redis.from_url(compass_redis_url)
+    app.log.hset(key, "state", "FAILURE")  # failed elsewhere, as far as Redis knows
+    assert jobs.job_state("j1") == "FAILURE"
+    jobs._saw_running("j1")  # as a completion here that released successors does
+    assert jobs.job_state("j1") == "RUNNING"  # trusted: Redis is not asked
+    monkeypatch.setattr(job_runtime, "SEEN_RUNNING_S", 0.0)
+    assert jobs.job_state("j1") == "FAILURE"  # the window passed: asked again
+    monkeypatch.setattr(job_runtime, "SEEN_RUNNING_S", 60.0)
+    jobs._saw_running("j1")
+    app.log.hset(key, "state", "RUNNING")
+    jobs.fail({"id": "j1", "node": "b"}, "j1.b", ValueError("boom"), "failed here")
+    assert jobs.job_state("j1") == "FAILURE"  # a failure here is never trusted away
+    assert jobs.job_state("gone") == "UNKNOWN"
