@@ -40,19 +40,24 @@ class JobHandle:
         """Block until the job ends (or ``timeout``); fail it when its deadline passes."""
         return self._wait(timeout, ())[0]
 
-    def _wait(self, timeout: float | None, also: tuple[str, ...]) -> tuple[str, list[Any]]:
+    def _wait(self, timeout: float | None, also: tuple[str, ...], outputs: bool = False
+              ) -> tuple[str, list[Any], list[Any] | None]:
         """:meth:`wait`, returning too the job fields ``also`` as read with the final state
-        (one round trip for both, on the path from the job's end to the caller)."""
+        and, with ``outputs`` (``also`` then ends with ``sinks``), the sinks' raw outputs:
+        the wake-up, the state and the outputs come in one round trip, on the path from
+        the job's end to the caller (None when they were not read with it)."""
         deadline_raw, raw, *fields = self.client.hmget(self.keys.job,
                                                        ["deadline", "state", *also])
         if deadline_raw is None:
             raise JobError(f"job {self.id} is unknown or expired")
         deadline = float(deadline_raw)
         until = deadline if timeout is None else min(deadline, time.time() + timeout)
+        sinks = json.loads(fields[-1]) if outputs and fields[-1] is not None else None
+        out: list[Any] | None = None
         while True:
             state = raw.decode() if raw else "UNKNOWN"
             if state in ("SUCCESS", "FAILURE"):
-                return state, fields
+                return state, fields, out
             if state == "UNKNOWN":
                 raise JobError(f"job {self.id}: its record is gone from Redis (expired after "
                                "compass_job_ttl_s, or Redis restarted without persistence)")
@@ -63,18 +68,24 @@ class JobHandle:
                                                "worker": None, "exc_type": "JobTimeout",
                                                "exc": "job deadline passed"})
                     raw, *fields = self.client.hmget(self.keys.job, ["state", *also])
+                    out = None
                     continue
                 raise JobTimeout(f"job {self.id} not finished within {timeout}s "
                                  f"(state {state})")
             # rotate the list onto itself: wakes on the end, leaves it (and its TTL) for
             # other waiters instead of recreating the key without one
-            self.client.blmove(self.keys.done, self.keys.done, max(0.01, min(left, 1.0)),
-                               "RIGHT", "LEFT")
-            raw, *fields = self.client.hmget(self.keys.job, ["state", *also])
+            pipe = self.client.pipeline(transaction=False)
+            pipe.blmove(self.keys.done, self.keys.done, max(0.01, min(left, 1.0)),
+                        "RIGHT", "LEFT")
+            pipe.hmget(self.keys.job, ["state", *also])
+            if sinks:
+                pipe.hmget(self.keys.outputs, sinks)
+            _, (raw, *fields), *more = pipe.execute()
+            out = more[0] if more else None
 
     def get(self, timeout: float | None = None, propagate: bool = True) -> dict[str, Any]:
         """The sink results ``{node: result}``; raises JobFailed / JobTimeout."""
-        state, (error_raw, sinks_raw) = self._wait(timeout, ("error", "sinks"))
+        state, (error_raw, sinks_raw), raw = self._wait(timeout, ("error", "sinks"), True)
         if state == "FAILURE":
             error = json.loads(error_raw or "{}")
             if propagate:
@@ -85,7 +96,8 @@ class JobHandle:
         else:  # a job recorded before its sinks were (an older compass): from the nodes
             nodes = json.loads(self.client.hget(self.keys.job, "nodes"))
             sinks = [n for n, v in nodes.items() if not v["succs"]]
-        raw = self.client.hmget(self.keys.outputs, sinks)
+        if raw is None:  # ended before the wait: not read with its end
+            raw = self.client.hmget(self.keys.outputs, sinks)
         return {n: json.loads(r) if r is not None else None for n, r in zip(sinks, raw,
                                                                              strict=True)}
 
