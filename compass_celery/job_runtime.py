@@ -219,13 +219,16 @@ class JobRuntime:
             if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
                 workers = tuple(replace(w, backlog_ms=max(0.0, w.backlog_ms - unsettled_ms))
                                 if w.name == self.name else w for w in workers)
+            planned_worker = planned["worker"] if planned else ""
+            # its record: a plan that still holds is kept without building the cluster view
+            record = next((w for w in workers if w.name == planned_worker), None)
             better = choose_successor(
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
-                planned["worker"] if planned else "",
+                planned_worker,
                 lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
                                        demand=cluster_demand(workers)),
                 where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
-                adjusts=c.policy.adjusts)
+                adjusts=c.policy.adjusts, planned=record)
         if better is not None:
             moved_from = planned["worker"] if planned else None
             placement = better
