@@ -32,6 +32,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("compass_celery.worker")
 
+#: How far into a task its queue is peeked for models to prefetch (the peek is skipped
+#: for tasks that are over by then: a load would hardly overlap them).
+PREFETCH_AFTER_S = 0.005
+
 #: Backoff between tries of a job completion against Redis (doubling up to the cap).
 COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
 
@@ -129,7 +133,9 @@ class TaskHooks:
         while not self._stopping.is_set():
             if self._prefetch_due.wait(1.0):
                 self._prefetch_due.clear()
-                self.cache.prefetch(self._queued_models())
+                # a task over by then leaves no run for a load to overlap: no peek for it
+                if not self._stopping.wait(PREFETCH_AFTER_S) and self._running:
+                    self.cache.prefetch(self._queued_models())
 
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""

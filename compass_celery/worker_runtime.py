@@ -62,7 +62,7 @@ class WorkerRuntime(TaskHooks):
         self._timing: dict[str, dict[str, float]] = {}
         self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
         self._lock = threading.Lock()
-        self._state_down = False
+        self._state_down, self._published = False, None
         self._last_publish_ok = 0.0
         # Since when our own publishes have succeeded without a break (monotonic); a
         # worker judges peers only after a full heartbeat timeout of that, so after a
@@ -187,11 +187,14 @@ class WorkerRuntime(TaskHooks):
             return
         logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
 
-    def publish(self) -> bool:
-        """Publish this worker's record and cache counters; False while the store is down."""
-        c = self.cache
+    def publish(self, if_changed: bool = False) -> bool:
+        """Publish this worker's record and cache counters; False while the store is down.
+        ``if_changed``: only a changed record (the beat and counters keep their interval)."""
+        c, view = self.cache, self.view()
+        if if_changed and view == self._published and not self._state_down:
+            return True
         try:
-            self.compass.store.publish(self.view(), pid=os.getpid(), hits=c.hits,
+            self.compass.store.publish(view, pid=os.getpid(), hits=c.hits,
                                        misses=c.misses, loads=c.loads, evictions=c.evictions)
         except StateUnavailable as exc:
             if not self._state_down:
@@ -202,7 +205,7 @@ class WorkerRuntime(TaskHooks):
         if self._state_down:
             logger.warning("compass: state store back; worker %s re-published", self.name)
             self._state_down = False
-        self._last_publish_ok = time.monotonic()
+        self._last_publish_ok, self._published = time.monotonic(), view
         if self._publish_ok_since is None:
             self._publish_ok_since = self._last_publish_ok
         return True
@@ -231,10 +234,10 @@ class WorkerRuntime(TaskHooks):
 
     def _publish_loop(self) -> None:
         while not self._stopping.is_set():
-            self._wake.wait(self.cfg["state_refresh_s"])
+            woken = self._wake.wait(self.cfg["state_refresh_s"])  # by a task's end, a load
             self._wake.clear()
             if not self._stopping.is_set():
-                self.publish()
+                self.publish(if_changed=woken)
                 self.rank.maybe_refresh()
 
     def _cluster(self) -> ClusterView | None:
@@ -382,12 +385,8 @@ def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:
 
 def decisions_of(messages: list[bytes]) -> list[Decision]:
     """The compass decisions carried by raw queue messages, in their order."""
-    out = []
-    for item in messages:
-        decision = Decision.from_header(message_headers(item).get("compass"))
-        if decision is not None:
-            out.append(decision)
-    return out
+    found = (Decision.from_header(message_headers(item).get("compass")) for item in messages)
+    return [d for d in found if d is not None]
 
 
 def _default_device() -> str | None:

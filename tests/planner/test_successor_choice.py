@@ -69,10 +69,10 @@ def runtime_choice(sim: Simulation, job: Job, node: str, factor: float,
 
     monkeypatch.setattr(job_runtime, "publish_node", publish)
     compass = SimpleNamespace(
-        reader=SimpleNamespace(get=lambda: SimpleNamespace(workers=list(snap.workers),
-                                                           taken_at=snap.now)),
+        reader=SimpleNamespace(get=lambda ahead_s=None: SimpleNamespace(
+            workers=list(snap.workers), taken_at=snap.now)),
         model_sizes=lambda: dict(snap.model_sizes_mb),
-        settings={"move_factor": factor},
+        settings={"move_factor": factor, "snapshot_refresh_ahead_s": 0.05},
         policy=SimpleNamespace(adjusts=True),
     )
     rt = JobRuntime.__new__(JobRuntime)  # no Redis: only the adjustment path runs
