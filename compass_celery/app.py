@@ -21,7 +21,7 @@ from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
 from .snapshot_reader import SnapshotReader
-from .state import MemoryStateStore, RedisStateStore, StateStore, connect
+from .state import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore, connect
 from .transport import BrokerQueues, RedisLayout, RedisQueues
 
 logger = logging.getLogger("compass_celery")
@@ -102,7 +102,8 @@ class Compass:
                                            partial(connect, master_name=master,
                                                    sentinel_kwargs=options.get(
                                                        "sentinel_kwargs")),
-                                           queue_prefix=self.settings["queue_prefix"]) if url
+                                           queue_prefix=self.settings["queue_prefix"],
+                                           beat_sync_s=FULL_READ_S) if url
                            else MemoryStateStore())
         return self._store
 

@@ -199,12 +199,18 @@ class MemoryStateStore:
                              dict(self.profiles), now, heartbeat_timeout_s)
 
 
+#: How often a store reads everything again, whatever its change log says (a safety net).
+FULL_READ_S = 60.0
+
+
 class RedisStateStore:
     """Worker state in Redis. One client per process, rebuilt after fork.
 
     ``snapshot`` reads incrementally (see :mod:`compass_celery.redis_state`).
     ``beat_sync_s`` bounds how old a live worker's reported heartbeat may be (liveness
-    is exact on every read); ``full_read_s`` is a safety net that reads everything
+    is exact on every read; a store that only routes, whose heartbeats nobody shows,
+    passes ``full_read_s`` and takes them with the full reads, so its reads fetch
+    nothing for workers that did not change); ``full_read_s`` is a safety net that reads everything
     again now and then, so a writer that logs nothing (an older compass during a
     rolling upgrade, a hand-made HSET) is seen within that time. ``full_reads`` and
     ``records_fetched`` count what this process's reads fetched.
@@ -212,12 +218,12 @@ class RedisStateStore:
 
     def __init__(self, url: str, prefix: str = "compass",
                  client_factory: Callable[[str], Any] = connect,
-                 queue_prefix: str | None = None) -> None:
+                 queue_prefix: str | None = None, beat_sync_s: float = 5.0) -> None:
         self.url = url
         self.prefix = prefix
         self.queue_prefix = queue_prefix
-        self.beat_sync_s = 5.0
-        self.full_read_s = 60.0
+        self.beat_sync_s = beat_sync_s
+        self.full_read_s = FULL_READ_S
         self._factory = client_factory
         self._pid = -1
         self._client: Any = None

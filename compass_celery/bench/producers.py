@@ -4,7 +4,9 @@
 starts a private ``redis-server``, publishes ``--records`` worker records and keeps
 them beating at the workers' own pace (each every ``compass_state_refresh_s``; a
 ``--changing`` fraction of them change their record on every publish, the rest are
-idle and publish the same bytes), reconciles every backlog every ``compass_reconcile_s``,
+idle and publish the same bytes), reconciles every backlog every ``compass_reconcile_s``
+(a ``--drift`` fraction of reconciles find the counter drifted and change it; the others
+write the value it holds, which Redis logs as no change),
 then runs ``--producers`` processes that each route as fast as they can, as the router
 does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``, reading ahead for
 ``--refresh-ahead`` seconds past it, ``compass_snapshot_refresh_ahead_s`` by default), then
@@ -41,7 +43,7 @@ from compass_celery.planner.types import WorkerView
 from compass_celery.profiles import Demand
 from compass_celery.settings import OPTIONS
 from compass_celery.snapshot_reader import SnapshotReader
-from compass_celery.state import RedisStateStore
+from compass_celery.state import FULL_READ_S, RedisStateStore
 
 PREFIX = "bench"
 QUEUE_PREFIX = "bench.w."
@@ -68,13 +70,14 @@ def _extra(i: int, tick: int, changing: bool) -> dict[str, Any]:
 
 
 def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
-               out: Any) -> None:
+               out: Any, drift: float = 1.0) -> None:
     """Publish every record at the workers' pace until ``stop`` is set."""
     store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX)
     interval = float(OPTIONS["state_refresh_s"].default)
     reconcile = float(OPTIONS["reconcile_s"].default)
     n_changing = int(round(records * changing))
     rng = random.Random(7)
+    backlog = [0.0] * records
     for i in range(records):
         store.publish(_view(i, 0, i < n_changing), **_extra(i, 0, i < n_changing))
     ready.set()
@@ -92,7 +95,9 @@ def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
             store.publish(_view(i, tick, ch), **_extra(i, tick, ch))
             published += 1
             if rng.random() < interval / reconcile:  # each worker reconciles every reconcile_s
-                store.set_backlog(_view(i, 0, False).name, rng.uniform(0.0, 300.0))
+                if rng.random() < drift:
+                    backlog[i] = round(rng.uniform(0.0, 300.0), 1)
+                store.set_backlog(_view(i, 0, False).name, backlog[i])
             if stop.is_set():
                 break
     out.put({"published": published, "seconds": time.monotonic() - start, "late": late})
@@ -101,7 +106,8 @@ def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
 def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float,
               out: Any) -> None:
     """Route as fast as possible from ``start_at`` for ``seconds``; report timings."""
-    store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX)
+    # as a Compass app's store: heartbeats only with the full reads (routing needs none)
+    store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX, beat_sync_s=FULL_READ_S)
     reader = SnapshotReader(store, float(OPTIONS["snapshot_ttl_s"].default),
                             float(OPTIONS["heartbeat_timeout_s"].default), refresh_ahead_s=ahead)
     charges = ChargeBatcher(store, float(OPTIONS["charge_linger_s"].default))
@@ -157,14 +163,15 @@ def _pct(samples: np.ndarray, q: float) -> float:
 
 
 def run(records: int, producers: int, seconds: float, changing: float = 0.1,
-        warmup_s: float = 2.0, ahead: float | None = None) -> dict[str, Any]:
+        warmup_s: float = 2.0, ahead: float | None = None, drift: float = 1.0
+        ) -> dict[str, Any]:
     """One measurement; returns the numbers the command prints."""
     ctx = mp.get_context("fork")
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
         stop, ready, pub_out = ctx.Event(), ctx.Event(), ctx.Queue()
         pub = ctx.Process(target=_publisher,
-                          args=(server.url, records, changing, stop, ready, pub_out))
+                          args=(server.url, records, changing, stop, ready, pub_out, drift))
         pub.start()
         if not ready.wait(120):
             raise RuntimeError("publisher did not start")
@@ -203,7 +210,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
     readers = max(0.0, egress - background * elapsed)  # producers' share
     return {
         "records": records, "producers": producers, "seconds": seconds,
-        "changing": changing, "record_bytes": round(record_bytes, 1),
+        "changing": changing, "drift": drift, "record_bytes": round(record_bytes, 1),
         "workers_seen": min(r["workers_seen"] for r in results),
         "publishes_per_s": round(pub_stats["published"] / pub_stats["seconds"], 1),
         "decisions_per_s": round(total / seconds, 1),
@@ -230,7 +237,8 @@ def report(r: dict[str, Any]) -> str:
     """One human-readable block for a result of :func:`run`."""
     f, fd, d = r["fresh_read_ms"], r["fresh_decision_ms"], r["decision_ms"]
     return "\n".join([
-        f"records {r['records']} ({r['record_bytes']:.0f} B each, {r['changing']:.0%} changing), "
+        f"records {r['records']} ({r['record_bytes']:.0f} B each, {r['changing']:.1%} changing, "
+        f"{r.get('drift', 1.0):.0%} of reconciles drifted), "
         f"producers {r['producers']}, {r['seconds']:.0f} s; "
         f"publishes/s {r['publishes_per_s']:.0f}; live workers seen {r['workers_seen']}",
         f"  decisions/s              {r['decisions_per_s']:12.0f}",
@@ -261,10 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh-ahead", type=float, default=None,
                     help="seconds past the TTL a snapshot is served while read ahead "
                     "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads)")
+    ap.add_argument("--drift", type=float, default=1.0,
+                    help="fraction of backlog reconciles that find the counter drifted "
+                    "(the others rewrite the value it holds, which is no change)")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
     result = run(args.records, args.producers, args.seconds, args.changing,
-                 ahead=args.refresh_ahead)
+                 ahead=args.refresh_ahead, drift=args.drift)
     print(report(result))
     if args.json:
         with open(args.json, "w") as fh:

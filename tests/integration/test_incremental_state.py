@@ -148,6 +148,47 @@ def test_reported_heartbeats_are_refreshed_a_slice_at_a_time(stores):
     assert _snap(reader).workers[0].heartbeat >= first + 0.25
 
 
+def test_a_compass_apps_store_fetches_nothing_for_workers_that_only_beat(compass_redis_url):
+    """Routing needs liveness, not heartbeat times: the app's store takes beats only with
+    its full reads, so an idle fleet's beats cost its reads nothing, and death is still
+    seen on the next read."""
+    from celery import Celery
+
+    from compass_celery import Compass
+    from compass_celery.state import FULL_READ_S
+
+    app = Celery("beats", broker="memory://", set_as_current=False)
+    app.conf.update(compass_redis_url=compass_redis_url)
+    store = Compass(app).store
+    assert isinstance(store, RedisStateStore) and store.beat_sync_s == FULL_READ_S
+    writer = RedisStateStore(compass_redis_url)
+    for name in ("a", "b"):
+        writer.publish(_view(name))
+    first = {w.name: w.heartbeat for w in _snap(store).workers}
+    monitor = RedisStateStore(compass_redis_url)  # a store that shows heartbeats
+    _snap(monitor)
+    time.sleep(0.3)
+    for s in (store, monitor):
+        s._mirror._synced -= 10.0  # as if the default beat pass (5 s) were due
+    egress = []
+    for _ in range(3):
+        for name in ("a", "b"):
+            writer.publish(_view(name))  # same bytes: only the beats move
+        before = _egress(store)
+        info = _egress(store) - before  # what one INFO reply itself adds
+        snap = _snap(store)
+        egress.append(_egress(store) - before - 2 * info)
+    assert {w.name: w.heartbeat for w in snap.workers} == first  # not fetched
+    assert all(w.heartbeat > first[w.name] for w in _snap(monitor).workers)  # fetched there
+    assert max(egress) < 200  # no record, no beat: the reply's fixed fields only
+    time.sleep(0.3)
+    assert {w.name for w in _snap(store, timeout=0.2).workers} == set()  # both gone quiet
+
+
+def _egress(store: RedisStateStore) -> int:
+    return int(store.client.info("stats")["total_net_output_bytes"])
+
+
 def _backlog(snap, name: str) -> float:
     return next(w.backlog_ms for w in snap.workers if w.name == name)
 
