@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from .planner.cost import evolve
 from .planner.types import WorkerView
@@ -85,7 +85,7 @@ class SnapshotReader:
                 snap = self.store.snapshot(now, self.timeout_s)
             else:
                 snap, unflushed = self.charges.read_through(
-                    lambda: self.store.snapshot(now, self.timeout_s))
+                    lambda charges: self.store.snapshot(now, self.timeout_s, charges))
                 snap = _charged(snap, unflushed)
         except StateUnavailable as exc:
             with self._lock:
@@ -153,9 +153,10 @@ class SnapshotReader:
 class ChargeSource(Protocol):
     """What the reader needs of the router's charge batcher."""
 
-    def read_through(self, read: Callable[[], Snapshot]) -> tuple[Snapshot, dict[str, float]]:
-        """Write the gathered charges, then ``read()`` holding new ones back; returns what
-        was read and the charges held back."""
+    def read_through(self, read: Callable[[Callable[[Any], None] | None], Snapshot]
+                     ) -> tuple[Snapshot, dict[str, float]]:
+        """``read(queue)`` with the gathered charges queued in front of it (``queue(pipe)``,
+        or None), holding new ones back; returns what was read and the charges held back."""
 
 
 def _charge(w: WorkerView, ms: float, pending: bool = False) -> WorkerView:

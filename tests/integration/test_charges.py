@@ -84,3 +84,26 @@ def test_pipelined_charges_land_once_after_redis_forgets_its_scripts(
     after = raw.info("commandstats").get("cmdstat_script|exists", {}).get("calls", 0)
     assert after == exists  # no round trip asking whether the scripts are there
     assert backlogs(store) == {"w1": 80.0}
+
+
+def test_a_read_carries_the_gathered_charges_on_its_own_pipeline(compass_redis_url: str
+                                                                  ) -> None:
+    """Charges not yet flushed ride in front of the reader's read (one round trip): the read
+    sees each of them once, Redis holds them, and nothing is left to flush."""
+    from compass_celery.snapshot_reader import SnapshotReader
+
+    store = RedisStateStore(compass_redis_url, "ride")
+    for name in ("a", "b"):
+        store.publish(view(name, "ride"))
+    reader = SnapshotReader(store, ttl_s=0.0, heartbeat_timeout_s=30.0)
+    batcher = ChargeBatcher(store, linger_s=30.0)  # its own thread would wait 30 s
+    reader.charges = batcher
+    reader.get()
+    batcher.add("a", 25.0)
+    batcher.add("a", 5.0)
+    batcher.add("b", 7.0)
+    snap = reader.get()
+    assert {w.name: w.backlog_ms for w in snap.workers} == {"a": 30.0, "b": 7.0}
+    assert backlogs(RedisStateStore(compass_redis_url, "ride")) == {"a": 30.0, "b": 7.0}
+    assert batcher.flush() == 0 and batcher.flushes == 1 and batcher.dropped == 0
+    assert store._mirror.own  # the charges' replies were noted: the next read skips them

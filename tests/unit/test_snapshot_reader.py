@@ -29,13 +29,13 @@ class GatedStore(MemoryStateStore):
         self.fail = False
         self.threads: list[str] = []
 
-    def snapshot(self, now, heartbeat_timeout_s):
+    def snapshot(self, now, heartbeat_timeout_s, before=None):
         self.threads.append(threading.current_thread().name)
         if not self.gate.wait(10):
             raise AssertionError("gate never opened")
         if self.fail:
             raise StateUnavailable("Redis at redis://x unavailable: refused")
-        return super().snapshot(now, heartbeat_timeout_s)
+        return super().snapshot(now, heartbeat_timeout_s, before)
 
 
 def wait_for(cond, timeout: float = 5.0) -> None:
@@ -91,7 +91,7 @@ class HeldCharges:
             self.store.charge(worker, ms)
         self.pending = {}
         self.reads += 1
-        snap = read()
+        snap = read(None)
         held, self.pending = dict(self.pending), {}
         for worker, ms in held.items():  # written once the read is done
             self.store.charge(worker, ms)
