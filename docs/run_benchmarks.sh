@@ -77,6 +77,19 @@ for args in "64 1 0.1" "64 32 0.1" "1000 1 0.1" "1000 32 0.1" "64 1 0" "1000 1 0
 done
 }
 
+egress() {
+# 7b. what producers' reads cost Redis as the fleet grows, with the change held fixed: no
+# change at all (no record changes, reconciles that find no drift), then the same 256 record
+# changes a second spread over 64 and over 1,000 workers
+local args
+for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064"; do
+  set -- $args
+  run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing "$3" \
+      --drift 0 --seconds 10 --json "$out/egress-$1-$2-$3.json" \
+      | tee "$out/egress-$1-$2-$3.txt"
+done
+}
+
 cache() {
 # 8. the model cache's eviction policy alone: same placement (jsq, compass), LRU vs look-ahead
 for cp in lru lookahead; do
@@ -138,6 +151,6 @@ rabbitmqctl delete_vhost "$vhost" >/dev/null
 
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
-((${#sections[@]})) || sections=(main faults sim hotpath cache sweep multimodel amqp)
+((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress)
 # (regress is not in the default list: main measures the same workloads with every policy)
 for section in "${sections[@]}"; do "$section"; done
