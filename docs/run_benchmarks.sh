@@ -80,13 +80,15 @@ done
 egress() {
 # 7b. what producers' reads cost Redis as the fleet grows, with the change held fixed: no
 # change at all (no record changes, reconciles that find no drift), then the same 256 record
-# changes a second spread over 64 and over 1,000 workers
+# changes a second spread over 64 and over 1,000 workers; (a fourth number: --refresh-ahead,
+# 0 for decisions that wait for their reads)
 local args
-for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064"; do
+for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064" \
+            "64 1 0 0" "1000 1 0 0" "64 1 1.0 0" "1000 1 0.064 0"; do
   set -- $args
   run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing "$3" \
-      --drift 0 --seconds 10 --json "$out/egress-$1-$2-$3.json" \
-      | tee "$out/egress-$1-$2-$3.txt"
+      --drift 0 --seconds 10 ${4:+--refresh-ahead "$4"} \
+      --json "$out/egress-$1-$2-$3${4:+-ahead$4}.json" | tee "$out/egress-$1-$2-$3${4:+-ahead$4}.txt"
 done
 }
 
