@@ -115,9 +115,9 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     reads, waited = array("d"), [0]
     main, snapshot = threading.current_thread(), store.snapshot
 
-    def timed_snapshot(now: float, timeout_s: float) -> Any:
+    def timed_snapshot(now: float, timeout_s: float, before: Any = None) -> Any:
         t = time.perf_counter()
-        snap = snapshot(now, timeout_s)
+        snap = snapshot(now, timeout_s, before)
         reads.append(time.perf_counter() - t)
         if threading.current_thread() is main:
             waited[0] += 1
