@@ -189,9 +189,10 @@ class WorkerRuntime(TaskHooks):
 
     def publish(self, if_changed: bool = False) -> bool:
         """Publish this worker's record and cache counters; False while the store is down.
-        ``if_changed``: only a changed record (the beat and counters keep their interval)."""
+        ``if_changed``: only a changed record, or the beat when its interval is up."""
         c, view = self.cache, self.view()
-        if if_changed and view == self._published and not self._state_down:
+        if if_changed and view == self._published and not self._state_down and \
+                time.monotonic() - self._last_publish_ok < self.cfg["state_refresh_s"]:
             return True
         try:
             self.compass.store.publish(view, pid=os.getpid(), hits=c.hits,
