@@ -59,7 +59,7 @@ OPTIONS: dict[str, Option] = {
                                   "clock) is older than this is dead and its queue drained; "
                                   "the default outlasts a Sentinel failover", "s", 0.05),
     "reconcile_s": Option(5.0, (int, float), "backlog reconciliation interval", "s", 0.05),
-    "charge_linger_s": Option(0.001, (int, float), "how long a producer gathers backlog "
+    "charge_linger_s": Option(0.005, (int, float), "how long a producer gathers backlog "
                               "charges before writing them to Redis in one pipeline", "s", 0.0),
     "queue_prefix": Option(None, (str, type(None)), "prefix of each worker's own queue "
                            "(default '<key_prefix>.w.', so apps with their own key prefix "
