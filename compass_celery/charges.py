@@ -21,7 +21,7 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from .state import StateStore, StateUnavailable
 
@@ -60,55 +60,34 @@ class ChargeBatcher:
         with self._flushing:
             return self._flush()
 
-    def read_through(self, read: Callable[[Callable[[Any], None] | None], T]
-                     ) -> tuple[T, dict[str, float]]:
-        """Read while no charge is written, with every gathered charge written first, so
-        the read sees exactly the charges made before it started. ``read(queue)`` gets
-        them as ``queue(pipe)``, to put on the read's own pipeline (one round trip for
-        both), or None when there are none. Returns what it read and the charges gathered
-        meanwhile (not in Redis yet, nor in what was read)."""
+    def read_through(self, read: Callable[[], T]) -> tuple[T, dict[str, float]]:
+        """``read()`` while no charge is written, so the read sees exactly the charges
+        written before it started; returns what it read and every charge not written yet
+        (gathered before or during the read), which the caller folds into what it read.
+        The read waits for no write of its own: the flusher writes them afterwards."""
         with self._flushing:
-            batch = self._take()
-            try:
-                result = read(self._queuer(batch) if batch else None)
-            except StateUnavailable as exc:
-                self._dropped(batch, exc)
-                raise
-            if batch:
-                self.flushes += 1
+            result = read()
             with self._lock:
                 unflushed = dict(self._pending) if self._pid == os.getpid() else {}
         return result, {w: ms for w, ms in unflushed.items() if ms}
 
-    def _take(self) -> dict[str, float]:
-        """The gathered charges (none in a forked child: its parent's are not its own)."""
+    def _flush(self) -> int:
         with self._lock:
             if self._pid != os.getpid():
-                return {}
+                return 0  # a forked child's copy of its parent's charges is not its own
             batch, self._pending = self._pending, defaultdict(float)
-        return {w: ms for w, ms in batch.items() if ms}
-
-    def _queuer(self, batch: dict[str, float]) -> Callable[[Any], None]:
-        def queue(pipe: Any) -> None:
-            for worker, ms in batch.items():
-                self.store.charge(worker, ms, pipe=pipe)
-        return queue
-
-    def _dropped(self, batch: dict[str, float], exc: Exception) -> None:
-        self.dropped += len(batch)
-        logger.warning("compass: %d backlog charge(s) not written (%s); the workers' "
-                       "reconciliation corrects them", len(batch), exc)
-
-    def _flush(self) -> int:
-        batch = self._take()
+        batch = {w: ms for w, ms in batch.items() if ms}
         if not batch:
             return 0
         pipe = self.store.client.pipeline(transaction=False)  # batched for Redis stores only
         try:
-            self._queuer(batch)(pipe)
+            for worker, ms in batch.items():
+                self.store.charge(worker, ms, pipe=pipe)
             self.store.execute(pipe)  # type: ignore[attr-defined]
         except StateUnavailable as exc:
-            self._dropped(batch, exc)
+            self.dropped += len(batch)
+            logger.warning("compass: %d backlog charge(s) not written (%s); the workers' "
+                           "reconciliation corrects them", len(batch), exc)
             return 0
         self.flushes += 1
         return len(batch)

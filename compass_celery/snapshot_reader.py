@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from .planner.cost import evolve
 from .planner.types import WorkerView
@@ -33,9 +33,10 @@ class SnapshotReader:
 
     Without the local charges, every task in a burst would see the same stale
     backlog and pile onto one worker until the cache expired. ``charges`` (the router's
-    :class:`~compass_celery.charges.ChargeBatcher`) writes this process's charges before
-    every store read and holds back the ones made during it, which are then folded into
-    what was read: each charge counts exactly once, also while a read runs ahead.
+    :class:`~compass_celery.charges.ChargeBatcher`) writes no charge while a store read
+    runs, and every charge it has not written yet (made before the read or during it) is
+    folded into what was read: each charge counts exactly once, also while a read runs
+    ahead, and a read waits for no write.
     ``reads`` counts store reads; ``background_reads`` those made ahead, off the
     decision path.
     """
@@ -85,7 +86,7 @@ class SnapshotReader:
                 snap = self.store.snapshot(now, self.timeout_s)
             else:
                 snap, unflushed = self.charges.read_through(
-                    lambda charges: self.store.snapshot(now, self.timeout_s, charges))
+                    lambda: self.store.snapshot(now, self.timeout_s))
                 snap = _charged(snap, unflushed)
         except StateUnavailable as exc:
             with self._lock:
@@ -153,10 +154,9 @@ class SnapshotReader:
 class ChargeSource(Protocol):
     """What the reader needs of the router's charge batcher."""
 
-    def read_through(self, read: Callable[[Callable[[Any], None] | None], Snapshot]
-                     ) -> tuple[Snapshot, dict[str, float]]:
-        """``read(queue)`` with the gathered charges queued in front of it (``queue(pipe)``,
-        or None), holding new ones back; returns what was read and the charges held back."""
+    def read_through(self, read: Callable[[], Snapshot]) -> tuple[Snapshot, dict[str, float]]:
+        """``read()`` while no charge is written; returns what was read and every charge
+        not written yet."""
 
 
 def _charge(w: WorkerView, ms: float, pending: bool = False) -> WorkerView:

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 from . import keys
 from .planner.types import WorkerView
 from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
-from .redis_cluster import is_cluster_client, run_pipeline, unavailable_errors
 from .redis_cluster import register_script as register
+from .redis_cluster import run_pipeline, unavailable_errors
 from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
 from .redis_state import epoch_candidate as epoch
 from .scripts import script
@@ -70,10 +70,8 @@ class StateStore(Protocol):
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold one measured run time into the learned one for ``task|model``."""
 
-    def snapshot(self, now: float, heartbeat_timeout_s: float,
-                 before: Callable[[Any], None] | None = None) -> Snapshot:
-        """Every live worker (backlog and pending folded in) and the learned run times;
-        ``before(pipe)`` first queues writes (charges) that the read must see."""
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        """Every live worker (backlog and pending folded in) and the learned run times."""
 
 
 def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
@@ -194,11 +192,8 @@ class MemoryStateStore:
                 ms = prof["exec_ms"] + alpha * (ms - prof["exec_ms"])
             self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
 
-    def snapshot(self, now: float, heartbeat_timeout_s: float,
-                 before: Callable[[Any], None] | None = None) -> Snapshot:
-        """Every live worker, decoded from the in-process records (``before(self)`` first)."""
-        if before is not None:
-            before(self)  # its charges ignore the "pipeline" and apply at once
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        """Every live worker, decoded from the in-process records."""
         with self._lock:
             return _assemble(dict(self.records), dict(self.backlog), dict(self.pending),
                              dict(self.profiles), now, heartbeat_timeout_s)
@@ -325,41 +320,17 @@ class RedisStateStore:
     def execute(self, pipe: Any) -> None:
         """Run what was queued on ``pipe`` (one round trip); this process's reads then
         skip the counter changes it made (their values came back here)."""
-        self._call(lambda: self._run(pipe))
-
-    def _run(self, pipe: Any) -> list[Any]:
-        replies = run_pipeline(pipe)
+        replies = self._call(lambda: run_pipeline(pipe))
         for at, member in pipe.__dict__.pop("_compass_own", ()):
             self._mirror.note_own(member, replies[at])
-        return replies
 
-    def snapshot(self, now: float, heartbeat_timeout_s: float,
-                 before: Callable[[Any], None] | None = None) -> Snapshot:
-        """Every live worker, from what changed since this process's last read.
-
-        ``before(pipe)`` queues writes (this process's charges) that the read rides
-        behind on the same pipeline: one round trip for both, and the read sees them.
-        On a cluster they run first, on a pipeline of their own."""
+    def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
+        """Every live worker, from what changed since this process's last read."""
         self._call(lambda: self.client)  # a cluster client connects when made
-        if before is not None and is_cluster_client(self.client):
-            pipe = self.client.pipeline(transaction=False)
-            before(pipe)
-            self.execute(pipe)
-            before = None
-        first = [before]
-
-        def read(args: list[Any]) -> Any:
-            queue, first[0] = first[0], None  # a second read (see StateMirror.read) alone
-            if queue is None:
-                return self._read(keys=self._read_keys, args=args)
-            pipe = self.client.pipeline(transaction=False)
-            queue(pipe)
-            self._read(keys=self._read_keys, args=args, client=pipe)
-            return self._run(pipe)[-1]
-
         with self._lock:
             parts = self._call(lambda: self._mirror.read(
-                read, heartbeat_timeout_s, now, self.beat_sync_s, self.full_read_s))
+                lambda args: self._read(keys=self._read_keys, args=args),
+                heartbeat_timeout_s, now, self.beat_sync_s, self.full_read_s))
         return Snapshot(parts[0], parts[1], parts[2], now, parts[3])
 
     @property

@@ -12,7 +12,7 @@ does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``, reading ahead 
 ``--refresh-ahead`` seconds past it, ``compass_snapshot_refresh_ahead_s`` by default), then
 :func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
 (in the reader's snapshot at once, in Redis through the router's :class:`ChargeBatcher`,
-flushed before every read). Prints decisions/s; the time of every read that went to
+whose unwritten charges each read folds in). Prints decisions/s; the time of every read that went to
 Redis, wherever it was made; the decisions that waited for one (read + decide) and all
 decisions; and Redis's egress and CPU over the measured window (``INFO stats``/``INFO
 cpu`` deltas), with the producers' share of the egress (the total less what the publisher
@@ -115,9 +115,9 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     reads, waited = array("d"), [0]
     main, snapshot = threading.current_thread(), store.snapshot
 
-    def timed_snapshot(now: float, timeout_s: float, before: Any = None) -> Any:
+    def timed_snapshot(now: float, timeout_s: float) -> Any:
         t = time.perf_counter()
-        snap = snapshot(now, timeout_s, before)
+        snap = snapshot(now, timeout_s)
         reads.append(time.perf_counter() - t)
         if threading.current_thread() is main:
             waited[0] += 1

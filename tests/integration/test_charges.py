@@ -86,15 +86,16 @@ def test_pipelined_charges_land_once_after_redis_forgets_its_scripts(
     assert backlogs(store) == {"w1": 80.0}
 
 
-def test_a_read_carries_the_gathered_charges_on_its_own_pipeline(compass_redis_url: str
-                                                                  ) -> None:
-    """Charges not yet flushed ride in front of the reader's read (one round trip): the read
-    sees each of them once, Redis holds them, and nothing is left to flush."""
+def test_a_read_folds_in_the_gathered_charges_and_waits_for_none(compass_redis_url: str
+                                                                 ) -> None:
+    """A read writes nothing: charges gathered but not yet written are folded into what it
+    read (this process counts them at once), written by the batcher afterwards, and then
+    read from Redis, never twice."""
     from compass_celery.snapshot_reader import SnapshotReader
 
-    store = RedisStateStore(compass_redis_url, "ride")
+    store = RedisStateStore(compass_redis_url, "fold")
     for name in ("a", "b"):
-        store.publish(view(name, "ride"))
+        store.publish(view(name, "fold"))
     reader = SnapshotReader(store, ttl_s=0.0, heartbeat_timeout_s=30.0)
     batcher = ChargeBatcher(store, linger_s=30.0)  # its own thread would wait 30 s
     reader.charges = batcher
@@ -102,12 +103,13 @@ def test_a_read_carries_the_gathered_charges_on_its_own_pipeline(compass_redis_u
     batcher.add("a", 25.0)
     batcher.add("a", 5.0)
     batcher.add("b", 7.0)
-    snap = reader.get()
-    assert {w.name: w.backlog_ms for w in snap.workers} == {"a": 30.0, "b": 7.0}
-    assert backlogs(RedisStateStore(compass_redis_url, "ride")) == {"a": 30.0, "b": 7.0}
-    assert batcher.flush() == 0 and batcher.flushes == 1 and batcher.dropped == 0
-    assert store._mirror.own  # the charges' replies were noted: the next read skips them
-
+    folded = {w.name: w.backlog_ms for w in reader.get().workers}
+    assert folded == {"a": 30.0, "b": 7.0}  # counted here at once
+    other = RedisStateStore(compass_redis_url, "fold")
+    assert backlogs(other) == {"a": 0.0, "b": 0.0}  # the read wrote nothing
+    assert batcher.flush() == 2 and batcher.dropped == 0
+    assert backlogs(other) == {"a": 30.0, "b": 7.0}
+    assert {w.name: w.backlog_ms for w in reader.get().workers} == folded  # not doubled
 
 def test_a_worker_woken_by_every_task_still_beats(compass_redis_url: str) -> None:
     """Task ends wake the publisher, which then publishes only a changed record; a worker

@@ -149,7 +149,7 @@ class FlakyStore(MemoryStateStore):
         self.calls = 0
         self.down = True
 
-    def snapshot(self, now, heartbeat_timeout_s, before=None):
+    def snapshot(self, now, heartbeat_timeout_s):
         self.calls += 1
         if self.down:
             from compass_celery.state import StateUnavailable

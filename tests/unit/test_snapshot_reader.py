@@ -29,13 +29,13 @@ class GatedStore(MemoryStateStore):
         self.fail = False
         self.threads: list[str] = []
 
-    def snapshot(self, now, heartbeat_timeout_s, before=None):
+    def snapshot(self, now, heartbeat_timeout_s):
         self.threads.append(threading.current_thread().name)
         if not self.gate.wait(10):
             raise AssertionError("gate never opened")
         if self.fail:
             raise StateUnavailable("Redis at redis://x unavailable: refused")
-        return super().snapshot(now, heartbeat_timeout_s, before)
+        return super().snapshot(now, heartbeat_timeout_s)
 
 
 def wait_for(cond, timeout: float = 5.0) -> None:
@@ -76,8 +76,9 @@ def test_a_busy_reader_plans_on_its_snapshot_while_the_next_is_read_ahead(setup)
 
 
 class HeldCharges:
-    """The ChargeBatcher's contract by hand: gathered charges are written to the store
-    before a read, and those made during the read are held back and returned."""
+    """The ChargeBatcher's contract by hand: no charge is written while a read runs; every
+    charge not written yet (made before the read or during it) is returned with what was
+    read, and written after it."""
 
     def __init__(self, store: MemoryStateStore) -> None:
         self.store, self.pending, self.reads = store, {}, 0
@@ -87,11 +88,8 @@ class HeldCharges:
         self.pending[worker] = self.pending.get(worker, 0.0) + ms
 
     def read_through(self, read):
-        for worker, ms in self.pending.items():
-            self.store.charge(worker, ms)
-        self.pending = {}
         self.reads += 1
-        snap = read(None)
+        snap = read()
         held, self.pending = dict(self.pending), {}
         for worker, ms in held.items():  # written once the read is done
             self.store.charge(worker, ms)
