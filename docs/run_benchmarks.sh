@@ -90,6 +90,13 @@ for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064" 
       --drift 0 --seconds 10 ${4:+--refresh-ahead "$4"} \
       --json "$out/egress-$1-$2-$3${4:+-ahead$4}.json" | tee "$out/egress-$1-$2-$3${4:+-ahead$4}.txt"
 done
+# producers that decide once every 0.2 s each (web processes between requests): past the
+# snapshot's TTL and read-ahead, so every decision reads first; the 10% changing
+for args in "64 32" "1000 32" "1000 1"; do
+  set -- $args
+  run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing 0.1 \
+      --interval 0.2 --seconds 10 --json "$out/paced-$1-$2.json" | tee "$out/paced-$1-$2.txt"
+done
 }
 
 cache() {

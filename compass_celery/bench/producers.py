@@ -6,17 +6,18 @@ them beating at the workers' own pace (each every ``compass_state_refresh_s``; a
 ``--changing`` fraction of them change their record on every publish, the rest are
 idle and publish the same bytes), reconciles every backlog every ``compass_reconcile_s``
 (a ``--drift`` fraction of reconciles find the counter drifted and change it; the others
-write the value it holds, which Redis logs as no change),
-then runs ``--producers`` processes that each route as fast as they can, as the router
-does: a real :class:`SnapshotReader` (``compass_snapshot_ttl_s``, reading ahead for
-``--refresh-ahead`` seconds past it, ``compass_snapshot_refresh_ahead_s`` by default), then
+write the value it holds, which Redis logs as no change), then runs ``--producers``
+processes that each route as fast as they can (or once every ``--interval`` seconds, as
+web processes between requests do), as the router does: a real :class:`SnapshotReader`
+(``compass_snapshot_ttl_s``, reading ahead for ``--refresh-ahead`` seconds past it,
+``compass_snapshot_refresh_ahead_s`` by default), then
 :func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
 (in the reader's snapshot at once, in Redis through the router's :class:`ChargeBatcher`,
-whose unwritten charges each read folds in). Prints decisions/s; the time of every read that went to
-Redis, wherever it was made; the decisions that waited for one (read + decide) and all
-decisions; and Redis's egress and CPU over the measured window (``INFO stats``/``INFO
-cpu`` deltas), with the producers' share of the egress (the total less what the publisher
-alone caused in a 2 s window before).
+whose unwritten charges each read folds in). Prints decisions/s; the time of every read
+that went to Redis, wherever it was made; the decisions that waited for one (read +
+decide) and all decisions; and Redis's egress and CPU over the measured window (``INFO
+stats``/``INFO cpu`` deltas), with the producers' share of the egress (the total less what
+the publisher alone caused in a 2 s window before).
 """
 
 from __future__ import annotations
@@ -104,8 +105,9 @@ def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
 
 
 def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float,
-              out: Any) -> None:
-    """Route as fast as possible from ``start_at`` for ``seconds``; report timings."""
+              out: Any, interval_s: float = 0.0) -> None:
+    """Route from ``start_at`` for ``seconds``, as fast as possible or one decision every
+    ``interval_s`` (a web process between requests); report timings."""
     # as a Compass app's store: heartbeats only with the full reads (routing needs none)
     store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX, beat_sync_s=FULL_READ_S)
     reader = SnapshotReader(store, float(OPTIONS["snapshot_ttl_s"].default),
@@ -146,6 +148,8 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
         if d.charge_ms:
             reader.note_charge(d.worker, d.charge_ms)
             charges.add(d.worker, d.charge_ms)
+        if interval_s:
+            time.sleep(max(0.0, interval_s - (clock() - t0)))
     out.put({"decisions": len(decision), "fresh": reads.tobytes(),
              "fresh_decision": fresh_decision.tobytes(), "decision": decision.tobytes(),
              "workers_seen": len(reader.get().workers)})
@@ -163,8 +167,8 @@ def _pct(samples: np.ndarray, q: float) -> float:
 
 
 def run(records: int, producers: int, seconds: float, changing: float = 0.1,
-        warmup_s: float = 2.0, ahead: float | None = None, drift: float = 1.0
-        ) -> dict[str, Any]:
+        warmup_s: float = 2.0, ahead: float | None = None, drift: float = 1.0,
+        interval_s: float = 0.0) -> dict[str, Any]:
     """One measurement; returns the numbers the command prints."""
     ctx = mp.get_context("fork")
     with RedisServer() as server:
@@ -188,7 +192,8 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         if ahead is None:
             ahead = float(OPTIONS["snapshot_refresh_ahead_s"].default)
         procs = [ctx.Process(target=_producer,
-                             args=(server.url, k, start_at, seconds, ahead, out))
+                             args=(server.url, k, start_at, seconds, ahead, out,
+                                   interval_s))
                  for k in range(producers)]
         for p in procs:
             p.start()
@@ -214,7 +219,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         "workers_seen": min(r["workers_seen"] for r in results),
         "publishes_per_s": round(pub_stats["published"] / pub_stats["seconds"], 1),
         "decisions_per_s": round(total / seconds, 1),
-        "refresh_ahead_s": ahead,
+        "refresh_ahead_s": ahead, "interval_s": interval_s,
         "fresh_reads_per_s": round(arrays["fresh"].size / seconds, 1),
         "waited_decisions_per_s": round(arrays["fresh_decision"].size / seconds, 1),
         "fresh_read_ms": {"p50": _pct(arrays["fresh"], 50), "p99": _pct(arrays["fresh"], 99)},
@@ -239,7 +244,9 @@ def report(r: dict[str, Any]) -> str:
     return "\n".join([
         f"records {r['records']} ({r['record_bytes']:.0f} B each, {r['changing']:.1%} changing, "
         f"{r.get('drift', 1.0):.0%} of reconciles drifted), "
-        f"producers {r['producers']}, {r['seconds']:.0f} s; "
+        f"producers {r['producers']}"
+        + (f" (one decision every {r['interval_s']:g} s each)" if r.get("interval_s") else "")
+        + f", {r['seconds']:.0f} s; "
         f"publishes/s {r['publishes_per_s']:.0f}; live workers seen {r['workers_seen']}",
         f"  decisions/s              {r['decisions_per_s']:12.0f}",
         f"  reads/s (to Redis)       {r['fresh_reads_per_s']:12.0f}  (read ahead for "
@@ -266,6 +273,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=10.0, help="measured window")
     ap.add_argument("--changing", type=float, default=0.1,
                     help="fraction of workers whose record changes on every publish")
+    ap.add_argument("--interval", type=float, default=0.0,
+                    help="seconds between one producer's decisions (default 0: as fast as it "
+                    "can; past the snapshot TTL and read-ahead, every decision reads first, "
+                    "as in a web process between requests)")
     ap.add_argument("--refresh-ahead", type=float, default=None,
                     help="seconds past the TTL a snapshot is served while read ahead "
                     "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads)")
@@ -275,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
     result = run(args.records, args.producers, args.seconds, args.changing,
-                 ahead=args.refresh_ahead, drift=args.drift)
+                 ahead=args.refresh_ahead, drift=args.drift, interval_s=args.interval)
     print(report(result))
     if args.json:
         with open(args.json, "w") as fh:
