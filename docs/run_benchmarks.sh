@@ -91,7 +91,7 @@ for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064" 
       --json "$out/egress-$1-$2-$3${4:+-ahead$4}.json" | tee "$out/egress-$1-$2-$3${4:+-ahead$4}.txt"
 done
 # producers that decide once every 0.2 s each (web processes between requests): past the
-# snapshot's TTL and read-ahead, so every decision reads first; the 10% changing
+# snapshot's TTL and read-ahead, so every decision reads first; the default churn (10% changing)
 for args in "64 32" "1000 32" "1000 1"; do
   set -- $args
   run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing 0.1 \
