@@ -100,7 +100,7 @@ class TaskHooks:
         if model is not None:
             if model in self.cache.resident():  # a hit: the queue peek only feeds the
                 self.cache.acquire(model)        # prefetch, so it is made off this path
-                self._prefetch_soon()
+                self._prefetch_due.set()  # (by the runtime's prefetch loop)
             else:  # a load: what is queued next decides what it may evict
                 queued = self._queued_models()
                 self.cache.acquire(model, queued)
@@ -118,18 +118,9 @@ class TaskHooks:
         except Exception:  # queue peek is advisory
             return []
 
-    def _prefetch_soon(self) -> None:
-        """Have this process's prefetch thread peek the queue and prefetch what is next."""
-        with self._lock:
-            thread = self.__dict__.get("_prefetcher")
-            if thread is None or not thread.is_alive():  # first use, or a forked child
-                self._prefetch_due = threading.Event()
-                thread = self._prefetcher = threading.Thread(
-                    target=self._prefetch_loop, name="compass-prefetch", daemon=True)
-                thread.start()
-        self._prefetch_due.set()
-
     def _prefetch_loop(self) -> None:
+        """Peek this worker's queue and prefetch what is next, when a task started on a
+        resident model asks for it (``_prefetch_due``)."""
         while not self._stopping.is_set():
             if self._prefetch_due.wait(1.0):
                 self._prefetch_due.clear()

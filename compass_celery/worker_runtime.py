@@ -42,16 +42,15 @@ class WorkerRuntime(TaskHooks):
     def __init__(self, compass: CompassContext, name: str, queue: str,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.compass, self.name, self.queue = compass, name, queue
-        # a worker re-places successors and retries on fresh state (its decisions come one
-        # per finished task, not in bursts): its reader reads before deciding, never ahead.
-        # Said before the reader exists, so the reader is still made where it is first used.
+        # a worker's retries are placed on fresh state: its reader reads before deciding, not
+        # ahead (said before the reader exists, so it is still made where first used)
         compass.reads_ahead = False
         if "reader" in vars(compass):
             compass.reader.refresh_ahead_s = 0.0
         self.cfg = {**compass.settings, **(overrides or {})}
         if isinstance(self.cfg["preload"], str):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
-        self._wake = threading.Event()
+        self._wake, self._prefetch_due = threading.Event(), threading.Event()
         self.cache = self._make_cache()
         self.served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
         self.rank = RankFollower(self.cache, self._cluster)
@@ -129,7 +128,8 @@ class WorkerRuntime(TaskHooks):
             except (StateUnavailable, RedisError) as exc:
                 logger.warning("compass: could not take back in-flight tasks: %s", exc)
         self._connect_signals()
-        loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler")]
+        loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler"),
+                 (self._prefetch_loop, "prefetch")]
         queues = self.compass.queues
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self._watchdog_loop, "watchdog"))
@@ -154,6 +154,7 @@ class WorkerRuntime(TaskHooks):
         """
         self._stopping.set()
         self._wake.set()
+        self._prefetch_due.set()  # (its loop sees the stop and skips the peek)
         self._disconnect_signals()
         for t in self._threads:
             t.join(timeout=2)
