@@ -16,7 +16,7 @@ from celery import Celery, signals
 
 from . import settings as settings_mod
 from .eager import install_task_class
-from .placement import Decision
+from .placement import Decision, cluster_view
 from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
@@ -131,13 +131,17 @@ class Compass:
 
     @cached_property
     def reader(self) -> SnapshotReader:
-        """Snapshots for routing, reused for ``compass_snapshot_ttl_s`` and read ahead for
-        ``compass_snapshot_refresh_ahead_s`` past it (Redis only: in-process reads are
-        cheap), plus local charges."""
-        ahead = self.settings["snapshot_refresh_ahead_s"] \
-            if self.store.client is not None and self.reads_ahead else 0.0
-        return SnapshotReader(self.store, self.settings["snapshot_ttl_s"],
-                              self.settings["heartbeat_timeout_s"], refresh_ahead_s=ahead)
+        """Snapshots for routing, reused for ``compass_snapshot_ttl_s``, read ahead for
+        ``compass_snapshot_refresh_ahead_s`` past it and kept fresh for
+        ``compass_snapshot_keep_fresh_s`` after a decision (Redis only: in-process reads
+        are cheap), plus local charges."""
+        ahead = self.store.client is not None and self.reads_ahead
+        reader = SnapshotReader(
+            self.store, self.settings["snapshot_ttl_s"], self.settings["heartbeat_timeout_s"],
+            refresh_ahead_s=self.settings["snapshot_refresh_ahead_s"] if ahead else 0.0,
+            keep_fresh_s=self.settings["snapshot_keep_fresh_s"] if ahead else 0.0)
+        reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
+        return reader
 
     @cached_property
     def policy(self) -> Policy:

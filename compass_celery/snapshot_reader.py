@@ -9,6 +9,13 @@ A busy process does not wait for reads at all: once its snapshot is older than `
 the reader's own reads the store and swaps the new snapshot in. Only a process that has
 been idle longer than that reads before it decides. Either way a decision sees state at
 most ``ttl_s + refresh_ahead_s`` old.
+
+A process in use keeps its snapshot fresh: for ``keep_fresh_s`` after a decision, the
+reader's thread reads again each time the snapshot turns ``ttl_s`` old, so a web process
+deciding now and then (between requests) finds fresh state and never waits for Redis. Past
+that it stops reading, and its next decision reads first. The thread also hands each
+snapshot it read to ``prepare`` (the router builds its cluster view there), so the work a
+new snapshot costs a decision is done before the decision comes.
 """
 
 from __future__ import annotations
@@ -42,10 +49,15 @@ class SnapshotReader:
     """
 
     def __init__(self, store: StateStore, ttl_s: float, heartbeat_timeout_s: float,
-                 clock: Callable[[], float] = time.time, refresh_ahead_s: float = 0.0) -> None:
+                 clock: Callable[[], float] = time.time, refresh_ahead_s: float = 0.0,
+                 keep_fresh_s: float = 0.0) -> None:
         self.store, self.ttl_s, self.clock = store, ttl_s, clock
         self.timeout_s = heartbeat_timeout_s
         self.refresh_ahead_s = refresh_ahead_s
+        self.keep_fresh_s = keep_fresh_s
+        self.prepare: Callable[[Snapshot], object] | None = None
+        self._used_at = float("-inf")  # clock time of the last get
+        self._dormant = True  # the thread waits for a get (not keeping fresh)
         self.charges: ChargeSource | None = None
         self._lock = threading.Lock()
         self._snap: Snapshot | None = None
@@ -66,10 +78,13 @@ class SnapshotReader:
         now = self.clock()
         ahead_s = self.refresh_ahead_s if refresh_ahead_s is None else refresh_ahead_s
         with self._lock:
+            self._used_at = now
             snap = self._snap
             if snap is not None:
                 age = now - snap.taken_at
                 if age <= self.ttl_s:
+                    if self._dormant and self.keep_fresh_s > 0:
+                        self._keep_fresh()
                     return snap
                 if age <= self.ttl_s + ahead_s:
                     if now >= self._down_until:  # (a read that failed is not retried yet)
@@ -100,26 +115,61 @@ class SnapshotReader:
         with self._lock:
             if self._snap is None or snap.taken_at >= self._snap.taken_at:
                 self._snap = snap
+            if self.keep_fresh_s > 0:
+                self._keep_fresh()
         return snap
 
-    def _read_ahead(self) -> None:
-        """Have the reader's thread read the store (called with the lock held)."""
+    def _start_thread(self) -> None:
+        """Start the reader's thread unless this process has it (called with the lock held)."""
         pid = os.getpid()
         if self._thread_pid != pid:  # first use, or a forked child: a thread of its own
             self._thread_pid, self._refreshing = pid, False
             threading.Thread(target=self._run, name="compass-snapshot", daemon=True).start()
+
+    def _keep_fresh(self) -> None:
+        """Have the reader's thread plan its next read from the current snapshot (called
+        with the lock held)."""
+        self._start_thread()
+        self._dormant = False
+        self._wake.set()
+
+    def _read_ahead(self) -> None:
+        """Have the reader's thread read the store (called with the lock held)."""
+        self._start_thread()
         if not self._refreshing:
             self._refreshing = True
             self._wake.set()
 
+    def _next_read_in(self, now: float) -> float | None:
+        """Seconds until the thread should read (0: now), or None to wait for a get
+        (called with the lock held)."""
+        if self._refreshing:
+            return 0.0
+        snap = self._snap
+        if self.keep_fresh_s <= 0 or snap is None or now - self._used_at > self.keep_fresh_s:
+            self._dormant = True
+            return None
+        self._dormant = False
+        due = max(snap.taken_at + self.ttl_s, self._down_until)
+        if due <= now:
+            self._refreshing = True
+            return 0.0
+        return due - now
+
     def _run(self) -> None:
         pid = os.getpid()
         while self._thread_pid == pid:
-            self._wake.wait()
-            self._wake.clear()
+            with self._lock:
+                wait = self._next_read_in(self.clock())
+            if wait != 0.0:
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue
             try:
-                self._read(self.clock())
+                snap = self._read(self.clock())
                 self.background_reads += 1
+                if self.prepare is not None:
+                    self.prepare(snap)
             except StateUnavailable:
                 pass  # remembered by _read: decisions past the grace fail fast, then retry
             except Exception:  # the thread must outlive anything one read meets

@@ -46,7 +46,7 @@ class WorkerRuntime(TaskHooks):
         # ahead (said before the reader exists, so it is still made where first used)
         compass.reads_ahead = False
         if "reader" in vars(compass):
-            compass.reader.refresh_ahead_s = 0.0
+            compass.reader.refresh_ahead_s = compass.reader.keep_fresh_s = 0.0
         self.cfg = {**compass.settings, **(overrides or {})}
         if isinstance(self.cfg["preload"], str):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
