@@ -10,14 +10,16 @@ write the value it holds, which Redis logs as no change), then runs ``--producer
 processes that each route as fast as they can (or once every ``--interval`` seconds, as
 web processes between requests do), as the router does: a real :class:`SnapshotReader`
 (``compass_snapshot_ttl_s``, reading ahead for ``--refresh-ahead`` seconds past it,
-``compass_snapshot_refresh_ahead_s`` by default), then
+``compass_snapshot_refresh_ahead_s`` by default, and kept fresh for ``--keep-fresh``
+seconds after each decision, ``compass_snapshot_keep_fresh_s`` by default), then
 :func:`compass_celery.placement.decide` with the compass policy, then the backlog charge
 (in the reader's snapshot at once, in Redis through the router's :class:`ChargeBatcher`,
 whose unwritten charges each read folds in). Prints decisions/s; the time of every read
 that went to Redis, wherever it was made; the decisions that waited for one (read +
-decide) and all decisions; and Redis's egress and CPU over the measured window (``INFO
-stats``/``INFO cpu`` deltas), with the producers' share of the egress (the total less what
-the publisher alone caused in a 2 s window before).
+decide) and all decisions; how old the state each decision planned on was; and Redis's
+egress and CPU over the measured window (``INFO stats``/``INFO cpu`` deltas), with the
+producers' share of the egress (the total less what the publisher alone caused in a 2 s
+window before).
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import redis
 from compass_celery import keys
 from compass_celery.charges import ChargeBatcher
 from compass_celery.local import RedisServer
-from compass_celery.placement import decide
+from compass_celery.placement import cluster_view, decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.types import WorkerView
 from compass_celery.profiles import Demand
@@ -105,15 +107,17 @@ def _publisher(url: str, records: int, changing: float, stop: Any, ready: Any,
 
 
 def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float,
-              out: Any, interval_s: float = 0.0) -> None:
+              out: Any, interval_s: float = 0.0, keep_fresh: float = 0.0) -> None:
     """Route from ``start_at`` for ``seconds``, as fast as possible or one decision every
     ``interval_s`` (a web process between requests); report timings."""
     # as a Compass app's store: heartbeats only with the full reads (routing needs none)
     store = RedisStateStore(url, PREFIX, queue_prefix=QUEUE_PREFIX, beat_sync_s=FULL_READ_S)
     reader = SnapshotReader(store, float(OPTIONS["snapshot_ttl_s"].default),
-                            float(OPTIONS["heartbeat_timeout_s"].default), refresh_ahead_s=ahead)
+                            float(OPTIONS["heartbeat_timeout_s"].default), refresh_ahead_s=ahead,
+                            keep_fresh_s=keep_fresh)
     charges = ChargeBatcher(store, float(OPTIONS["charge_linger_s"].default))
     reader.charges = charges
+    reader.prepare = lambda snap: cluster_view(snap, MODELS)  # as a Compass app's router
     reads, waited = array("d"), [0]
     main, snapshot = threading.current_thread(), store.snapshot
 
@@ -133,7 +137,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     reader.get()  # the first (full) read is not measured
     time.sleep(max(0.0, start_at - time.time()))
     del reads[:]
-    fresh_decision, decision = array("d"), array("d")
+    fresh_decision, decision, age = array("d"), array("d"), array("d")
     end = start_at + seconds
     clock = time.perf_counter
     while time.time() < end:
@@ -143,6 +147,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
         d = decide(rng.choice(demands), snap, policy, MODELS, "bench.shared")
         t2 = clock()
         decision.append(t2 - t0)
+        age.append(time.time() - snap.taken_at)
         if waited[0] != before:
             fresh_decision.append(t2 - t0)
         if d.charge_ms:
@@ -152,6 +157,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
             time.sleep(max(0.0, interval_s - (clock() - t0)))
     out.put({"decisions": len(decision), "fresh": reads.tobytes(),
              "fresh_decision": fresh_decision.tobytes(), "decision": decision.tobytes(),
+             "age": age.tobytes(),
              "workers_seen": len(reader.get().workers)})
 
 
@@ -168,8 +174,10 @@ def _pct(samples: np.ndarray, q: float) -> float:
 
 def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         warmup_s: float = 2.0, ahead: float | None = None, drift: float = 1.0,
-        interval_s: float = 0.0) -> dict[str, Any]:
-    """One measurement; returns the numbers the command prints."""
+        interval_s: float = 0.0, keep_fresh: float | None = None) -> dict[str, Any]:
+    """One measurement; returns the numbers the command prints. ``ahead`` and
+    ``keep_fresh`` default to the settings' defaults, except that ``ahead=0`` (decisions
+    wait for their reads) also turns keeping fresh off unless ``keep_fresh`` is given."""
     ctx = mp.get_context("fork")
     with RedisServer() as server:
         client = redis.Redis.from_url(server.url)
@@ -191,9 +199,11 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         start_at = time.time() + warmup_s + 0.05 * producers
         if ahead is None:
             ahead = float(OPTIONS["snapshot_refresh_ahead_s"].default)
+        if keep_fresh is None:
+            keep_fresh = float(OPTIONS["snapshot_keep_fresh_s"].default) if ahead else 0.0
         procs = [ctx.Process(target=_producer,
                              args=(server.url, k, start_at, seconds, ahead, out,
-                                   interval_s))
+                                   interval_s, keep_fresh))
                  for k in range(producers)]
         for p in procs:
             p.start()
@@ -210,7 +220,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         pub.join(10)
     total = sum(r["decisions"] for r in results)
     arrays = {k: np.concatenate([np.frombuffer(r[k], dtype="d") for r in results])
-              for k in ("fresh", "fresh_decision", "decision")}
+              for k in ("fresh", "fresh_decision", "decision", "age")}
     egress = bytes1 - bytes0
     readers = max(0.0, egress - background * elapsed)  # producers' share
     return {
@@ -219,7 +229,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         "workers_seen": min(r["workers_seen"] for r in results),
         "publishes_per_s": round(pub_stats["published"] / pub_stats["seconds"], 1),
         "decisions_per_s": round(total / seconds, 1),
-        "refresh_ahead_s": ahead, "interval_s": interval_s,
+        "refresh_ahead_s": ahead, "keep_fresh_s": keep_fresh, "interval_s": interval_s,
         "fresh_reads_per_s": round(arrays["fresh"].size / seconds, 1),
         "waited_decisions_per_s": round(arrays["fresh_decision"].size / seconds, 1),
         "fresh_read_ms": {"p50": _pct(arrays["fresh"], 50), "p99": _pct(arrays["fresh"], 99)},
@@ -227,6 +237,9 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
                               "p99": _pct(arrays["fresh_decision"], 99)},
         "decision_ms": {"p50": _pct(arrays["decision"], 50),
                         "p99": _pct(arrays["decision"], 99)},
+        "state_age_ms": {"p50": _pct(arrays["age"], 50), "p99": _pct(arrays["age"], 99),
+                         "max": float(arrays["age"].max() * 1e3) if arrays["age"].size
+                         else float("nan")},
         "redis_egress_bytes_per_s": round(egress / elapsed, 1),
         "publisher_egress_bytes_per_s": round(background, 1),
         "producer_egress_bytes_per_s": round(readers / elapsed, 1),
@@ -241,6 +254,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
 def report(r: dict[str, Any]) -> str:
     """One human-readable block for a result of :func:`run`."""
     f, fd, d = r["fresh_read_ms"], r["fresh_decision_ms"], r["decision_ms"]
+    a = r["state_age_ms"]
     return "\n".join([
         f"records {r['records']} ({r['record_bytes']:.0f} B each, {r['changing']:.1%} changing, "
         f"{r.get('drift', 1.0):.0%} of reconciles drifted), "
@@ -250,11 +264,14 @@ def report(r: dict[str, Any]) -> str:
         f"publishes/s {r['publishes_per_s']:.0f}; live workers seen {r['workers_seen']}",
         f"  decisions/s              {r['decisions_per_s']:12.0f}",
         f"  reads/s (to Redis)       {r['fresh_reads_per_s']:12.0f}  (read ahead for "
-        f"{r['refresh_ahead_s']:g} s past the TTL)",
+        f"{r['refresh_ahead_s']:g} s past the TTL, kept fresh {r['keep_fresh_s']:g} s "
+        "after a decision)",
         f"  read ms (any thread)     p50 {f['p50']:8.3f}  p99 {f['p99']:8.3f}",
         f"  decisions that waited    {r['waited_decisions_per_s']:12.0f}  per s",
         f"  ... their ms (read+plan) p50 {fd['p50']:8.3f}  p99 {fd['p99']:8.3f}",
         f"  decision ms (all)        p50 {d['p50']:8.3f}  p99 {d['p99']:8.3f}",
+        f"  state age at decision ms p50 {a['p50']:8.1f}  p99 {a['p99']:8.1f}  max "
+        f"{a['max']:.1f}",
         f"  Redis egress bytes/s     {r['redis_egress_bytes_per_s']:12.0f}  (publisher "
         f"alone {r['publisher_egress_bytes_per_s']:.0f})",
         f"  producers' egress B/s    {r['producer_egress_bytes_per_s']:12.0f}",
@@ -279,14 +296,20 @@ def main(argv: list[str] | None = None) -> int:
                     "as in a web process between requests)")
     ap.add_argument("--refresh-ahead", type=float, default=None,
                     help="seconds past the TTL a snapshot is served while read ahead "
-                    "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads)")
+                    "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads, "
+                    "and nothing is kept fresh unless --keep-fresh says so)")
+    ap.add_argument("--keep-fresh", type=float, default=None,
+                    help="seconds after a decision the snapshot is kept fresh in the "
+                    "background (default: compass_snapshot_keep_fresh_s; 0: a producer idle "
+                    "past the read-ahead reads before it decides)")
     ap.add_argument("--drift", type=float, default=1.0,
                     help="fraction of backlog reconciles that find the counter drifted "
                     "(the others rewrite the value it holds, which is no change)")
     ap.add_argument("--json", default=None, help="also write the result here")
     args = ap.parse_args(argv)
     result = run(args.records, args.producers, args.seconds, args.changing,
-                 ahead=args.refresh_ahead, drift=args.drift, interval_s=args.interval)
+                 ahead=args.refresh_ahead, drift=args.drift, interval_s=args.interval,
+                 keep_fresh=args.keep_fresh)
     print(report(result))
     if args.json:
         with open(args.json, "w") as fh:

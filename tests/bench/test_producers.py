@@ -18,3 +18,16 @@ def test_producers_bench_routes_reads_and_reports_egress() -> None:
     assert r["fresh_decision_ms"]["p50"] >= r["fresh_read_ms"]["p50"] * 0.5
     assert r["producer_egress_bytes_per_decision"] >= 0 and r["drift"] == 0.0
     assert "decisions/s" in producers.report(r)
+
+
+def test_a_paced_producer_kept_fresh_never_waits_and_plans_on_fresh_state() -> None:
+    kept = producers.run(records=16, producers=1, seconds=1.2, warmup_s=0.3, interval_s=0.2,
+                         keep_fresh=1.0)
+    assert kept["decisions_per_s"] > 0
+    assert kept["waited_decisions_per_s"] == 0  # the reads ran between its decisions
+    assert kept["fresh_reads_per_s"] >= 10  # one about every TTL (50 ms)
+    assert kept["state_age_ms"]["p50"] <= 100.0  # TTL + read-ahead, the bound without it
+    idle = producers.run(records=16, producers=1, seconds=1.2, warmup_s=0.3, interval_s=0.2,
+                         keep_fresh=0.0)
+    assert idle["waited_decisions_per_s"] == idle["decisions_per_s"]  # each read first
+    assert idle["fresh_reads_per_s"] <= idle["decisions_per_s"] + 1
