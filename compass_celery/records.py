@@ -59,12 +59,24 @@ def _number(body: Mapping[str, Any], key: str, who: str, *, positive: bool = Fal
     return float(value)
 
 
+#: Model-name sets already decoded, by their names: a record decoded again usually holds
+#: the same models, and the same set object lets the planner skip comparing them.
+_SETS: dict[tuple[str, ...], frozenset[str]] = {}
+_SETS_MAX = 4096
+
+
 def _names(body: Mapping[str, Any], key: str, who: str) -> frozenset[str]:
     value = body.get(key, [])
     if not isinstance(value, list) or len(value) > MAX_MODELS or not all(
             isinstance(v, str) for v in value):
         raise RecordError(f"worker record {who!r}: field {key!r} must be a list of model names")
-    return frozenset(value)
+    names = tuple(value)
+    hit = _SETS.get(names)
+    if hit is None:
+        if len(_SETS) >= _SETS_MAX:
+            _SETS.clear()
+        hit = _SETS[names] = frozenset(names)
+    return hit
 
 
 def _served(body: Mapping[str, Any], who: str) -> dict[str, ModelDemand]:

@@ -115,6 +115,7 @@ class StateMirror:
         self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
         self.live: dict[str, WorkerView] = {}
         self.order: list[str] = []
+        self.position: dict[str, int] = {}  # name -> index in order (and workers)
         self.workers: tuple[WorkerView, ...] = ()
         self.refused: dict[str, str] = {}
         self.no_beat: set[str] = set()
@@ -284,7 +285,7 @@ class StateMirror:
                 self.beats[name] = score
                 dirty.add(name)
         members_changed = False
-        changed = False
+        changed: list[str] = []
         offset = now - redis_now  # a beat on Redis's clock as a time on this host's clock
         for name in dirty:
             self.refused.pop(name, None)
@@ -306,16 +307,21 @@ class StateMirror:
                                   pending_ms=self.pending.get(name, 0.0))
             if view is None:
                 if self.live.pop(name, None) is not None:
-                    members_changed = changed = True
+                    members_changed = True
             else:
                 if name not in self.live:
                     members_changed = True
                 self.live[name] = view
-                changed = True
+                changed.append(name)
         if members_changed:
             self.order = sorted(self.live)
-        if changed:
+            self.position = {n: i for i, n in enumerate(self.order)}
             self.workers = tuple(map(self.live.__getitem__, self.order))
+        elif changed:  # the same workers: rewrite only the changed positions
+            workers = list(self.workers)
+            for name in changed:
+                workers[self.position[name]] = self.live[name]
+            self.workers = tuple(workers)
         skipped = [self.refused[n] for n in sorted(self.refused)]
         dead: list[tuple[str, str]] = []
         for name in sorted(self.no_beat | (stale.keys() & self.records.keys())):

@@ -183,9 +183,12 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
             was = np.fromiter(chain.from_iterable(map(_row, old)), dtype=float,
                               count=len(views) * width).reshape(len(views), width)
             fields = np.flatnonzero((table != was).any(axis=0)).tolist()
-        sets = {attr for attr in ("resident", "host_resident") if any(
-            getattr(w, attr) is not getattr(o, attr) and getattr(w, attr) != getattr(o, attr)
-            for w, o in zip(views, old, strict=True))}
+        sets: set[str] = set()
+        for w, o in zip(views, old, strict=True):  # decoded sets are shared: mostly `is`
+            if w.resident is not o.resident and w.resident != o.resident:
+                sets.add("resident")
+            if w.host_resident is not o.host_resident and w.host_resident != o.host_resident:
+                sets.add("host_resident")
     else:
         fields = [k for k, f in enumerate(_FIELDS)
                   if not np.array_equal(getattr(arrays, f)[at], table[:, k])]

@@ -265,3 +265,18 @@ def test_counters_that_move_on_every_task_do_not_change_the_record(stores):
     assert "hits" not in json.loads(client.hget("{compass}:workers", "a"))
     writer.remove("a")
     assert client.hget("{compass}:worker-stats", "a") is None
+
+
+def test_a_read_rewrites_only_the_workers_that_changed_in_place(stores):
+    writer, reader, _ = stores
+    for name in ("c", "a", "b"):
+        writer.publish(_view(name))
+    first = _snap(reader).workers
+    writer.publish(_view("b", free=100.0))
+    writer.charge("c", 25.0)
+    second = _snap(reader).workers
+    assert [(w.name, w.gpu_free_mb, w.backlog_ms) for w in second] == [
+        ("a", 500.0, 0.0), ("b", 100.0, 0.0), ("c", 500.0, 25.0)]
+    assert second[0] is first[0]  # untouched: the same view, not rebuilt
+    assert second[1] is not first[1] and second[2] is not first[2]
+    assert second[1].resident is first[1].resident  # the same model set, shared
