@@ -51,7 +51,7 @@ class StateStore(Protocol):
 
     client: Any
 
-    def publish(self, view: WorkerView, **extra: Any) -> None:
+    def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
         """Write a worker's record and beat; ``extra`` (informational counters) is kept
         beside the record, not in it, so counters never make readers re-fetch it."""
 
@@ -61,7 +61,7 @@ class StateStore(Protocol):
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` (negative to release) to a worker's backlog; reads never go below zero."""
 
-    def set_backlog(self, worker: str, ms: float) -> None:
+    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Overwrite a worker's backlog with a reconciled value."""
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
@@ -153,8 +153,9 @@ class MemoryStateStore:
         self.profiles: dict[str, str] = {}
         self.stats: dict[str, dict[str, Any]] = {}
 
-    def publish(self, view: WorkerView, **extra: Any) -> None:
-        """Write a worker's record, and ``extra`` (informational counters) beside it."""
+    def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
+        """Write a worker's record, and ``extra`` (informational counters) beside it
+        (``pipe`` is ignored)."""
         with self._lock:
             self.records[view.name] = encode_record(view)
             if extra:
@@ -173,8 +174,8 @@ class MemoryStateStore:
         with self._lock:
             self.backlog[worker] = max(0.0, self.backlog.get(worker, 0.0) + ms)
 
-    def set_backlog(self, worker: str, ms: float) -> None:
-        """Overwrite a worker's backlog with a reconciled value."""
+    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Overwrite a worker's backlog with a reconciled value (``pipe`` is ignored)."""
         with self._lock:
             self.backlog[worker] = max(0.0, ms)
 
@@ -263,14 +264,16 @@ class RedisStateStore:
             self._mirror.reset()  # reconnected or not, the next read starts over
             raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
 
-    def publish(self, view: WorkerView, **extra: Any) -> None:
+    def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
         """Write a worker's record (logged only if it changed) and its beat; ``extra``
-        (informational counters) goes to the worker-stats hash, which readers never fetch."""
+        (informational counters) goes to the worker-stats hash, which readers never fetch.
+        Queued on ``pipe`` when given."""
         self._call(lambda: self.client)  # a cluster client connects when made
         stats = json.dumps(extra, separators=(",", ":")) if extra else ""
         self._call(lambda: self._publish(
             keys=[self._keys["workers"], self._keys["beats"], *self._log, self._keys["stats"]],
-            args=[view.name, encode_record(view), epoch(), CHANGE_LOG_SIZE, stats]))
+            args=[view.name, encode_record(view), epoch(), CHANGE_LOG_SIZE, stats],
+            client=pipe))
 
     def remove(self, name: str) -> None:
         """Forget a worker (record, beat, backlog, pending); readers drop it."""
@@ -294,9 +297,10 @@ class RedisStateStore:
         """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
         self._count("backlog", worker, ms, "add", pipe)
 
-    def set_backlog(self, worker: str, ms: float) -> None:
-        """Overwrite a worker's backlog with a reconciled value (never below zero)."""
-        self._count("backlog", worker, max(0.0, ms), "set", None)
+    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
+        """Overwrite a worker's backlog with a reconciled value (never below zero); queued
+        on ``pipe`` when given."""
+        self._count("backlog", worker, max(0.0, ms), "set", pipe)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""
