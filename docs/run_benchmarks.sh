@@ -90,13 +90,19 @@ for args in "64 1 0" "1000 1 0" "64 32 0" "1000 32 0" "64 1 1.0" "1000 1 0.064" 
       --drift 0 --seconds 10 ${4:+--refresh-ahead "$4"} \
       --json "$out/egress-$1-$2-$3${4:+-ahead$4}.json" | tee "$out/egress-$1-$2-$3${4:+-ahead$4}.txt"
 done
-# producers that decide once every 0.2 s each (web processes between requests): past the
-# snapshot's TTL and read-ahead, so every decision reads first; the default churn (10% changing)
-for args in "64 32" "1000 32" "1000 1"; do
+# producers that decide once every 0.2 s each (web processes between requests), at the
+# default churn (10% changing): kept fresh between decisions (the default), and not (a third
+# number, --keep-fresh 0: past the snapshot's TTL and read-ahead every decision reads first)
+for args in "64 32" "1000 32" "1000 8" "1000 1" "64 32 0" "1000 32 0" "1000 8 0" "1000 1 0"; do
   set -- $args
   run python -m compass_celery.bench.producers --records "$1" --producers "$2" --changing 0.1 \
-      --interval 0.2 --seconds 10 --json "$out/paced-$1-$2.json" | tee "$out/paced-$1-$2.txt"
+      --interval 0.2 --seconds 10 ${3:+--keep-fresh "$3"} \
+      --json "$out/paced-$1-$2${3:+-kept$3}.json" | tee "$out/paced-$1-$2${3:+-kept$3}.txt"
 done
+# producers idle longer than compass_snapshot_keep_fresh_s between decisions (one every 2 s):
+# each decision reads first
+run python -m compass_celery.bench.producers --records 1000 --producers 8 --changing 0.1 \
+    --interval 2 --seconds 20 --json "$out/idle-1000-8.json" | tee "$out/idle-1000-8.txt"
 }
 
 cache() {
