@@ -146,7 +146,8 @@ class SnapshotReader:
         if self._refreshing:
             return 0.0
         snap = self._snap
-        if self.keep_fresh_s <= 0 or snap is None or now - self._used_at > self.keep_fresh_s:
+        if self.keep_fresh_s <= 0 or self.ttl_s <= 0 or snap is None \
+                or now - self._used_at > self.keep_fresh_s:  # (TTL 0: every get reads)
             self._dormant = True
             return None
         self._dormant = False

@@ -73,3 +73,14 @@ def test_off_by_default_an_idle_reader_is_not_read_for():
     time.sleep(0.3)
     assert reader.background_reads == 0
     assert len(store.threads) == 1
+
+
+def test_with_no_ttl_nothing_is_read_ahead_of_the_decisions():
+    store = GatedStore()
+    store.publish(view("a"))
+    reader = SnapshotReader(store, ttl_s=0.0, heartbeat_timeout_s=1e12, keep_fresh_s=5.0)
+    for _ in range(3):
+        reader.get()  # every get reads, in the caller's thread
+    time.sleep(0.2)
+    assert reader.background_reads == 0
+    assert len(store.threads) == 3
