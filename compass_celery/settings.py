@@ -57,10 +57,10 @@ OPTIONS: dict[str, Option] = {
                                        "read before they re-place", "s", 0.0),
     "snapshot_keep_fresh_s": Option(1.0, (int, float), "for how long after its last "
                                     "decision a producer keeps its snapshot fresh in the "
-                                    "background, re-reading it as it turns "
-                                    "compass_snapshot_ttl_s old, so a process deciding now "
-                                    "and then never waits for Redis (0: an idle process reads "
-                                    "before it decides); producers only", "s", 0.0),
+                                    "background, re-reading it before it is too old to use, "
+                                    "so a process deciding now and then never waits for "
+                                    "Redis (0: an idle process reads before it decides); "
+                                    "producers only", "s", 0.0),
     "heartbeat_timeout_s": Option(30.0, (int, float), "a worker whose last beat (on Redis's "
                                   "clock) is older than this is dead and its queue drained; "
                                   "the default outlasts a Sentinel failover", "s", 0.05),

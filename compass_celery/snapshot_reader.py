@@ -11,9 +11,10 @@ been idle longer than that reads before it decides. Either way a decision sees s
 most ``ttl_s + refresh_ahead_s`` old.
 
 A process in use keeps its snapshot fresh: for ``keep_fresh_s`` after a decision, the
-reader's thread reads again each time the snapshot turns ``ttl_s`` old, so a web process
-deciding now and then (between requests) finds fresh state and never waits for Redis. Past
-that it stops reading, and its next decision reads first. The thread also hands each
+reader's thread reads again before the snapshot gets too old to use (halfway through the
+read-ahead window), so a web process deciding now and then (between requests) finds state
+no older than a busy one does and never waits for Redis. Past that it stops reading, and
+its next decision reads first. The thread also hands each
 snapshot it read to ``prepare`` (the router builds its cluster view there), so the work a
 new snapshot costs a decision is done before the decision comes.
 """
@@ -45,7 +46,8 @@ class SnapshotReader:
     folded into what was read: each charge counts exactly once, also while a read runs
     ahead, and a read waits for no write.
     ``reads`` counts store reads; ``background_reads`` those made ahead, off the
-    decision path.
+    decision path; ``waits`` the gets that waited for a read, their own or (when this
+    process got no core for a while) the one the reader's thread had under way.
     """
 
     def __init__(self, store: StateStore, ttl_s: float, heartbeat_timeout_s: float,
@@ -65,10 +67,12 @@ class SnapshotReader:
         self._indexed: tuple[WorkerView, ...] | None = None
         self._reported: set[str] = set()
         self.reads = self.background_reads = 0
+        self.waits = 0  # gets that waited for a read (their own or the thread's)
         self.retry_after_s = 1.0  # after a failed read, fail fast this long (Redis is away)
         self._down_until, self._down_why = 0.0, ""
         self._wake = threading.Event()
         self._refreshing = False
+        self._read_done = threading.Condition(self._lock)
         self._thread_pid: int | None = None
 
     def get(self, refresh_ahead_s: float | None = None) -> Snapshot:
@@ -90,6 +94,17 @@ class SnapshotReader:
                     if now >= self._down_until:  # (a read that failed is not retried yet)
                         self._read_ahead()
                     return snap
+            if now < self._down_until:  # failed moments ago: fail fast, don't wait again
+                raise StateUnavailable(self._down_why)
+            self.waits += 1
+            if self._refreshing and self._thread_pid == os.getpid():
+                # the reader's thread is reading (this process got no core for a while):
+                # take what it reads rather than reading the same changes again
+                self._read_done.wait(self.retry_after_s)
+                snap = self._snap  # (its read began before this call: judged as of then)
+                if snap is not None and now - snap.taken_at <= self.ttl_s + ahead_s:
+                    return snap
+                now = self.clock()
             if now < self._down_until:  # failed moments ago: fail fast, don't wait again
                 raise StateUnavailable(self._down_why)
         return self._read(now)
@@ -151,7 +166,12 @@ class SnapshotReader:
             self._dormant = True
             return None
         self._dormant = False
-        due = max(snap.taken_at + self.ttl_s, self._down_until)
+        # halfway through the read-ahead window (3/4 of the TTL without one): a busy
+        # process's own decisions have read ahead by then, and an idle one's snapshot is
+        # replaced before a decision would have to wait for a read
+        lead = self.ttl_s + self.refresh_ahead_s / 2 if self.refresh_ahead_s > 0 \
+            else self.ttl_s * 0.75
+        due = max(snap.taken_at + lead, self._down_until)
         if due <= now:
             self._refreshing = True
             return 0.0
@@ -178,6 +198,7 @@ class SnapshotReader:
             finally:
                 with self._lock:
                     self._refreshing = False
+                    self._read_done.notify_all()
 
     def note_charge(self, worker: str, ms: float, pending: bool = False) -> None:
         """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work) in

@@ -154,3 +154,23 @@ def test_without_read_ahead_a_decision_past_the_ttl_waits_for_the_read():
     now[0] += 0.07
     assert [w.name for w in reader.get().workers] == ["a", "b"]
     assert set(store.threads) == {threading.current_thread().name}
+
+
+def test_a_decision_past_the_window_takes_the_read_already_under_way(setup):
+    now, store, reader = setup
+    reader.get()
+    store.publish(view("b"))
+    store.gate.clear()
+    now[0] += 0.07
+    reader.get()  # starts the read ahead, held at the gate
+    wait_for(lambda: len(store.threads) == 2)
+    now[0] += 0.08  # this process got no core for a while: its snapshot is too old
+    got = []
+    caller = threading.Thread(target=lambda: got.append(reader.get()))
+    caller.start()
+    time.sleep(0.05)
+    assert not got  # waiting for the read under way, not reading again
+    store.gate.set()
+    caller.join(5)
+    assert [w.name for w in got[0].workers] == ["a", "b"]
+    assert store.threads.count("compass-snapshot") == 1 and len(store.threads) == 2
