@@ -29,7 +29,6 @@ import json
 import multiprocessing as mp
 import random
 import sys
-import threading
 import time
 from array import array
 from typing import Any
@@ -126,15 +125,12 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     charges = ChargeBatcher(store, float(OPTIONS["charge_linger_s"].default))
     reader.charges = charges
     reader.prepare = lambda snap: cluster_view(snap, MODELS)  # as a Compass app's router
-    reads, waited = array("d"), [0]
-    main, snapshot = threading.current_thread(), store.snapshot
+    reads, snapshot = array("d"), store.snapshot
 
     def timed_snapshot(now: float, timeout_s: float) -> Any:
         t = time.perf_counter()
         snap = snapshot(now, timeout_s)
         reads.append(time.perf_counter() - t)
-        if threading.current_thread() is main:
-            waited[0] += 1
         return snap
 
     store.snapshot = timed_snapshot  # type: ignore[method-assign]
@@ -149,14 +145,14 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     end = start_at + seconds
     clock = time.perf_counter
     while time.time() < end:
-        before = waited[0]
+        before = reader.waits
         t0 = clock()
         snap = reader.get()
         d = decide(rng.choice(demands), snap, policy, MODELS, "bench.shared")
         t2 = clock()
         decision.append(t2 - t0)
         age.append(time.time() - snap.taken_at)
-        if waited[0] != before:
+        if reader.waits != before:  # read first, or waited for the read under way
             fresh_decision.append(t2 - t0)
         if d.charge_ms:
             reader.note_charge(d.worker, d.charge_ms)
