@@ -14,9 +14,9 @@ A process in use keeps its snapshot fresh: for ``keep_fresh_s`` after a decision
 reader's thread reads again before the snapshot gets too old to use (halfway through the
 read-ahead window), so a web process deciding now and then (between requests) finds state
 no older than a busy one does and never waits for Redis. Past that it stops reading, and
-its next decision reads first. The thread also hands each
-snapshot it read to ``prepare`` (the router builds its cluster view there), so the work a
-new snapshot costs a decision is done before the decision comes.
+its next decision reads first. The thread also hands each snapshot it read to ``prepare``
+(the router builds its cluster view there), so the work a new snapshot costs a decision is
+done before the decision comes.
 """
 
 from __future__ import annotations
