@@ -140,7 +140,8 @@ class Compass:
             self.store, self.settings["snapshot_ttl_s"], self.settings["heartbeat_timeout_s"],
             refresh_ahead_s=self.settings["snapshot_refresh_ahead_s"] if ahead else 0.0,
             keep_fresh_s=self.settings["snapshot_keep_fresh_s"] if ahead else 0.0)
-        reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
+        if ahead:  # a producer's decisions plan on the view; a worker's rarely need one
+            reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
         return reader
 
     @cached_property

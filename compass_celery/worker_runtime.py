@@ -47,6 +47,7 @@ class WorkerRuntime(TaskHooks):
         compass.reads_ahead = False
         if "reader" in vars(compass):
             compass.reader.refresh_ahead_s = compass.reader.keep_fresh_s = 0.0
+            compass.reader.prepare = None
         self.cfg = {**compass.settings, **(overrides or {})}
         if isinstance(self.cfg["preload"], str):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
