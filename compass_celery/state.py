@@ -211,9 +211,9 @@ class RedisStateStore:
     ``beat_sync_s`` bounds how old a live worker's reported heartbeat may be (liveness
     is exact on every read; a store that only routes, whose heartbeats nobody shows,
     passes ``full_read_s`` and takes them with the full reads, so its reads fetch
-    nothing for workers that did not change); ``full_read_s`` is a safety net that reads everything
-    again now and then, so a writer that logs nothing (an older compass during a
-    rolling upgrade, a hand-made HSET) is seen within that time. ``full_reads`` and
+    nothing for workers that did not change); ``full_read_s`` is a safety net that reads
+    everything again now and then, so a writer that logs nothing (an older compass during
+    a rolling upgrade, a hand-made HSET) is seen within that time. ``full_reads`` and
     ``records_fetched`` count what this process's reads fetched.
     """
 

@@ -167,5 +167,4 @@ rabbitmqctl delete_vhost "$vhost" >/dev/null
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
 ((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress)
-# (regress is not in the default list: main measures the same workloads with every policy)
 for section in "${sections[@]}"; do "$section"; done

@@ -296,8 +296,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="fraction of workers whose record changes on every publish")
     ap.add_argument("--interval", type=float, default=0.0,
                     help="seconds between one producer's decisions (default 0: as fast as it "
-                    "can; past the snapshot TTL and read-ahead, every decision reads first, "
-                    "as in a web process between requests)")
+                    "can), as in a web process between requests; with --keep-fresh 0, or an "
+                    "interval longer than it, every decision past the snapshot TTL and "
+                    "read-ahead reads first")
     ap.add_argument("--refresh-ahead", type=float, default=None,
                     help="seconds past the TTL a snapshot is served while read ahead "
                     "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads, "
