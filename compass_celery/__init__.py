@@ -12,7 +12,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"Compass": "app", "Dag": "dag", "get_model": "cache", "Decision": "placement",
+_EXPORTS = {"Compass": "app", "Dag": "jobs.dag", "get_model": "cache", "Decision": "placement",
             "PlacementError": "placement", "JobFailed": "jobs", "JobTimeout": "jobs",
             "CompassInputError": "errors"}
 __all__ = list(_EXPORTS)

@@ -1,8 +1,8 @@
 """``Compass(app)``: installs routing, worker steps and signal hooks on a Celery app.
 
 Glue only: decisions live in :mod:`compass_celery.placement` and the planner,
-state in :mod:`compass_celery.state`, worker behaviour in
-:mod:`compass_celery.worker`.
+state in :mod:`compass_celery.state.store`, worker behaviour in
+:mod:`compass_celery.worker.bootstep`.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 from celery import Celery, signals
 
 from . import settings as settings_mod
+from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
 from .eager import install_task_class
 from .placement import Decision, cluster_view
 from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
-from .snapshot_reader import SnapshotReader
-from .state import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore, connect
-from .transport import BrokerQueues, RedisLayout, RedisQueues
+from .state.reader import SnapshotReader
+from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore, connect
 
 logger = logging.getLogger("compass_celery")
 
@@ -44,7 +44,7 @@ class Compass:
         app.on_after_configure.connect(self._on_configure, weak=False)
         if app.configured:
             self._on_configure()
-        from .worker import install_worker_steps
+        from .worker.bootstep import install_worker_steps
 
         install_worker_steps(app)
         install_task_class(app)
@@ -115,7 +115,7 @@ class Compass:
         broker = self.app.conf.broker_url or ""
         if self.eager:
             return None
-        from .amqp_queues import AmqpQueues, is_amqp
+        from .broker.amqp import AmqpQueues, is_amqp
 
         if is_amqp(broker):
             client = self.store.client

@@ -46,7 +46,7 @@ def compass_command() -> None:
 def status(ctx: click.Context, app_path: str | None, redis_url: str | None, prefix: str | None,
            show_settings: bool) -> None:
     """Print the live workers the state Redis knows, and the settings when asked."""
-    from .state import RedisStateStore, StateUnavailable
+    from .state.store import RedisStateStore, StateUnavailable
 
     app = _app_from(ctx, app_path)
     values = app.compass.settings if app is not None and hasattr(app, "compass") else \
@@ -198,7 +198,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
             raise click.UsageError(f"{needs_private[0]} needs the bench's private Redis: "
                                    "drop --redis")
     if broker_url is not None:
-        from .amqp_queues import is_amqp
+        from .broker.amqp import is_amqp
 
         if not is_amqp(broker_url):
             raise click.UsageError("--broker takes an amqp:// URL (a Redis broker is --redis)")

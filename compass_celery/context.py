@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from celery import Celery
 
+    from .broker.kombu_redis import BrokerQueues
     from .placement import Decision
     from .planner.base import Policy
-    from .snapshot_reader import SnapshotReader
-    from .state import StateStore
-    from .transport import BrokerQueues
+    from .state.reader import SnapshotReader
+    from .state.store import StateStore
 
 
 class CompassContext(Protocol):

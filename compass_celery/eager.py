@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
+from .needs import resolve_demand
 from .placement import Decision, decide
-from .profiles import resolve_demand
 from .router import announce, charge_backlog
 
 if TYPE_CHECKING:

@@ -18,9 +18,10 @@ from typing import Any
 
 from celery import Celery
 
-from compass_celery import Compass, keys
-from compass_celery.amqp_queues import is_amqp
+from compass_celery import Compass
+from compass_celery.broker.amqp import is_amqp
 from compass_celery.cache import current_cache
+from compass_celery.state import keys
 
 logger = logging.getLogger("compass_celery.emulated")
 

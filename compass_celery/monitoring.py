@@ -25,7 +25,7 @@ from celery import signals as celery_signals
 
 from . import signals
 from .placement import Decision
-from .state import StateStore
+from .state.store import StateStore
 
 logger = logging.getLogger("compass_celery.monitoring")
 
@@ -199,7 +199,7 @@ def register_state_collector(redis_url: str | None, prefix: str = "compass",
     """For one process of the deployment (Flower's config file, say): add the cluster-state
     gauges to ``registry`` (the default one, which Flower serves at /metrics). Idempotent;
     opens no connection until the first scrape."""
-    from .state import RedisStateStore
+    from .state.store import RedisStateStore
 
     pc = _prometheus()
     registry = pc.REGISTRY if registry is None else registry

@@ -16,14 +16,14 @@ from operator import is_not
 from typing import Any
 
 from .errors import CompassInputError
+from .needs import Demand
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
 from .planner.cost import evolve, remember_arrays, with_rows, worker_arrays
 from .planner.demand import DemandSum
 from .planner.types import SHARED, ClusterView, DagSpec, WorkerView
-from .profiles import Demand
-from .state import Snapshot
+from .state.store import Snapshot
 
 
 class PlacementError(CompassInputError):

@@ -13,11 +13,11 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .charges import ChargeBatcher
+from .needs import resolve_demand
 from .placement import Decision, decide, fallback
-from .profiles import resolve_demand
 from .signals import task_placed
-from .state import StateUnavailable
+from .state.charges import ChargeBatcher
+from .state.store import StateUnavailable
 
 if TYPE_CHECKING:
     from .context import CompassContext

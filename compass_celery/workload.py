@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from .dag_validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .errors import CompassInputError
+from .jobs.validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .planner.types import (
     DEFAULT_HOST_LOAD_MB_PER_S,
     DEFAULT_LOAD_MB_PER_S,

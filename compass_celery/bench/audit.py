@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from .. import keys
-from ..transport import RedisLayout
+from ..broker.kombu_redis import RedisLayout
+from ..state import keys
 
 
 def ledger_counts(ledger: Any, key: str) -> dict[str, int]:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..amqp_queues import is_amqp
+from ..broker.amqp import is_amqp
 from ..local import RedisServer, WorkerProcess, wait_until
 from .options import BenchOptions
 

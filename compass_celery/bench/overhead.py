@@ -97,8 +97,8 @@ def run(echo: Callable[[str], Any] = print) -> None:
     """Print every cost the module lists, on a private Redis with two emulated workers."""
     from celery import chain
 
-    from ..dag import Dag
     from ..emulated import make_app
+    from ..jobs.dag import Dag
 
     with RedisServer() as server:
         url = server.url

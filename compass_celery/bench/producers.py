@@ -36,16 +36,16 @@ from typing import Any
 import numpy as np
 import redis
 
-from compass_celery import keys
-from compass_celery.charges import ChargeBatcher
 from compass_celery.local import RedisServer
+from compass_celery.needs import Demand
 from compass_celery.placement import cluster_view, decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.types import WorkerView
-from compass_celery.profiles import Demand
 from compass_celery.settings import OPTIONS
-from compass_celery.snapshot_reader import SnapshotReader
-from compass_celery.state import FULL_READ_S, RedisStateStore
+from compass_celery.state import keys
+from compass_celery.state.charges import ChargeBatcher
+from compass_celery.state.reader import SnapshotReader
+from compass_celery.state.store import FULL_READ_S, RedisStateStore
 
 PREFIX = "bench"
 QUEUE_PREFIX = "bench.w."

@@ -26,9 +26,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import keys
-from ..amqp_queues import is_amqp
+from ..broker.amqp import is_amqp
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
+from ..state import keys
 from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .faults import live_workers, schedule_faults
@@ -95,8 +95,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     """One policy, one fresh cluster, the whole job stream."""
     import redis as redis_lib
 
-    from ..dag import Dag
     from ..emulated import EXEC_STARTS, EXECS, INFER_TASK, STEP_TASK, make_app
+    from ..jobs.dag import Dag
 
     if server is not None and restart is None:
         restart = server.restart
@@ -238,8 +238,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
 
 def _long_task_dag(app: Any, workload: Workload, opts: BenchOptions) -> Any:
     """One node on the workload's smallest model that runs ``long_task_s`` real seconds."""
-    from ..dag import Dag
     from ..emulated import INFER_TASK
+    from ..jobs.dag import Dag
 
     assert opts.long_task_s is not None
     model = min(workload.models, key=lambda m: workload.models[m])

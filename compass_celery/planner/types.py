@@ -78,8 +78,8 @@ class TaskSpec:
 class DagSpec:
     """A validated DAG: nodes by name and edges (pred, succ).
 
-    Construction does not validate; use :func:`compass_celery.dag.validate_spec`
-    or build through :class:`compass_celery.dag.Dag` for checked input.
+    Construction does not validate; use :func:`compass_celery.jobs.dag.validate_spec`
+    or build through :class:`compass_celery.jobs.dag.Dag` for checked input.
     """
 
     nodes: Mapping[str, TaskSpec]

@@ -92,7 +92,7 @@ def test_each_node_follows_its_model(celery_app: Any, client: Any) -> None:
 
 
 def test_no_redis_was_opened(celery_app: Any, client: Any) -> None:
-    from compass_celery.state import MemoryStateStore
+    from compass_celery.state.store import MemoryStateStore
 
     add_worker(celery_app, "gpu0", gpu_mb=16000)
     body = client.get(submit(client, image_url=CAT)["status_url"]).json()

@@ -49,7 +49,7 @@ def eager_app() -> Any:
 
 
 def test_eager_job_results_and_placement(eager_app: Any) -> None:
-    from compass_celery.state import MemoryStateStore
+    from compass_celery.state.store import MemoryStateStore
 
     client = eager_app.test_client()
     res = client.post("/jobs/", json={"image_url": DOG, "lang": "de"})

@@ -47,7 +47,7 @@ def executions(app: Any) -> Counter[str]:
 
 def compass_keys_left(app: Any, queues: list[str]) -> dict[str, int]:
     """Messages still sitting in the given queues (all priority lists) or their staging."""
-    from compass_celery.transport import RedisLayout
+    from compass_celery.broker.kombu_redis import RedisLayout
 
     client = app.log
     out = {}

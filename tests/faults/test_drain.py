@@ -9,10 +9,10 @@ import uuid
 
 import pytest
 
+from compass_celery.broker.kombu_redis import RedisLayout
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.testing import worker_logs
-from compass_celery.transport import RedisLayout
 from tests.faults.cluster import GPU, compass_keys_left, executions, start
 
 pytestmark = pytest.mark.redis
@@ -47,8 +47,8 @@ def _ghost_messages(app, queue: str, n: int) -> list[str]:
 
 DRAINER = """
 import sys, time
-from compass_celery.recovery import recover
-from compass_celery.transport import RedisQueues
+from compass_celery.worker.recovery import recover
+from compass_celery.broker.kombu_redis import RedisQueues
 from tests.integration.jobapp import make_app
 
 app = make_app(sys.argv[1], compass_heartbeat_timeout_s=1.0)

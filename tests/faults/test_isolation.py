@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from compass_celery.dag import Dag
+from compass_celery.jobs.dag import Dag
 from compass_celery.testing import worker_logs
 from tests.faults.cluster import GPU, executions, wait_live
 from tests.integration.jobapp import make_app

@@ -18,13 +18,13 @@ from collections import Counter
 import pytest
 import redis
 
-from compass_celery import keys
-from compass_celery.amqp_queues import AmqpQueues
+from compass_celery.broker.amqp import AmqpQueues
 from compass_celery.emulated import EXEC_STARTS, EXECS, make_app
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
-from compass_celery.recovery import recover
+from compass_celery.state import keys
 from compass_celery.testing import worker_logs
+from compass_celery.worker.recovery import recover
 
 pytest_plugins = ["tests.amqp_fixtures"]  # amqp_vhost_url, amqp_url
 pytestmark = pytest.mark.redis

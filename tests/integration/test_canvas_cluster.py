@@ -12,7 +12,7 @@ import pytest
 import redis
 from celery import Celery, chain, chord, group
 
-from compass_celery.dag import Dag
+from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app

@@ -7,9 +7,9 @@ import time
 from celery import Celery
 
 from compass_celery import Compass
-from compass_celery.charges import ChargeBatcher
 from compass_celery.planner.types import WorkerView
-from compass_celery.state import RedisStateStore
+from compass_celery.state.charges import ChargeBatcher
+from compass_celery.state.store import RedisStateStore
 
 
 def view(name: str, prefix: str = "chg") -> WorkerView:
@@ -91,7 +91,7 @@ def test_a_read_folds_in_the_gathered_charges_and_waits_for_none(compass_redis_u
     """A read writes nothing: charges gathered but not yet written are folded into what it
     read (this process counts them at once), written by the batcher afterwards, and then
     read from Redis, never twice."""
-    from compass_celery.snapshot_reader import SnapshotReader
+    from compass_celery.state.reader import SnapshotReader
 
     store = RedisStateStore(compass_redis_url, "fold")
     for name in ("a", "b"):

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import redis
 
-from compass_celery.dag import Dag
-from compass_celery.job_runtime import JobRuntime
+from compass_celery.jobs.dag import Dag
+from compass_celery.jobs.runtime import JobRuntime
 from tests.integration.jobapp import make_app
 
 pytestmark = pytest.mark.redis

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from compass_celery.dag import Dag
+from compass_celery.jobs.dag import Dag
 from compass_celery.local import free_port, wait_until
 from compass_celery.testing import worker_logs
 from tests.faults.cluster import start

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from compass_celery.planner.types import WorkerView
-from compass_celery.state import RedisStateStore
+from compass_celery.state.store import RedisStateStore
 
 pytestmark = pytest.mark.redis
 
@@ -124,10 +124,10 @@ def test_records_written_behind_the_log_are_still_seen(stores):
 
 
 def test_a_reader_that_fell_off_the_change_log_reads_everything(stores, monkeypatch):
-    import compass_celery.state
+    import compass_celery.state.store
 
     writer, reader, _ = stores
-    monkeypatch.setattr(compass_celery.state, "CHANGE_LOG_SIZE", 3)  # what writers keep
+    monkeypatch.setattr(compass_celery.state.store, "CHANGE_LOG_SIZE", 3)  # what writers keep
     writer.publish(_view("a"))
     assert len(_snap(reader).workers) == 1
     fulls = reader.full_reads
@@ -155,7 +155,7 @@ def test_a_compass_apps_store_fetches_nothing_for_workers_that_only_beat(compass
     from celery import Celery
 
     from compass_celery import Compass
-    from compass_celery.state import FULL_READ_S
+    from compass_celery.state.store import FULL_READ_S
 
     app = Celery("beats", broker="memory://", set_as_current=False)
     app.conf.update(compass_redis_url=compass_redis_url)

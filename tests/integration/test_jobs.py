@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import redis
 
-from compass_celery.dag import Dag
 from compass_celery.jobs import JobFailed
+from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app
@@ -229,8 +229,8 @@ def test_a_job_seen_running_here_is_not_asked_again_until_it_fails_here(compass_
                                                                          monkeypatch):
     """A successor's receipt check trusts this worker's own completion of the job for
     SEEN_RUNNING_S (no round trip); a failure here, or the window passing, asks Redis."""
-    from compass_celery import job_runtime
-    from compass_celery.job_runtime import JobRuntime
+    from compass_celery.jobs import runtime as job_runtime
+    from compass_celery.jobs.runtime import JobRuntime
 
     app = make_app(compass_redis_url, compass_key_prefix="seen")
     jobs = JobRuntime(app.compass, "w@seen")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from compass_celery.dag import Dag
+from compass_celery.jobs.dag import Dag
 from tests.integration.jobapp import make_app
 
 pytestmark = pytest.mark.redis

@@ -11,9 +11,9 @@ import pytest
 
 from compass_celery import placement
 from compass_celery.emulated import EDGE_MODELS, make_app
+from compass_celery.needs import Demand
 from compass_celery.planner.types import WorkerView
-from compass_celery.profiles import Demand
-from compass_celery.worker_runtime import WorkerRuntime
+from compass_celery.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.redis
 

@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from compass_celery.placement import Decision
-from compass_celery.worker import peek_queue
+from compass_celery.worker.bootstep import peek_queue
 
 pytestmark = pytest.mark.redis
 

@@ -15,15 +15,15 @@ import pytest
 import redis
 from redis.cluster import key_slot
 
-from compass_celery import keys
-from compass_celery.dag import Dag
-from compass_celery.job_keys import JobKeys
 from compass_celery.jobs import JobFailed
+from compass_celery.jobs.dag import Dag
+from compass_celery.jobs.keys import JobKeys
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.planner.types import WorkerView
-from compass_celery.redis_state import connect
-from compass_celery.state import RedisStateStore
+from compass_celery.state import keys
+from compass_celery.state.mirror import connect
+from compass_celery.state.store import RedisStateStore
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app
 

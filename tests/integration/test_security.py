@@ -10,8 +10,8 @@ import time
 import pytest
 import redis
 
-from compass_celery.dag import Dag
 from compass_celery.jobs import JobFailed
+from compass_celery.jobs.dag import Dag
 from compass_celery.local import RedisServer, free_port, wait_until
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app
@@ -143,7 +143,7 @@ def _sentinel_knows(probe: redis.Redis) -> bool:
 
 def test_sentinel_with_acl_user_and_sentinel_password(tmp_path):
     """The state URL's ACL username reaches the master, and sentinel_kwargs the sentinel."""
-    from compass_celery.state import connect
+    from compass_celery.state.store import connect
 
     with RedisServer(args=["--user", "default", "off", "--user", "alice", "on", ">apw",
                            "~*", "&*", "+@all"]) as master:

@@ -15,7 +15,7 @@ def test_a_worker_woken_by_every_task_still_beats(compass_redis_url: str) -> Non
     producers would take it for dead while it works hardest."""
     import threading
 
-    from compass_celery.worker_runtime import WorkerRuntime
+    from compass_celery.worker.runtime import WorkerRuntime
 
     app = Celery("busy", broker="memory://", set_as_current=False)
     app.conf.update(compass_redis_url=compass_redis_url, compass_key_prefix="busy",

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from compass_celery import job_runtime
-from compass_celery.job_runtime import JobRuntime
+from compass_celery.jobs import runtime as job_runtime
+from compass_celery.jobs.runtime import JobRuntime
 from compass_celery.planner.adjust import DEFAULT_MOVE_FACTOR, choose_successor, reassign
 from compass_celery.planner.types import ClusterView, TaskSpec, WorkerView
 from compass_celery.settings import OPTIONS

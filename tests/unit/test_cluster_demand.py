@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from compass_celery.needs import Demand
 from compass_celery.placement import ViewCache, cluster_view, decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.cost import evolve as fold_view
@@ -17,8 +18,7 @@ from compass_celery.planner.demand import (
     coarse_rates,
 )
 from compass_celery.planner.types import ModelDemand, WorkerView
-from compass_celery.profiles import Demand
-from compass_celery.state import Snapshot
+from compass_celery.state.store import Snapshot
 
 SIZES = {"busy": 900.0, "other": 900.0, "c": 300.0}
 

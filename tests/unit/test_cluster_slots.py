@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from redis.cluster import RedisCluster, key_slot
 
-from compass_celery import keys
-from compass_celery.job_keys import JobKeys, deadlines_key, once_keys
+from compass_celery.jobs.keys import JobKeys, deadlines_key, once_keys
 from compass_celery.local import free_port
 from compass_celery.planner.types import WorkerView
-from compass_celery.redis_cluster import is_cluster_url
-from compass_celery.redis_state import connect
-from compass_celery.state import RedisStateStore, StateUnavailable
+from compass_celery.state import keys
+from compass_celery.state.cluster import is_cluster_url
+from compass_celery.state.mirror import connect
+from compass_celery.state.store import RedisStateStore, StateUnavailable
 
 LUA = Path(__file__).resolve().parents[2] / "compass_celery" / "lua"
 #: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.

@@ -8,7 +8,7 @@ import pytest
 from celery import Celery
 
 from compass_celery import Compass, PlacementError
-from compass_celery.state import MemoryStateStore
+from compass_celery.state.store import MemoryStateStore
 from compass_celery.testing import add_worker
 
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from compass_celery.settings import OPTIONS
-from compass_celery.worker import WORKER_FLAGS
+from compass_celery.worker.bootstep import WORKER_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "kubernetes"

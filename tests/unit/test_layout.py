@@ -115,10 +115,8 @@ def test_the_planner_imports_only_itself() -> None:
 
 
 CELERY_SIDE = ("celery", "kombu", "redis", "compass_celery.app", "compass_celery.router",
-               "compass_celery.worker", "compass_celery.task_hooks", "compass_celery.recovery",
-               "compass_celery.submission", "compass_celery.job_runtime",
-               "compass_celery.transport", "compass_celery.state",
-               "compass_celery.redis_state")
+               "compass_celery.worker", "compass_celery.jobs", "compass_celery.broker",
+               "compass_celery.state")
 
 
 def test_planner_cache_and_simulator_stay_off_the_celery_side() -> None:

@@ -11,13 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compass_celery import Compass
+from compass_celery.needs import TaskDeclarationError, resolve_demand
 from compass_celery.planner import PlanningError
 from compass_celery.planner.types import WorkerView
-from compass_celery.profiles import TaskDeclarationError, resolve_demand
-from compass_celery.records import RecordError, decode_record, encode_record
 from compass_celery.settings import SettingsError, resolve
-from compass_celery.snapshot_reader import SnapshotReader
-from compass_celery.state import MemoryStateStore
+from compass_celery.state.reader import SnapshotReader
+from compass_celery.state.records import RecordError, decode_record, encode_record
+from compass_celery.state.store import MemoryStateStore
 
 GOOD = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
                   resident=frozenset({"a"}), heartbeat=100.0)
@@ -152,14 +152,14 @@ class FlakyStore(MemoryStateStore):
     def snapshot(self, now, heartbeat_timeout_s):
         self.calls += 1
         if self.down:
-            from compass_celery.state import StateUnavailable
+            from compass_celery.state.store import StateUnavailable
 
             raise StateUnavailable("Redis at redis://x unavailable: refused")
         return super().snapshot(now, heartbeat_timeout_s)
 
 
 def test_reader_fails_fast_while_state_is_down_then_recovers():
-    from compass_celery.state import StateUnavailable
+    from compass_celery.state.store import StateUnavailable
 
     now = [100.0]
     store = FlakyStore()
@@ -176,10 +176,10 @@ def test_reader_fails_fast_while_state_is_down_then_recovers():
 
 def test_every_input_error_shares_one_base_and_stays_a_value_error():
     from compass_celery import CompassInputError
-    from compass_celery.dag_validation import DagValidationError
+    from compass_celery.jobs.validation import DagValidationError
     from compass_celery.placement import PlacementError
-    from compass_celery.records import RecordError, decode_record
     from compass_celery.settings import SettingsError
+    from compass_celery.state.records import RecordError, decode_record
     from compass_celery.workload import WorkloadError
 
     for error in (WorkloadError, DagValidationError, SettingsError, PlacementError, RecordError):

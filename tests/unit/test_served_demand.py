@@ -12,8 +12,8 @@ from compass_celery.cache import EmulatedBackend, ModelCache, ModelRegistry
 from compass_celery.planner.demand import cluster_demand
 from compass_celery.planner.evict import eviction_rank
 from compass_celery.planner.types import ClusterView, ModelDemand, WorkerView
-from compass_celery.records import encode_record
-from compass_celery.worker_demand import RankFollower, ServedDemand
+from compass_celery.state.records import encode_record
+from compass_celery.worker.served import RankFollower, ServedDemand
 
 
 def worker(name: str, served: dict[str, ModelDemand] | None = None, **kw: object) -> WorkerView:

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from compass_celery.planner.types import ModelDemand, WorkerView
-from compass_celery.records import RecordError, decode_record, encode_record
+from compass_celery.state.records import RecordError, decode_record, encode_record
 
 SERVED = {"llm": ModelDemand(640.0, 0.53), "vit": ModelDemand(12.0, 0.002)}
 VIEW = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,

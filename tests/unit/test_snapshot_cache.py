@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from compass_celery.planner.types import WorkerView
-from compass_celery.records import encode_record
-from compass_celery.state import _assemble
+from compass_celery.state.records import encode_record
+from compass_celery.state.store import _assemble
 
 
 def _raw(name: str, free: float) -> bytes:

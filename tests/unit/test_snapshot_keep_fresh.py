@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 import time
 
-from compass_celery.snapshot_reader import SnapshotReader
+from compass_celery.state.reader import SnapshotReader
 from tests.unit.test_snapshot_reader import GatedStore, view, wait_for
 
 TTL, AHEAD = 0.05, 0.05

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from compass_celery.planner.types import WorkerView
-from compass_celery.snapshot_reader import SnapshotReader
-from compass_celery.state import MemoryStateStore, StateUnavailable
+from compass_celery.state.reader import SnapshotReader
+from compass_celery.state.store import MemoryStateStore, StateUnavailable
 
 
 def view(name: str, free: float = 500.0) -> WorkerView:

@@ -1,6 +1,6 @@
 """The worker's task hooks: what happens when a task is received, starts, ends, is revoked.
 
-A mixin of :class:`~compass_celery.worker_runtime.WorkerRuntime`, kept apart so the
+A mixin of :class:`~compass_celery.worker.runtime.WorkerRuntime`, kept apart so the
 runtime's lifecycle and the per-task path can each be read on their own. A task's
 start makes its model resident and resolves its job inputs; its end settles the
 backlog, learns its run time and completes its job node (retrying Redis hiccups
@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
 
-from .errors import JobError, RetriesExhausted
-from .job_keys import JOB_HEADER
-from .placement import Decision
-from .profiles import profile_key, resolve_demand
-from .retry import retry_transient
-from .state import StateUnavailable
+from ..errors import JobError, RetriesExhausted
+from ..jobs.keys import JOB_HEADER
+from ..jobs.retry import retry_transient
+from ..needs import profile_key, resolve_demand
+from ..placement import Decision
+from ..state.store import StateUnavailable
 
 if TYPE_CHECKING:
-    from .cache import ModelCache
-    from .context import CompassContext
-    from .job_runtime import JobRuntime
-    from .worker_demand import ServedDemand
+    from ..cache import ModelCache
+    from ..context import CompassContext
+    from ..jobs.runtime import JobRuntime
+    from .served import ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
 

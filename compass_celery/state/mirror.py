@@ -1,6 +1,6 @@
 """Redis plumbing of the state store: connections, and the incremental reader's mirror.
 
-:class:`compass_celery.state.RedisStateStore` uses what is here. Every write (publish,
+:class:`compass_celery.state.store.RedisStateStore` uses what is here. Every write (publish,
 counter, remove, learned run time) bumps a version and logs the
 changed member in a change log (``lua/changelog.lua``). A reader keeps a mirror of the
 state (decoded records, beats, counters, profiles) and refreshes it with one script
@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .planner.cost import evolve
-from .planner.types import WorkerView
+from ..planner.cost import evolve
+from ..planner.types import WorkerView
+from .cluster import connect_cluster, is_cluster_url
 from .records import RecordError, decode_ms, decode_record, parse_profile
-from .redis_cluster import connect_cluster, is_cluster_url
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
 #: than this between two reads reads everything again.

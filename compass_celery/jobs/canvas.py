@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from celery import Celery
 from celery.canvas import Signature, _chain, _chord, group
 
-from .dag_validation import DagValidationError
+from .validation import DagValidationError
 
 __all__ = ["DagBuilder", "GroupShape", "app_of", "canvas_result", "walk_canvas"]
 
@@ -72,7 +72,7 @@ REFUSED_OPTIONS = {
 
 
 class DagBuilder(Protocol):
-    """What a canvas walk adds nodes to: a :class:`~compass_celery.dag.Dag` (typed here
+    """What a canvas walk adds nodes to: a :class:`~compass_celery.jobs.dag.Dag` (typed here
     as a Protocol so this module does not import dag.py, which imports it)."""
 
     app: Celery

@@ -37,8 +37,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from . import keys
-from .transport import dead_entry
+from ..state import keys
+from .kombu_redis import dead_entry
 
 logger = logging.getLogger("compass_celery.recovery")
 
@@ -99,7 +99,7 @@ def _mark_id(headers: Any) -> str | None:
 
 
 class AmqpQueues:
-    """The :class:`~compass_celery.transport.BrokerQueues` steps on RabbitMQ, with the
+    """The :class:`~compass_celery.broker.kombu_redis.BrokerQueues` steps on RabbitMQ, with the
     move marks and the dead-letter list in the state Redis (``client``).
 
     One connection per process (opened on first use, again after any error: the

@@ -18,14 +18,14 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.canvas import Signature
 
+from ..needs import TaskDeclarationError, resolve_demand
+from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
-from .dag_validation import DagValidationError, validate_dag
-from .planner.types import DagSpec, TaskSpec
-from .profiles import TaskDeclarationError, resolve_demand
+from .validation import DagValidationError, validate_dag
 
 if TYPE_CHECKING:
-    from .eager_jobs import EagerJobHandle
-    from .job_handle import JobHandle
+    from .eager import EagerJobHandle
+    from .handle import JobHandle
 
 
 @dataclass
@@ -119,8 +119,8 @@ class Dag:
     def apply_async(self, *, timeout_s: float | None = None) -> JobHandle | EagerJobHandle:
         """Plan the whole job, send its sources, and return a handle at once; an eager
         app runs the job inline and returns its finished handle."""
-        from .eager_jobs import run_eagerly
-        from .submission import submit
+        from .eager import run_eagerly
+        from .submit import submit
 
         spec = self.spec()
         c = self.app.compass
@@ -150,7 +150,7 @@ class Dag:
                   step_task: str) -> Dag:
         """Load DAG template ``dag_name`` from a workload file (JSON or YAML); ``task`` and
         ``step_task`` as in :meth:`from_spec`."""
-        from .workload import load_workload
+        from ..workload import load_workload
 
         workload = load_workload(path)
         if dag_name not in workload.dags:
@@ -162,7 +162,7 @@ class Dag:
     def from_canvas(cls, sig: Signature, name: str = "canvas", *, app: Celery | None = None
                     ) -> CanvasDag:
         """Plan a Celery canvas (chain, group, chord, nested) as one job; the app defaults
-        to the canvas's tasks' app. See :mod:`compass_celery.canvas` for the mapping and
+        to the canvas's tasks' app. See :mod:`compass_celery.jobs.canvas` for the mapping and
         :meth:`CanvasDag.canvas_result` for Celery's result shape."""
         app = app or app_of(sig)
         if app is None:

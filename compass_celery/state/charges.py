@@ -23,7 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
-from .state import StateStore, StateUnavailable
+from .store import StateStore, StateUnavailable
 
 logger = logging.getLogger("compass_celery.router")
 T = TypeVar("T")

@@ -6,12 +6,12 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobError, JobFailed, JobTimeout
-from .job_failure import fail_job
-from .job_keys import JobKeys
+from ..errors import JobError, JobFailed, JobTimeout
+from .failure import fail_job
+from .keys import JobKeys
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 
 class JobHandle:

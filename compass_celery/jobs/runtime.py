@@ -15,19 +15,19 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobError, JobTimeout
-from .job_failure import fail_job
-from .job_keys import INPUT_REF, JobKeys
-from .placement import Decision
-from .planner.adjust import choose_successor
-from .planner.demand import cluster_demand
-from .planner.types import ClusterView, TaskSpec
-from .scripts import script
-from .state import StateUnavailable, text
-from .submission import publish_node
+from ..errors import JobError, JobTimeout
+from ..placement import Decision
+from ..planner.adjust import choose_successor
+from ..planner.demand import cluster_demand
+from ..planner.types import ClusterView, TaskSpec
+from ..state.scripts import script
+from ..state.store import StateUnavailable, text
+from .failure import fail_job
+from .keys import INPUT_REF, JobKeys
+from .submit import publish_node
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 logger = logging.getLogger("compass_celery.jobs")
 
@@ -232,7 +232,7 @@ class JobRuntime:
         if better is not None:
             moved_from = planned["worker"] if planned else None
             placement = better
-            from .signals import task_reassigned
+            from ..signals import task_reassigned
 
             task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                  new=better.worker)

@@ -29,9 +29,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Protocol
 
-from .planner.cost import evolve
-from .planner.types import WorkerView
-from .state import Snapshot, StateStore, StateUnavailable
+from ..planner.cost import evolve
+from ..planner.types import WorkerView
+from .store import Snapshot, StateStore, StateUnavailable
 
 logger = logging.getLogger("compass_celery.state")
 
@@ -41,7 +41,7 @@ class SnapshotReader:
 
     Without the local charges, every task in a burst would see the same stale
     backlog and pile onto one worker until the cache expired. ``charges`` (the router's
-    :class:`~compass_celery.charges.ChargeBatcher`) writes no charge while a store read
+    :class:`~compass_celery.state.charges.ChargeBatcher`) writes no charge while a store read
     runs, and every charge it has not written yet (made before the read or during it) is
     folded into what was read: each charge counts exactly once, also while a read runs
     ahead, and a read waits for no write.

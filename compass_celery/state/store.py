@@ -2,9 +2,9 @@
 
 Two stores share one interface: :class:`RedisStateStore` (the paper's
 replicated state table; each process reads only what changed since its last read,
-in one round trip, through the mirror in :mod:`compass_celery.redis_state`) and
+in one round trip, through the mirror in :mod:`compass_celery.state.mirror`) and
 :class:`MemoryStateStore` (eager mode, unit tests, the simulator).
-:class:`compass_celery.snapshot_reader.SnapshotReader` adds the short local cache
+:class:`compass_celery.state.reader.SnapshotReader` adds the short local cache
 producers use so a burst of enqueues does not hammer Redis.
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..planner.types import WorkerView
 from . import keys
-from .planner.types import WorkerView
+from .cluster import register_script as register
+from .cluster import run_pipeline, unavailable_errors
+from .mirror import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
+from .mirror import epoch_candidate as epoch
 from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
-from .redis_cluster import register_script as register
-from .redis_cluster import run_pipeline, unavailable_errors
-from .redis_state import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
-from .redis_state import epoch_candidate as epoch
 from .scripts import script
 
 __all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore", "StateUnavailable",
@@ -207,7 +207,7 @@ FULL_READ_S = 60.0
 class RedisStateStore:
     """Worker state in Redis. One client per process, rebuilt after fork.
 
-    ``snapshot`` reads incrementally (see :mod:`compass_celery.redis_state`).
+    ``snapshot`` reads incrementally (see :mod:`compass_celery.state.mirror`).
     ``beat_sync_s`` bounds how old a live worker's reported heartbeat may be (liveness
     is exact on every read; a store that only routes, whose heartbeats nobody shows,
     passes ``full_read_s`` and takes them with the full reads, so its reads fetch

@@ -11,12 +11,12 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from .job_keys import JobKeys, deadlines_key
-from .scripts import script
-from .state import text
+from ..state.scripts import script
+from ..state.store import text
+from .keys import JobKeys, deadlines_key
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 logger = logging.getLogger("compass_celery.jobs")
 

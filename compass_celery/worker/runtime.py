@@ -1,10 +1,10 @@
 """The worker runtime: publishes this worker's record and keeps its backlog and cache honest.
 
-Started and stopped by the :class:`~compass_celery.worker.CompassWorker` bootstep.
+Started and stopped by the :class:`~compass_celery.worker.bootstep.CompassWorker` bootstep.
 Between the two it publishes the worker's state, reconciles its backlog from its
 queue, renews the leases of what it runs, judges dead peers (recovery), keeps
 unusable messages in the dead-letter list, and, on a clean stop, hands its queue
-back to the live workers. Per-task hooks live in :mod:`compass_celery.task_hooks`.
+back to the live workers. Per-task hooks live in :mod:`compass_celery.worker.task_path`.
 """
 
 from __future__ import annotations
@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING, Any
 from celery import signals
 from redis import RedisError
 
-from .cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
-from .job_runtime import JobRuntime
-from .placement import Decision, cluster_view
-from .planner.types import ClusterView, WorkerView
+from ..broker.kombu_redis import RedisLayout, message_headers, peek
+from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
+from ..jobs.runtime import JobRuntime
+from ..placement import Decision, cluster_view
+from ..planner.types import ClusterView, WorkerView
+from ..state.store import StateUnavailable
 from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
-from .state import StateUnavailable
-from .task_hooks import TaskHooks
-from .transport import RedisLayout, message_headers, peek
-from .worker_demand import RankFollower, ServedDemand
+from .served import RankFollower, ServedDemand
+from .task_path import TaskHooks
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 logger = logging.getLogger("compass_celery.worker")
 
@@ -177,7 +177,7 @@ class WorkerRuntime(TaskHooks):
         """Prometheus metrics from this process: compass counters, histograms and the
         process collectors of the default registry, at http://<host>:<port>/metrics."""
         try:
-            from .monitoring import serve_metrics
+            from ..monitoring import serve_metrics
 
             serve_metrics(port)
         except ImportError:
@@ -374,7 +374,7 @@ class WorkerRuntime(TaskHooks):
             signal.disconnect(handler)
 
     def _on_cache_event(self, kind: str, fields: dict) -> None:
-        from . import signals
+        from .. import signals
 
         sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
         if kind in sig:

@@ -11,9 +11,9 @@ back to that same queue after the transport's visibility timeout. So:
   dead, and drains every dead queue (:func:`recover`);
 - a drain never holds a message only in memory: messages are staged in Redis in
   one atomic step, then moved one at a time, atomically, to their new queue or
-  to the dead-letter list (:class:`~compass_celery.transport.RedisQueues`). A
+  to the dead-letter list (:class:`~compass_celery.broker.kombu_redis.RedisQueues`). A
   drainer killed anywhere leaves them staged, and the next leader resumes. Over
-  RabbitMQ (:class:`~compass_celery.amqp_queues.AmqpQueues`) a message stays
+  RabbitMQ (:class:`~compass_celery.broker.amqp.AmqpQueues`) a message stays
   unacked on the drainer's connection until its copy is confirmed in its new
   queue, and the broker returns it if the drainer dies;
 - in-flight messages whose runner still renews its lease are left alone, so a
@@ -31,15 +31,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from . import keys
-from .job_failure import sweep_overdue
-from .placement import Decision, PlacementError, decide
-from .profiles import Demand
-from .state import StateUnavailable, text
-from .transport import BrokerQueues, MessageError, parse_message, redis_time
+from ..broker.kombu_redis import BrokerQueues, MessageError, parse_message, redis_time
+from ..jobs.failure import sweep_overdue
+from ..needs import Demand
+from ..placement import Decision, PlacementError, decide
+from ..state import keys
+from ..state.store import StateUnavailable, text
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 logger = logging.getLogger("compass_celery.recovery")
 

@@ -15,8 +15,8 @@ from typing import Any
 import redis
 from kombu.exceptions import OperationalError
 
-from .errors import RetriesExhausted
-from .state import StateUnavailable
+from ..errors import RetriesExhausted
+from ..state.store import StateUnavailable
 
 logger = logging.getLogger("compass_celery.jobs")
 

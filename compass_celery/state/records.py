@@ -13,8 +13,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from .errors import CompassInputError
-from .planner.types import ModelDemand, WorkerView
+from ..errors import CompassInputError
+from ..planner.types import ModelDemand, WorkerView
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_MODELS = 4096

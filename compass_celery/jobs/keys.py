@@ -1,7 +1,7 @@
 """Where one job lives in Redis, and the names its messages carry.
 
 The job, its plan and its progress live under ``{prefix}:job:{<id>}`` (see
-:mod:`compass_celery.keys`): the id is the hash tag, so every key of one job is in
+:mod:`compass_celery.state.keys`): the id is the hash tag, so every key of one job is in
 one Redis Cluster slot. These helpers are shared by submission, the worker-side
 runtime, failure handling and the handle.
 """
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from . import keys as _keys
-from .placement import JOB_HEADER
-from .planner.types import Placement
+from ..placement import JOB_HEADER
+from ..planner.types import Placement
+from ..state import keys as _keys
 
 __all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json"]
 

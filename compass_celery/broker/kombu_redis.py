@@ -6,7 +6,7 @@ a consumed-but-unacked message in its ``unacked`` hash (``[message, exchange,
 routing_key]``) and may prefix every key (``global_keyprefix``). Those details
 live here and nowhere else. :class:`RedisQueues` runs the atomic steps that
 recovery and the worker's hand-back are built from; :class:`BrokerQueues` names
-those steps, which :class:`~compass_celery.amqp_queues.AmqpQueues` implements
+those steps, which :class:`~compass_celery.broker.amqp.AmqpQueues` implements
 for RabbitMQ.
 """
 
@@ -18,9 +18,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from . import keys
-from .scripts import script
-from .state import text
+from ..state import keys
+from ..state.scripts import script
+from ..state.store import text
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``

@@ -8,7 +8,7 @@ of every task.
 Only compass's own keys (worker records, beats, counters, change log, profiles,
 jobs, recovery's locks) may live on a cluster; kombu's Redis transport, the
 broker, needs a single Redis or Sentinel. Every multi-key step compass takes
-stays in one hash slot (see :mod:`compass_celery.keys`), and a cluster pipeline
+stays in one hash slot (see :mod:`compass_celery.state.keys`), and a cluster pipeline
 runs its scripts with EVAL, since a node that never saw a script (a new
 primary after a failover) would fail a pipelined EVALSHA after the pipeline's
 other commands had already run.

@@ -8,11 +8,11 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from .errors import JobFailed
-from .planner.types import ClusterView, DagSpec
+from ..errors import JobFailed
+from ..planner.types import ClusterView, DagSpec
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 
 class EagerJobHandle:

@@ -2,7 +2,7 @@
 
 ``CompassWorker`` is added to ``app.steps['worker']`` by ``Compass(app)``; it
 selects the worker's own queue and the shared queue at build time and runs a
-:class:`~compass_celery.worker_runtime.WorkerRuntime` between start and stop.
+:class:`~compass_celery.worker.runtime.WorkerRuntime` between start and stop.
 Test workers call ``terminate`` instead of ``stop``; both tear down alike.
 """
 
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 import click
 from celery import Celery, bootsteps
 
-from .amqp_queues import is_amqp
-from .placement import SHARED
-from .worker_runtime import WorkerRuntime, peek_queue
+from ..broker.amqp import is_amqp
+from ..placement import SHARED
+from .runtime import WorkerRuntime, peek_queue
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 #: How often an AMQP worker's event loop wakes at least (seconds).
 AMQP_WAKE_S = 0.02

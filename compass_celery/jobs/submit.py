@@ -1,7 +1,7 @@
 """Submitting a planned job: record it whole in Redis, send its sources, confirm them.
 
 Only sources are sent at submission; the worker that finishes a node releases its
-successors (:mod:`compass_celery.job_runtime`). Every step retries Redis hiccups
+successors (:mod:`compass_celery.jobs.runtime`). Every step retries Redis hiccups
 and checks whether a step whose reply was lost took effect, so a job is never
 recorded or sent twice. :func:`publish_node` is also how workers send successors.
 
@@ -22,23 +22,23 @@ import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .dag_validation import DagValidationError
-from .job_handle import JobHandle
-from .job_keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
-from .placement import Decision
-from .planner.check import check_plan
-from .planner.demand import cluster_demand
-from .planner.pending import pending_work
-from .planner.types import ClusterView, DagSpec, Placement
-from .redis_cluster import is_cluster_client, register_script, run_pipeline
-from .redis_state import CHANGE_LOG_SIZE, epoch_candidate
+from ..broker.kombu_redis import message_headers
+from ..placement import Decision
+from ..planner.check import check_plan
+from ..planner.demand import cluster_demand
+from ..planner.pending import pending_work
+from ..planner.types import ClusterView, DagSpec, Placement
+from ..state.cluster import is_cluster_client, register_script, run_pipeline
+from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
+from ..state.scripts import script
+from ..state.store import StateUnavailable
+from .handle import JobHandle
+from .keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
 from .retry import retry_transient
-from .scripts import script
-from .state import StateUnavailable
-from .transport import message_headers
+from .validation import DagValidationError
 
 if TYPE_CHECKING:
-    from .context import CompassContext
+    from ..context import CompassContext
 
 
 def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *,
@@ -46,7 +46,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     """Plan a validated job and start it: record it whole, send its sources, confirm.
 
     ``nodes`` holds each node's task, arguments, model, estimates and edges as
-    :meth:`~compass_celery.dag.Dag.records` gives them."""
+    :meth:`~compass_celery.jobs.dag.Dag.records` gives them."""
     cfg = c.settings
     job_id = uuid.uuid4().hex
     keys = JobKeys.of(cfg["key_prefix"], job_id)

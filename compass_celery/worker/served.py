@@ -40,12 +40,12 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from .planner.demand import DEFAULT_MIN_AGE_S, DEFAULT_TAU_S, DemandTracker, coarse_rates
-from .planner.evict import eviction_rank
-from .planner.types import ClusterView, ModelDemand
+from ..planner.demand import DEFAULT_MIN_AGE_S, DEFAULT_TAU_S, DemandTracker, coarse_rates
+from ..planner.evict import eviction_rank
+from ..planner.types import ClusterView, ModelDemand
 
 if TYPE_CHECKING:
-    from .cache import ModelCache
+    from ..cache import ModelCache
 
 logger = logging.getLogger("compass_celery.worker")
 

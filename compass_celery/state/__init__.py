@@ -1,0 +1,3 @@
+"""Cluster state in Redis: every key, the worker records, the store and its incremental
+mirror, the snapshot reader, charges, and the connection and script helpers.
+"""
