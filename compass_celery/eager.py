@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
-from .needs import resolve_demand
+from .needs import resolve_needs
 from .placement import Decision, decide
 from .router import announce, charge_backlog
 
@@ -21,11 +21,11 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
 
     None for a task without compass options; raises PlacementError on bad input."""
     snapshot = c.reader.get()
-    demand = resolve_demand(task.name, task, options, snapshot.profiles,
+    needs = resolve_needs(task.name, task, options, snapshot.profiles,
                             c.settings["default_exec_ms"])
-    if demand is None:
+    if needs is None:
         return None
-    decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+    decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
                       c.settings["validate"])
     charge_backlog(c, decision, +1)
     announce(c, decision)

@@ -20,7 +20,7 @@ class TaskDeclarationError(ValueError):
 
 
 @dataclass(frozen=True)
-class Demand:
+class TaskNeeds:
     """What placement needs of one task call: model, run time, output size, and their source."""
 
     task: str
@@ -30,7 +30,7 @@ class Demand:
     exec_source: str  # "call", "declared", "learned" or "default"
 
     def spec(self) -> TaskSpec:
-        """The planner's :class:`TaskSpec` for this demand."""
+        """The planner's :class:`TaskSpec` for these needs."""
         return TaskSpec(name=self.task, model=self.model, exec_ms=self.exec_ms,
                         output_kb=self.output_kb)
 
@@ -59,9 +59,9 @@ def declared(task: Any) -> dict[str, Any]:
     return out
 
 
-def resolve_demand(name: str, task: Any, call_options: Mapping[str, Any] | None,
-                   learned: Mapping[str, float], default_exec_ms: float) -> Demand | None:
-    """The task's demand, or None when it carries no compass options at all."""
+def resolve_needs(name: str, task: Any, call_options: Mapping[str, Any] | None,
+                   learned: Mapping[str, float], default_exec_ms: float) -> TaskNeeds | None:
+    """What the task needs, or None when it carries no compass options at all."""
     decl = declared(task)
     call = dict((call_options or {}).get("compass") or {})
     unknown = set(call) - {"model", "exec_ms", "output_kb"}
@@ -84,4 +84,4 @@ def resolve_demand(name: str, task: Any, call_options: Mapping[str, Any] | None,
         exec_ms, source = learned[key], "learned"
     else:
         exec_ms, source = default_exec_ms, "default"
-    return Demand(name, model, exec_ms, output_kb, source)
+    return TaskNeeds(name, model, exec_ms, output_kb, source)

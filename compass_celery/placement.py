@@ -1,4 +1,4 @@
-"""One placement decision for one task: snapshot + demand -> queue, with the why.
+"""One placement decision for one task: snapshot + a task's needs -> queue, with the why.
 
 Shared by the Celery router (Redis mode) and the eager hook (in-process state),
 so both modes decide alike. Infrastructure trouble (state unavailable, no live
@@ -16,7 +16,7 @@ from operator import is_not
 from typing import Any
 
 from .errors import CompassInputError
-from .needs import Demand
+from .needs import TaskNeeds
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
@@ -62,10 +62,10 @@ class Decision:
             return None
 
 
-def fallback(demand: Demand, shared_queue: str, policy: str, why: str) -> Decision:
+def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Decision:
     """A decision for the shared queue, charging no worker, with ``why`` as its reason."""
-    return Decision(task=demand.task, model=demand.model, worker=SHARED, queue=shared_queue,
-                    policy=policy, charge_ms=0.0, run_ms=demand.exec_ms, reason=why,
+    return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
+                    policy=policy, charge_ms=0.0, run_ms=needs.exec_ms, reason=why,
                     fallback=True)
 
 
@@ -81,7 +81,7 @@ class ViewCache:
     time); a fresh snapshot keeps the views of the workers that did not change. So
     the next view is the last one with the changed workers' rows rewritten, instead
     of a pass over every worker: at 1,000 workers that pass costs more than the rest
-    of a decision. The view's ``demand`` (the sum of the workers' ``served``) is
+    of a decision. The view's ``needs`` (the sum of the workers' ``served``) is
     carried the same way: only a changed row whose ``served`` changed touches it.
     """
 
@@ -154,30 +154,30 @@ def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> Clu
     return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at)
 
 
-def decide(demand: Demand, snapshot: Snapshot, policy: Policy,
+def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
            validate: bool = False) -> Decision:
-    """Plan ``demand`` as a one-node DAG against ``snapshot`` with ``policy``."""
-    if demand.model is not None and demand.model not in model_sizes_mb:
-        raise PlacementError(f"task {demand.task!r} needs unknown model {demand.model!r}; "
+    """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``."""
+    if needs.model is not None and needs.model not in model_sizes_mb:
+        raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}")
     if not snapshot.workers:
-        return fallback(demand, shared_queue, policy.name, "no live compass worker known")
+        return fallback(needs, shared_queue, policy.name, "no live compass worker known")
     cluster = cluster_view(snapshot, model_sizes_mb)
     try:
-        dag = DagSpec.single(demand.spec())
+        dag = DagSpec.single(needs.spec())
         plan = policy.plan(dag, cluster)
         if validate:
             check_plan(plan, dag, cluster)
     except PlanningError as exc:
         raise PlacementError(str(exc)) from None
-    p = plan.placements[demand.task]
+    p = plan.placements[needs.task]
     if p.worker == SHARED:
-        return Decision(task=demand.task, model=demand.model, worker=SHARED, queue=shared_queue,
+        return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                         policy=policy.name, charge_ms=0.0, est_finish_ms=p.finish_ms,
                         run_ms=p.run_ms, reason=p.reason or "shared queue")
-    return Decision(task=demand.task, model=demand.model, worker=p.worker, queue=p.queue,
-                    policy=policy.name, charge_ms=p.run_ms or demand.exec_ms,
+    return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
+                    policy=policy.name, charge_ms=p.run_ms or needs.exec_ms,
                     est_finish_ms=p.finish_ms,
                     wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason)
 

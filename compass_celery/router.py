@@ -1,6 +1,6 @@
 """The Celery router: a placement becomes the chosen worker's own queue.
 
-It only translates (celery's routes.py habit): build the demand, ask
+It only translates (celery's routes.py habit): resolve what the task needs, ask
 :func:`compass_celery.placement.decide`, charge the backlog, return
 ``{'queue': ...}``. Tasks without compass options get ``None`` so the user's
 own routes apply. State trouble routes to the shared queue, warns once, and
@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from .needs import resolve_demand
+from .needs import resolve_needs
 from .placement import Decision, decide, fallback
 from .signals import task_placed
 from .state.charges import ChargeBatcher
@@ -66,21 +66,21 @@ class CompassRouter:
         except StateUnavailable as exc:
             snapshot, learned = None, {}
             why = f"state unavailable ({exc})"
-        demand = resolve_demand(name, task, options, learned, c.settings["default_exec_ms"])
-        if demand is None:
+        needs = resolve_needs(name, task, options, learned, c.settings["default_exec_ms"])
+        if needs is None:
             return None
         if snapshot is None:
-            decision = self._fallback(demand, why)
+            decision = self._fallback(needs, why)
         else:
-            decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+            decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
                               c.settings["validate"])
             if decision.fallback:
-                decision = self._fallback(demand, decision.reason)
+                decision = self._fallback(needs, decision.reason)
             else:
                 try:
                     self._charge(decision)
                 except StateUnavailable as exc:
-                    decision = self._fallback(demand, f"state unavailable ({exc})")
+                    decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:
             self._warned.clear()  # healthy again: warn afresh on the next outage
         self._local.pending = decision
@@ -109,13 +109,13 @@ class CompassRouter:
         name = getattr(queue, "name", queue) or options.get("routing_key") or ""
         return isinstance(name, str) and name.startswith(self.compass.settings["queue_prefix"])
 
-    def _fallback(self, demand: Any, why: str) -> Decision:
+    def _fallback(self, needs: Any, why: str) -> Decision:
         self.fallbacks += 1
         if why.split(" (")[0] not in self._warned:
             self._warned.add(why.split(" (")[0])
             logger.warning("compass: routing to shared queue %r: %s",
                            self.compass.shared_queue, why)
-        return fallback(demand, self.compass.shared_queue, self.compass.policy.name, why)
+        return fallback(needs, self.compass.shared_queue, self.compass.policy.name, why)
 
     def take_pending(self, name: str) -> Decision | None:
         """The decision made for ``name`` on this thread, consumed by before_task_publish."""

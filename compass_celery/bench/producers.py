@@ -37,7 +37,7 @@ import numpy as np
 import redis
 
 from compass_celery.local import RedisServer
-from compass_celery.needs import Demand
+from compass_celery.needs import TaskNeeds
 from compass_celery.placement import cluster_view, decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.types import WorkerView
@@ -136,7 +136,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     store.snapshot = timed_snapshot  # type: ignore[method-assign]
     policy = get_policy("compass")
     rng = random.Random(seed)
-    demands = [Demand(task=f"bench.{m}", model=m, exec_ms=40.0, output_kb=0.0,
+    needs_list = [TaskNeeds(task=f"bench.{m}", model=m, exec_ms=40.0, output_kb=0.0,
                       exec_source="declared") for m in MODELS]
     reader.get()  # the first (full) read is not measured
     time.sleep(max(0.0, start_at - time.time()))
@@ -148,7 +148,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
         before = reader.waits
         t0 = clock()
         snap = reader.get()
-        d = decide(rng.choice(demands), snap, policy, MODELS, "bench.shared")
+        d = decide(rng.choice(needs_list), snap, policy, MODELS, "bench.shared")
         t2 = clock()
         decision.append(t2 - t0)
         age.append(time.time() - snap.taken_at)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.canvas import Signature
 
-from ..needs import TaskDeclarationError, resolve_demand
+from ..needs import TaskDeclarationError, resolve_needs
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
 from .validation import DagValidationError, validate_dag
@@ -69,13 +69,13 @@ class Dag:
         call.update((sig.options or {}).get("compass") or {})
         c = self.app.compass
         try:
-            demand = resolve_demand(sig.task, task, {"compass": call}, {},
+            needs = resolve_needs(sig.task, task, {"compass": call}, {},
                                     c.settings["default_exec_ms"])
         except TaskDeclarationError as exc:
             raise DagValidationError(f"DAG {self.name!r}: node {name!r}: {exc}") from None
-        node = Node(name, sig, demand.model if demand else None,
-                    demand.exec_ms if demand else c.settings["default_exec_ms"],
-                    demand.output_kb if demand else 0.0)
+        node = Node(name, sig, needs.model if needs else None,
+                    needs.exec_ms if needs else c.settings["default_exec_ms"],
+                    needs.output_kb if needs else 0.0)
         self.nodes[name] = node
         for pred in after:
             self.edge(pred, name)

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker.kombu_redis import BrokerQueues, MessageError, parse_message, redis_time
 from ..jobs.failure import sweep_overdue
-from ..needs import Demand
+from ..needs import TaskNeeds
 from ..placement import Decision, PlacementError, decide
 from ..state import keys
 from ..state.store import StateUnavailable, text
@@ -187,8 +187,8 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
         if exclude is not None:
             snapshot = replace(snapshot, workers=tuple(w for w in snapshot.workers
                                                        if w.name != exclude))
-        demand = Demand(task, old.model, old.run_ms, 0.0, "declared")
-        decision = decide(demand, snapshot, c.policy, c.model_sizes(), c.shared_queue)
+        needs = TaskNeeds(task, old.model, old.run_ms, 0.0, "declared")
+        decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue)
     except (StateUnavailable, PlacementError) as exc:
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
     if decision is None or decision.fallback:

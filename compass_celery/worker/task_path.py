@@ -20,7 +20,7 @@ from redis import RedisError
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
-from ..needs import profile_key, resolve_demand
+from ..needs import profile_key, resolve_needs
 from ..placement import Decision
 from ..state.store import StateUnavailable
 
@@ -232,5 +232,5 @@ def _task_model(task: Any, decision: Decision | None) -> str | None:
     """The model a task runs with: its placement's, else its own declaration's."""
     if decision is not None and decision.model is not None:
         return decision.model
-    demand = resolve_demand(task.name, task, None, {}, 0.0)
-    return demand.model if demand else None
+    needs = resolve_needs(task.name, task, None, {}, 0.0)
+    return needs.model if needs else None

@@ -11,7 +11,7 @@ import pytest
 
 from compass_celery import placement
 from compass_celery.emulated import EDGE_MODELS, make_app
-from compass_celery.needs import Demand
+from compass_celery.needs import TaskNeeds
 from compass_celery.planner.types import WorkerView
 from compass_celery.worker.runtime import WorkerRuntime
 
@@ -30,11 +30,11 @@ def test_an_app_in_use_reads_and_prepares_between_decisions(compass_redis_url):
     c.store.publish(_view("a"))
     reader = c.reader
     model = sorted(EDGE_MODELS)[0]
-    demand = Demand(task="t", model=model, exec_ms=40.0, output_kb=0.0,
+    needs = TaskNeeds(task="t", model=model, exec_ms=40.0, output_kb=0.0,
                     exec_source="declared")
 
     def enqueue() -> placement.Decision:
-        return placement.decide(demand, reader.get(), c.policy, c.model_sizes(),
+        return placement.decide(needs, reader.get(), c.policy, c.model_sizes(),
                                 c.shared_queue)
 
     assert enqueue().worker == "a"  # the first decision reads, in this thread

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from compass_celery.needs import Demand
+from compass_celery.needs import TaskNeeds
 from compass_celery.placement import ViewCache, cluster_view, decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.cost import evolve as fold_view
@@ -97,7 +97,7 @@ def test_a_decision_with_demand_keeps_the_only_copy_of_a_busy_model() -> None:
     the busy model's only copy is priced and the empty worker loads ``other``."""
     fast = worker("fast", resident=frozenset({"busy"}), gpu_free_mb=100.0, speed=4.0)
     empty = worker("empty")
-    task = Demand("t", "other", 1000.0, 0.0, "call")
+    task = TaskNeeds("t", "other", 1000.0, 0.0, "call")
     policy = get_policy("compass")
     without = decide(task, Snapshot((empty, fast), taken_at=1.0), policy, SIZES, "shared")
     assert without.worker == "fast"

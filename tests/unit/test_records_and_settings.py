@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from compass_celery import Compass
-from compass_celery.needs import TaskDeclarationError, resolve_demand
+from compass_celery.needs import TaskDeclarationError, resolve_needs
 from compass_celery.planner import PlanningError
 from compass_celery.planner.types import WorkerView
 from compass_celery.settings import SettingsError, resolve
@@ -120,16 +120,16 @@ class Declared:
 
 def test_demand_resolution_order():
     learned = {"t|m": 55.0, "u|m": 70.0}
-    assert resolve_demand("t", Declared, None, learned, 100).exec_source == "declared"
-    call = resolve_demand("t", Declared, {"compass": {"exec_ms": 5}}, learned, 100)
+    assert resolve_needs("t", Declared, None, learned, 100).exec_source == "declared"
+    call = resolve_needs("t", Declared, {"compass": {"exec_ms": 5}}, learned, 100)
     assert (call.exec_ms, call.exec_source) == (5, "call")
 
     class Undeclared:
         compass_model = "m"
 
-    assert resolve_demand("u", Undeclared, None, learned, 100).exec_ms == 70.0
-    assert resolve_demand("v", Undeclared, None, learned, 100).exec_source == "default"
-    assert resolve_demand("plain", object(), None, learned, 100) is None
+    assert resolve_needs("u", Undeclared, None, learned, 100).exec_ms == 70.0
+    assert resolve_needs("v", Undeclared, None, learned, 100).exec_source == "default"
+    assert resolve_needs("plain", object(), None, learned, 100) is None
 
 
 @pytest.mark.parametrize("call, message", [
@@ -140,7 +140,7 @@ def test_demand_resolution_order():
 ])
 def test_bad_demands_are_named(call, message):
     with pytest.raises(TaskDeclarationError, match=message):
-        resolve_demand("t", Declared, {"compass": call}, {}, 100)
+        resolve_needs("t", Declared, {"compass": call}, {}, 100)
 
 
 class FlakyStore(MemoryStateStore):
