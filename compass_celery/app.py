@@ -35,7 +35,7 @@ class Compass:
     def __init__(self, app: Celery, *, store: StateStore | None = None) -> None:
         self.app = app
         self._store = store
-        self.reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
+        self._reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
         app.compass = self  # type: ignore[attr-defined]
@@ -135,7 +135,7 @@ class Compass:
         ``compass_snapshot_refresh_ahead_s`` past it and kept fresh for
         ``compass_snapshot_keep_fresh_s`` after a decision (Redis only: in-process reads
         are cheap), plus local charges."""
-        ahead = self.store.client is not None and self.reads_ahead
+        ahead = self.store.client is not None and self._reads_ahead
         reader = SnapshotReader(
             self.store, self.settings["snapshot_ttl_s"], self.settings["heartbeat_timeout_s"],
             refresh_ahead_s=self.settings["snapshot_refresh_ahead_s"] if ahead else 0.0,
@@ -143,6 +143,13 @@ class Compass:
         if ahead:  # a producer's decisions plan on the view; a worker's rarely need one
             reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
         return reader
+
+    def plan_on_fresh_state(self) -> None:
+        """This process is a worker: its re-placements read before deciding, never ahead
+        (its reader, made now or later, neither reads ahead nor keeps fresh)."""
+        self._reads_ahead = False
+        if "reader" in self.__dict__:  # made already (cached_property keeps it there)
+            self.reader.read_before_deciding()
 
     @cached_property
     def policy(self) -> Policy:

@@ -26,8 +26,6 @@ class CompassContext(Protocol):
     """What a Celery edge needs from one Compass-enabled app."""
 
     app: Celery
-    #: Whether this process's reader reads ahead (producers); a worker turns it off.
-    reads_ahead: bool
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -56,6 +54,9 @@ class CompassContext(Protocol):
     @property
     def queues(self) -> BrokerQueues | None:
         """The broker's compass queues, Redis or AMQP (None when eager)."""
+
+    def plan_on_fresh_state(self) -> None:
+        """Make this process's decisions read before deciding (a worker's)."""
 
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue."""

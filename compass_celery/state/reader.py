@@ -217,6 +217,12 @@ class SnapshotReader:
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
 
+    def read_before_deciding(self) -> None:
+        """From now on read at each decision past the TTL: no reading ahead, no keeping
+        fresh, no view built in the reader's thread (a worker's re-placements)."""
+        self.refresh_ahead_s = self.keep_fresh_s = 0.0
+        self.prepare = None
+
     def invalidate(self) -> None:
         """Drop the cached snapshot: the next ``get`` reads the store."""
         with self._lock:

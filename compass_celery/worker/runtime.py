@@ -1,17 +1,18 @@
-"""The worker runtime: publishes this worker's record and keeps its backlog and cache honest.
+"""The worker runtime: one worker's compass side, from start to a clean stop.
 
 Started and stopped by the :class:`~compass_celery.worker.bootstep.CompassWorker` bootstep.
-Between the two it publishes the worker's state, reconciles its backlog from its
-queue, renews the leases of what it runs, judges dead peers (recovery), keeps
-unusable messages in the dead-letter list, and, on a clean stop, hands its queue
-back to the live workers. Per-task hooks live in :mod:`compass_celery.worker.task_path`.
+It builds the model cache and composes the parts that each own their state: the
+record publisher (``publisher``), the per-task path (``task_path``), the leases on
+running messages (``leases``) and the watchdog that judges dead peers (``watchdog``).
+Itself it reconciles the backlog from its queue, keeps unusable messages in the
+dead-letter list and, on a clean stop (SIGTERM), leaves the cluster and hands its
+queue back to the live workers (:func:`~compass_celery.worker.recovery.hand_back`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Mapping
@@ -24,11 +25,14 @@ from ..broker.kombu_redis import RedisLayout, message_headers, peek
 from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
 from ..placement import Decision, cluster_view
-from ..planner.types import ClusterView, WorkerView
+from ..planner.types import ClusterView
 from ..state.store import StateUnavailable
-from .recovery import hand_back, lease_timeout_s, mark_alive, mark_dead, recover, take_back
+from .leases import Leases
+from .publisher import RecordPublisher
+from .recovery import hand_back, mark_alive, mark_dead, take_back
 from .served import RankFollower, ServedDemand
-from .task_path import TaskHooks
+from .task_path import TaskPath
+from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -36,42 +40,31 @@ if TYPE_CHECKING:
 logger = logging.getLogger("compass_celery.worker")
 
 
-class WorkerRuntime(TaskHooks):
-    """Publishes this worker's record and keeps its backlog and cache honest."""
+class WorkerRuntime:
+    """One worker's compass side, composed of parts that each own their state: the model
+    cache, the record publisher, the task path, the leases and the watchdog."""
 
     def __init__(self, compass: CompassContext, name: str, queue: str,
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.compass, self.name, self.queue = compass, name, queue
-        # a worker's retries are placed on fresh state: its reader reads before deciding, not
-        # ahead (said before the reader exists, so it is still made where first used)
-        compass.reads_ahead = False
-        if "reader" in vars(compass):
-            compass.reader.refresh_ahead_s = compass.reader.keep_fresh_s = 0.0
-            compass.reader.prepare = None
+        compass.plan_on_fresh_state()  # a worker's retries are placed on what is there now
         self.cfg = {**compass.settings, **(overrides or {})}
         if isinstance(self.cfg["preload"], str):
             self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
-        self._wake, self._prefetch_due = threading.Event(), threading.Event()
-        self.cache = self._make_cache()
-        self.served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
-        self.rank = RankFollower(self.cache, self._cluster)
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        # task id -> (its decision, the model acquired for it, when it started running)
-        self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
-        self._timing: dict[str, dict[str, float]] = {}
+        served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
+        self.cache = self._make_cache()
+        self.publisher = RecordPublisher(compass, name, queue, self.cfg, self.cache, served,
+                                         RankFollower(self.cache, self._cluster),
+                                         self._stopping)
         self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
-        self._lock = threading.Lock()
-        self._state_down, self._published = False, None
-        self._last_publish_ok = 0.0
-        # Since when our own publishes have succeeded without a break (monotonic); a
-        # worker judges peers only after a full heartbeat timeout of that, so after a
-        # Redis outage every live peer has re-published before anyone is called dead.
-        self._publish_ok_since: float | None = None
-        # task id -> delivery tag of messages received and not yet finished (leased)
-        self._tags: dict[str, str] = {}
-        self._exited = threading.Event()  # set by tests that tear a runtime down
-        self._born = time.time()
+        self.leases = Leases(compass, self._stopping)
+        self.tasks = TaskPath(compass, name, self.cfg, self.cache, served, self.jobs,
+                              self.leases, self.queued_decisions, self.publisher.wake,
+                              self._stopping)
+        self.watchdog = Watchdog(compass, name, self.publisher,
+                                 self.cfg["heartbeat_timeout_s"], self._stopping)
 
     # -- construction -----------------------------------------------------------
     def _make_cache(self) -> ModelCache:
@@ -90,21 +83,12 @@ class WorkerRuntime(TaskHooks):
                 logger.warning("compass: worker %s has no GPU; running models on cpu",
                                self.name)
         return ModelCache(backend, policy=cfg["cache_policy"], lookahead=cfg["prefetch_depth"],
-                          sizes=sizes, on_change=self._wake.set, on_event=self._on_cache_event)
+                          sizes=sizes, on_change=self._changed,
+                          on_event=self._on_cache_event)
 
-    def view(self) -> WorkerView:
-        """This worker's record as the planner sees it: memory, resident models, speeds."""
-        c = self.cache
-        return WorkerView(
-            name=self.name, queue=self.queue, device=c.device,
-            gpu_total_mb=c.total_mb, gpu_free_mb=max(0.0, c.free_mb),
-            resident=frozenset(c.resident()), host_resident=frozenset(c.host_resident()),
-            speed=self.cfg["speed"], load_mb_per_s=self.cfg["load_mb_per_s"],
-            host_load_mb_per_s=self.cfg["host_load_mb_per_s"],
-            # liveness is the beat Redis stamps on every publish; the record's own time
-            # stays fixed, so an unchanged record is byte-identical and readers reuse it
-            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
-            served=self.served.published())
+    def _changed(self) -> None:
+        """A load or an eviction: publish the record now."""
+        self.publisher.wake.set()
 
     # -- lifecycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -114,28 +98,21 @@ class WorkerRuntime(TaskHooks):
             self._serve_metrics(int(self.cfg["metrics_port"]))
         if self.cfg["preload"]:
             self.cache.preload(self.cfg["preload"])
-        self.publish()
+        self.publisher.publish()
         try:
             self._reconcile()
         except (StateUnavailable, RedisError, OSError) as exc:
             logger.warning("compass: %s", exc)
         if self.jobs is not None:
-            try:
-                mark_alive(self.compass, self.queue)
-                taken = take_back(self.compass, self.name)
-                if taken:
-                    logger.warning("compass: took back %d task(s) a previous %s left in "
-                                   "flight", taken, self.name)
-            except (StateUnavailable, RedisError) as exc:
-                logger.warning("compass: could not take back in-flight tasks: %s", exc)
+            self._take_back()
         self._connect_signals()
-        loops = [(self._publish_loop, "publisher"), (self._reconcile_loop, "reconciler"),
-                 (self._prefetch_loop, "prefetch")]
+        loops = [(self.publisher.loop, "publisher"), (self._reconcile_loop, "reconciler"),
+                 (self.tasks.prefetch_loop, "prefetch")]
         queues = self.compass.queues
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
-            loops.append((self._watchdog_loop, "watchdog"))
+            loops.append((self.watchdog.loop, "watchdog"))
         if self.jobs is not None and queues is not None and not queues.returns_unacked:
-            lease = threading.Thread(target=self._lease_loop, name="compass-leases",
+            lease = threading.Thread(target=self.leases.loop, name="compass-leases",
                                      daemon=True)
             lease.start()  # not joined at stop: leases outlive the consumer until exit
         for target, label in loops:
@@ -144,6 +121,17 @@ class WorkerRuntime(TaskHooks):
             self._threads.append(t)
         logger.info("compass: worker %s consuming %s on %s (%.0f MB)", self.name, self.queue,
                     self.cache.device, self.cache.total_mb)
+
+    def _take_back(self) -> None:
+        """Mark this queue alive and take back what a previous run under this name left."""
+        try:
+            mark_alive(self.compass, self.queue)
+            taken = take_back(self.compass, self.name)
+            if taken:
+                logger.warning("compass: took back %d task(s) a previous %s left in "
+                               "flight", taken, self.name)
+        except (StateUnavailable, RedisError) as exc:
+            logger.warning("compass: could not take back in-flight tasks: %s", exc)
 
     def stop(self) -> None:
         """Runs once the consumer has stopped: leave the cluster and hand back the queue.
@@ -154,8 +142,8 @@ class WorkerRuntime(TaskHooks):
         connection closes) is drained by the recovery leader.
         """
         self._stopping.set()
-        self._wake.set()
-        self._prefetch_due.set()  # (its loop sees the stop and skips the peek)
+        self.publisher.wake.set()
+        self.tasks.stop()
         self._disconnect_signals()
         for t in self._threads:
             t.join(timeout=2)
@@ -189,59 +177,17 @@ class WorkerRuntime(TaskHooks):
             return
         logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
 
-    def publish(self, if_changed: bool = False) -> bool:
-        """Publish this worker's record and cache counters; False while the store is down.
-        ``if_changed``: only a changed record, or the beat when its interval is up."""
-        c, view = self.cache, self.view()
-        if if_changed and view == self._published and not self._state_down and \
-                time.monotonic() - self._last_publish_ok < self.cfg["state_refresh_s"]:
-            return True
-        try:
-            self.compass.store.publish(view, pid=os.getpid(), hits=c.hits,
-                                       misses=c.misses, loads=c.loads, evictions=c.evictions)
-        except StateUnavailable as exc:
-            if not self._state_down:
-                logger.warning("compass: cannot publish worker state: %s", exc)
-            self._state_down = True
-            self._publish_ok_since = None
-            return False
-        if self._state_down:
-            logger.warning("compass: state store back; worker %s re-published", self.name)
-            self._state_down = False
-        self._last_publish_ok, self._published = time.monotonic(), view
-        if self._publish_ok_since is None:
-            self._publish_ok_since = self._last_publish_ok
-        return True
-
     def stats(self) -> dict[str, Any]:
         """This worker's compass state, for ``inspect stats`` and Flower."""
         c = self.cache
-        with self._lock:
-            running = len(self._running)
         return {"queue": self.queue, "device": c.device,
                 "gpu_total_mb": round(c.total_mb, 1), "gpu_free_mb": round(c.free_mb, 1),
                 "resident_models": sorted(c.resident()),
                 "host_models": sorted(c.host_resident()),
-                "backlog_ms": round(self.queued_backlog_ms(), 1), "running": running,
+                "backlog_ms": round(self.queued_backlog_ms(), 1),
+                "running": self.tasks.running(),
                 "cache": {"hits": c.hits, "misses": c.misses, "loads": c.loads,
                           "evictions": c.evictions}}
-
-    def may_judge_peers(self) -> bool:
-        """Only a worker that has reached Redis without a break for a whole heartbeat
-        timeout judges others: after an outage, live peers re-publish first."""
-        timeout = self.cfg["heartbeat_timeout_s"]
-        now = time.monotonic()
-        return (self._publish_ok_since is not None
-                and now - self._publish_ok_since >= timeout
-                and now - self._last_publish_ok < timeout / 2)
-
-    def _publish_loop(self) -> None:
-        while not self._stopping.is_set():
-            woken = self._wake.wait(self.cfg["state_refresh_s"])  # by a task's end, a load
-            self._wake.clear()
-            if not self._stopping.is_set():
-                self.publish(if_changed=woken)
-                self.rank.maybe_refresh()
 
     def _cluster(self) -> ClusterView | None:
         """The planner's view of the cluster (with demand), for the cache's rank. Read from
@@ -269,18 +215,6 @@ class WorkerRuntime(TaskHooks):
         if queues is not None and not queues.peekable and queues.waiting(self.queue):
             return
         self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
-
-    def _watchdog_loop(self) -> None:
-        interval = max(0.2, self.cfg["heartbeat_timeout_s"] / 3)
-        while not self._stopping.wait(interval):
-            if not self.may_judge_peers():
-                continue  # we could not reach Redis lately either: peers may be fine
-            try:
-                recover(self.compass, self.name, interval)
-            except (StateUnavailable, RedisError):
-                continue  # Redis away: the publisher logs it once
-            except Exception:  # never let recovery kill the worker
-                logger.exception("compass: dead-worker recovery failed")
 
     # -- messages this worker cannot run: kept, never dropped ---------------------------
     def _dead_letter(self, raw: Any, why: str, queue: str | None = None) -> None:
@@ -311,29 +245,6 @@ class WorkerRuntime(TaskHooks):
                               "properties": getattr(message, "properties", {})})
             self._dead_letter(raw, f"task {name!r} is not registered on {self.name}", queue)
 
-    def _lease_loop(self) -> None:
-        """Renew the leases of received, unfinished messages until the process exits."""
-        queues = self.compass.queues
-        if queues is None:
-            return
-        interval = max(0.05, lease_timeout_s(self.compass) / 3)
-        while not self._exited.wait(interval):
-            with self._lock:
-                tags = dict(self._tags)
-            if not tags:
-                if self._stopping.is_set():
-                    return  # stopped and nothing left in flight
-                continue
-            try:
-                gone = set(queues.renew_leases(tags.values(), time.time()))
-            except (RedisError, OSError):
-                continue  # Redis away: the lease lapses, as it should for a cut worker
-            if gone:
-                with self._lock:
-                    for task_id, tag in tags.items():
-                        if tag in gone and self._tags.get(task_id) == tag:
-                            del self._tags[task_id]
-
     # -- queue inspection ---------------------------------------------------------------
     def queued_decisions(self, limit: int = -1) -> list[Decision]:
         """Decisions of messages waiting in this worker's own queue, next first."""
@@ -346,18 +257,14 @@ class WorkerRuntime(TaskHooks):
 
     def queued_backlog_ms(self) -> float:
         """Estimated ms charged to this worker: its running and queued tasks."""
-        with self._lock:
-            running = sum(d.charge_ms for d, _, _ in self._running.values()
-                          if d is not None and d.worker == self.name)
-        return running + sum(d.charge_ms for d in self.queued_decisions()
-                             if d.worker == self.name)
+        return self.tasks.running_charge_ms() + sum(
+            d.charge_ms for d in self.queued_decisions() if d.worker == self.name)
 
     # -- Celery signals: this runtime's own hooks, connected while it runs -------------
     def _hooks(self) -> list[tuple[Any, Any]]:
-        hooks = [(signals.task_received, self._on_received),
-                 (signals.task_prerun, self._on_prerun),
-                 (signals.task_postrun, self._on_postrun),
-                 (signals.task_revoked, self._on_revoked)]
+        t = self.tasks
+        hooks = [(signals.task_received, t.on_received), (signals.task_prerun, t.on_prerun),
+                 (signals.task_postrun, t.on_postrun), (signals.task_revoked, t.on_revoked)]
         if self.compass.queues is not None:
             hooks += [(signals.task_rejected, self._on_rejected),
                       (signals.task_unknown, self._on_unknown)]

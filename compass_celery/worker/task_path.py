@@ -1,10 +1,10 @@
-"""The worker's task hooks: what happens when a task is received, starts, ends, is revoked.
+"""One task's path through a worker: received, started, finished, revoked.
 
-A mixin of :class:`~compass_celery.worker.runtime.WorkerRuntime`, kept apart so the
-runtime's lifecycle and the per-task path can each be read on their own. A task's
-start makes its model resident and resolves its job inputs; its end settles the
-backlog, learns its run time and completes its job node (retrying Redis hiccups
-until the completion lands, before the message is acked).
+A task's receipt leases its message and drops a node whose job has already ended;
+its start resolves the job's inputs and makes its model resident (prefetching what
+is queued next); its end releases the model, settles the backlog, learns the run
+time and completes the job node, retrying Redis hiccups until the completion lands,
+before the message is acked.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
     from ..jobs.runtime import JobRuntime
+    from .leases import Leases
     from .served import ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
@@ -40,52 +42,83 @@ PREFETCH_AFTER_S = 0.005
 COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
 
 
-class TaskHooks:
-    """Per-task bookkeeping of a worker runtime (mixed into ``WorkerRuntime``)."""
+class TaskPath:
+    """What this worker does around each task it runs, and what it runs now."""
 
-    compass: CompassContext
-    name: str
-    cfg: dict[str, Any]
-    cache: ModelCache
-    served: ServedDemand
-    jobs: JobRuntime | None
-    _lock: threading.Lock
-    _wake: threading.Event
-    _stopping: threading.Event
-    _prefetch_due: threading.Event
-    _running: dict[str, tuple[Decision | None, str | None, float]]
-    _timing: dict[str, dict[str, float]]
-    _tags: dict[str, str]
+    def __init__(self, compass: CompassContext, name: str, cfg: dict[str, Any],
+                 cache: ModelCache, served: ServedDemand, jobs: JobRuntime | None,
+                 leases: Leases, queued: Callable[[int], list[Decision]],
+                 wake: threading.Event, stopping: threading.Event) -> None:
+        self.compass, self.name, self.cfg = compass, name, cfg
+        self.cache, self.served, self.jobs, self.leases = cache, served, jobs, leases
+        self._queued, self._wake, self._stopping = queued, wake, stopping
+        self._prefetch_due = threading.Event()
+        self._lock = threading.Lock()
+        # task id -> (its decision, the model acquired for it, when it started running)
+        self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
+        self._timing: dict[str, dict[str, float]] = {}
 
-    def queued_decisions(self, limit: int = -1) -> list[Decision]:
-        """Decisions of messages waiting in this worker's own queue (the runtime's)."""
-        raise NotImplementedError
+    # -- what runs now ------------------------------------------------------------------
+    def running(self) -> int:
+        """How many tasks run here now."""
+        with self._lock:
+            return len(self._running)
 
+    def running_charge_ms(self) -> float:
+        """The ms charged to this worker for the tasks running here now."""
+        with self._lock:
+            return sum(d.charge_ms for d, _, _ in self._running.values()
+                       if d is not None and d.worker == self.name)
+
+    # -- Celery signal handlers, connected by the runtime while it runs -------------------
     def _ours(self, obj: Any) -> bool:
         return obj is not None and getattr(obj, "app", None) is self.compass.app
 
-    def _on_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+    def on_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        """``task_received``: lease the message, drop a node of an ended job."""
         if request is not None and self._ours(sender):
             self.task_received(request)
 
-    def _on_prerun(self, sender: Any = None, task: Any = None, args: Any = None,
-                   **kw: Any) -> None:
+    def on_prerun(self, sender: Any = None, task: Any = None, args: Any = None,
+                  **kw: Any) -> None:
+        """``task_prerun``: inputs and model before the body runs."""
         task = task or sender
         if self._ours(task) and not task.request.is_eager:
             self.task_started(task, task.request, args)
 
-    def _on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
-                    retval: Any = None, **kw: Any) -> None:
+    def on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
+                   retval: Any = None, **kw: Any) -> None:
+        """``task_postrun``: settle the task before its message is acked."""
         task = task or sender
         if self._ours(task) and not task.request.is_eager:
             decision = Decision.from_header(getattr(task.request, "compass", None))
             self.task_finished(task, task.request, decision, state, retval)
 
-    def _on_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+    def on_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
+        """``task_revoked``: take its charge off this worker's backlog."""
         if request is not None and (self._ours(sender) or sender is None):
             self.task_revoked(request)
 
-    # -- task hooks ---------------------------------------------------------------------
+    # -- the path -------------------------------------------------------------------------
+    def task_received(self, request: Any) -> None:
+        """Lease the message's tag; revoke a job node whose job already failed or expired."""
+        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
+        if isinstance(tag, str) and tag:
+            self.leases.hold(request.id, tag)  # leased from now until it is acked
+        job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
+        if not isinstance(job, dict) or self.jobs is None:
+            return
+        try:
+            state = self.jobs.job_state(job.get("id", ""))
+        except (StateUnavailable, RedisError):
+            return  # run it; a late completion is ignored if the job has ended
+        if state in ("FAILURE", "UNKNOWN"):
+            from celery.worker import state as worker_state
+
+            logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
+                           state.lower(), job.get("node"))
+            worker_state.revoked.add(request.id)
+
     def task_started(self, task: Any, request: Any, args: Any = None) -> None:
         """Resolve a job node's inputs, load its model (prefetching queued ones), start timing."""
         decision = Decision.from_header(getattr(request, "compass", None))
@@ -100,7 +133,7 @@ class TaskHooks:
         if model is not None:
             if model in self.cache.resident():  # a hit: the queue peek only feeds the
                 self.cache.acquire(model)        # prefetch, so it is made off this path
-                self._prefetch_due.set()  # (by the runtime's prefetch loop)
+                self._prefetch_due.set()  # (by the prefetch loop)
             else:  # a load: what is queued next decides what it may evict
                 queued = self._queued_models()
                 self.cache.acquire(model, queued)
@@ -111,39 +144,18 @@ class TaskHooks:
             self._timing[request.id] = {"started": time.time(),
                                         "load_ms": self._ms(loaded - started)}
 
-    def _queued_models(self) -> list[str | None]:
-        """The models of the next messages in this worker's queue (advisory: [] on error)."""
-        try:
-            return [d.model for d in self.queued_decisions(self.cfg["prefetch_depth"])]
-        except Exception:  # queue peek is advisory
-            return []
-
-    def _prefetch_loop(self) -> None:
-        """Peek this worker's queue and prefetch what is next, when a task started on a
-        resident model asks for it (``_prefetch_due``)."""
-        while not self._stopping.is_set():
-            if self._prefetch_due.wait(1.0):
-                self._prefetch_due.clear()
-                # a task over by then leaves no run for a load to overlap: no peek for it
-                if not self._stopping.wait(PREFETCH_AFTER_S) and self._running:
-                    self.cache.prefetch(self._queued_models())
-
-    def _ms(self, seconds: float) -> float:
-        """Real seconds as workload milliseconds."""
-        return 1000 * seconds / self.cfg["time_scale"]
-
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
         """Release the model, uncharge, learn the run time, record a job node's end."""
         with self._lock:
             _, model, started = self._running.pop(request.id, (None, None, None))
             timing = self._timing.pop(request.id, {})
-            self._tags.pop(request.id, None)
+        self.leases.release(request.id)
         if model is not None:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         if model is not None and started is not None:
-            self.served.ran(model, run_ms)  # published with the record (worker_demand)
+            self.served.ran(model, run_ms)  # published with the record (served.py)
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0
@@ -164,6 +176,16 @@ class TaskHooks:
             logger.warning("compass: bookkeeping skipped, %s", exc)
         self._wake.set()
 
+    def task_revoked(self, request: Any) -> None:
+        """Take a revoked task's charge off this worker's backlog."""
+        decision = Decision.from_header(getattr(request, "compass", None)
+                                        or (getattr(request, "_request_dict", {}) or {}).get(
+                                            "compass"))
+        if decision is not None and decision.worker == self.name and decision.charge_ms:
+            with contextlib.suppress(StateUnavailable):
+                self.compass.store.charge(self.name, -decision.charge_ms)
+
+    # -- job completion -------------------------------------------------------------------
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
                       timing: dict[str, float], run_ms: float, pipe: Any = None,
                       unsettled_ms: float = 0.0) -> None:
@@ -198,34 +220,31 @@ class TaskHooks:
         except RetriesExhausted as exc:
             logger.error("compass: %s; the job fails at its deadline", exc)
 
-    def task_received(self, request: Any) -> None:
-        """Lease the message's tag; revoke a job node whose job already failed or expired."""
-        tag = getattr(getattr(request, "message", None), "delivery_tag", None)
-        if isinstance(tag, str) and tag:
-            with self._lock:
-                self._tags[request.id] = tag  # leased from now until it is acked
-        job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
-        if not isinstance(job, dict) or self.jobs is None:
-            return
+    # -- prefetch -------------------------------------------------------------------------
+    def _queued_models(self) -> list[str | None]:
+        """The models of the next messages in this worker's queue (advisory: [] on error)."""
         try:
-            state = self.jobs.job_state(job.get("id", ""))
-        except (StateUnavailable, RedisError):
-            return  # run it; a late completion is ignored if the job has ended
-        if state in ("FAILURE", "UNKNOWN"):
-            from celery.worker import state as worker_state
+            return [d.model for d in self._queued(self.cfg["prefetch_depth"])]
+        except Exception:  # queue peek is advisory
+            return []
 
-            logger.warning("compass: job %s is %s; not running its node %r", job.get("id"),
-                           state.lower(), job.get("node"))
-            worker_state.revoked.add(request.id)
+    def prefetch_loop(self) -> None:
+        """Peek this worker's queue and prefetch what is next, when a task started on a
+        resident model asks for it."""
+        while not self._stopping.is_set():
+            if self._prefetch_due.wait(1.0):
+                self._prefetch_due.clear()
+                # a task over by then leaves no run for a load to overlap: no peek for it
+                if not self._stopping.wait(PREFETCH_AFTER_S) and self.running():
+                    self.cache.prefetch(self._queued_models())
 
-    def task_revoked(self, request: Any) -> None:
-        """Take a revoked task's charge off this worker's backlog."""
-        decision = Decision.from_header(getattr(request, "compass", None)
-                                        or (getattr(request, "_request_dict", {}) or {}).get(
-                                            "compass"))
-        if decision is not None and decision.worker == self.name and decision.charge_ms:
-            with contextlib.suppress(StateUnavailable):
-                self.compass.store.charge(self.name, -decision.charge_ms)
+    def stop(self) -> None:
+        """Wake the prefetch loop so it sees the stop (and skips its peek)."""
+        self._prefetch_due.set()
+
+    def _ms(self, seconds: float) -> float:
+        """Real seconds as workload milliseconds."""
+        return 1000 * seconds / self.cfg["time_scale"]
 
 
 def _task_model(task: Any, decision: Decision | None) -> str | None:

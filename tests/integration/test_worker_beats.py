@@ -22,15 +22,15 @@ def test_a_worker_woken_by_every_task_still_beats(compass_redis_url: str) -> Non
                     compass_emulate_gpu_mb=1000.0, compass_state_refresh_s=0.05)
     c = Compass(app)
     rt = WorkerRuntime(c, "w@busy", c.queue_for("w@busy"))
-    rt.publish()
+    rt.publisher.publish()
     stop = threading.Event()
 
     def task_ends() -> None:
         while not stop.is_set():
-            rt._wake.set()  # as every task's end does
+            rt.publisher.wake.set()  # as every task's end does
             time.sleep(0.002)
 
-    threads = [threading.Thread(target=rt._publish_loop, daemon=True),
+    threads = [threading.Thread(target=rt.publisher.loop, daemon=True),
                threading.Thread(target=task_ends, daemon=True)]
     for t in threads:
         t.start()
