@@ -17,12 +17,13 @@ from celery import Celery, signals
 from . import settings as settings_mod
 from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
 from .eager import install_task_class
-from .placement import Decision, cluster_view
+from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
 from .state.reader import SnapshotReader
 from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore, connect
+from .state.views import cluster_view
 
 logger = logging.getLogger("compass_celery")
 
@@ -189,7 +190,7 @@ class Compass:
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
                         **kw: Any) -> None:
-        from .placement import annotate_headers
+        from .flower import annotate_headers
 
         decision = self.router.take_pending(sender or "")
         if headers is None:

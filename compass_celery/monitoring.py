@@ -7,7 +7,7 @@
   not every worker.
 
 Flower shows each task's placement without help from here: it rides on the
-message's ``kwargsrepr`` (:func:`compass_celery.placement.annotate_headers`).
+message's ``kwargsrepr`` (:func:`compass_celery.flower.annotate_headers`).
 
 prometheus_client is optional: ``pip install 'compass-celery[metrics]'``.
 """

@@ -38,7 +38,7 @@ import redis
 
 from compass_celery.local import RedisServer
 from compass_celery.needs import TaskNeeds
-from compass_celery.placement import cluster_view, decide
+from compass_celery.placement import decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.types import WorkerView
 from compass_celery.settings import OPTIONS
@@ -46,6 +46,7 @@ from compass_celery.state import keys
 from compass_celery.state.charges import ChargeBatcher
 from compass_celery.state.reader import SnapshotReader
 from compass_celery.state.store import FULL_READ_S, RedisStateStore
+from compass_celery.state.views import cluster_view
 
 PREFIX = "bench"
 QUEUE_PREFIX = "bench.w."

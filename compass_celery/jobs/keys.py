@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..placement import JOB_HEADER
 from ..planner.types import Placement
 from ..state import keys as _keys
 
 __all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json"]
+
+#: The message header a job node carries: job id, node name, inputs, where it moved from.
+JOB_HEADER = "compass_job"
 
 #: The first argument of a node with predecessors: where to find its inputs.
 INPUT_REF = "__compass_inputs__"

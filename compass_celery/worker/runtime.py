@@ -24,9 +24,10 @@ from redis import RedisError
 from ..broker.kombu_redis import RedisLayout, message_headers, peek
 from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
-from ..placement import Decision, cluster_view
+from ..placement import Decision
 from ..planner.types import ClusterView
 from ..state.store import StateUnavailable
+from ..state.views import cluster_view
 from .leases import Leases
 from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back

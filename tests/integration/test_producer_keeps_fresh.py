@@ -13,6 +13,7 @@ from compass_celery import placement
 from compass_celery.emulated import EDGE_MODELS, make_app
 from compass_celery.needs import TaskNeeds
 from compass_celery.planner.types import WorkerView
+from compass_celery.state import views
 from compass_celery.worker.runtime import WorkerRuntime
 
 pytestmark = pytest.mark.redis
@@ -43,7 +44,7 @@ def test_an_app_in_use_reads_and_prepares_between_decisions(compass_redis_url):
     assert reader.background_reads >= 2
     snap = reader.get()
     assert time.time() - snap.taken_at <= 0.1  # fresh
-    assert placement._VIEWS._last[0] is snap.workers  # its view already built
+    assert views._VIEWS._last[0] is snap.workers  # its view already built
     assert enqueue().worker == "b"  # the change is seen without this thread reading
     assert reader.reads - reader.background_reads == 1
     assert any(t.name == "compass-snapshot" and t.is_alive()

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from compass_celery.local import wait_until
-from compass_celery.placement import cluster_view
 from compass_celery.state import keys
+from compass_celery.state.views import cluster_view
 from compass_celery.testing import worker_logs
 from workers.emulated import make_app
 

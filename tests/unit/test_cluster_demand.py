@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from compass_celery.needs import TaskNeeds
-from compass_celery.placement import ViewCache, cluster_view, decide
+from compass_celery.placement import decide
 from compass_celery.planner import get_policy
 from compass_celery.planner.cost import evolve as fold_view
 from compass_celery.planner.demand import (
@@ -19,6 +19,7 @@ from compass_celery.planner.demand import (
 )
 from compass_celery.planner.types import ModelDemand, WorkerView
 from compass_celery.state.store import Snapshot
+from compass_celery.state.views import ViewCache, cluster_view
 
 SIZES = {"busy": 900.0, "other": 900.0, "c": 300.0}
 

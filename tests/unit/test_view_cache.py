@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from compass_celery.placement import ViewCache
 from compass_celery.planner.cost import build_worker_arrays, worker_arrays
 from compass_celery.planner.types import ClusterView, WorkerView
+from compass_celery.state.views import ViewCache
 
 SIZES = {"a": 500.0, "b": 900.0, "c": 300.0}
 

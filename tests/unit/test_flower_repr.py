@@ -12,9 +12,9 @@ import pytest
 from celery import Celery, signals
 
 from compass_celery import Compass
+from compass_celery.flower import annotate_headers, describe_placement
 from compass_celery.jobs import JOB_HEADER
-from compass_celery.placement import JOB_HEADER as PLACEMENT_JOB_HEADER
-from compass_celery.placement import Decision, annotate_headers, describe_placement
+from compass_celery.placement import Decision
 from compass_celery.testing import add_worker
 
 HEADER = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",
@@ -37,10 +37,6 @@ def test_describe_placement_survives_missing_and_odd_fields() -> None:
                                "reason": "no live\ncompass worker " + "x" * 500})
     assert "worker=shared" in line and "est_finish=-" in line and "fallback=yes" in line
     assert "\n" not in line and len(line) < 220 and line.endswith("...")
-
-
-def test_job_header_name_matches_the_job_runtime() -> None:
-    assert PLACEMENT_JOB_HEADER == JOB_HEADER
 
 
 def test_annotate_keeps_the_kwargs_repr_in_front() -> None:
