@@ -11,6 +11,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from ..planner.types import SHARED
 from ..state.scripts import script
 from ..state.store import text
 from .keys import JobKeys, deadlines_key
@@ -41,7 +42,7 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     plan = json.loads(plan_raw or "{}")
     for node, count in left.items():  # planned successors that will never be sent
         p = plan.get(node)
-        if count > 0 and p and p["worker"] != "*" and node not in done:
+        if count > 0 and p and p["worker"] != SHARED and node not in done:
             c.store.add_pending(p["worker"], -p["run_ms"])
     revoke = [t for n, t in sent.items() if n not in done and t != error.get("task_id")]
     if revoke:

@@ -19,7 +19,7 @@ from ..errors import JobError, JobTimeout
 from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.demand import cluster_demand
-from ..planner.types import ClusterView, TaskSpec
+from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.scripts import script
 from ..state.store import StateUnavailable, text
 from .failure import fail_job
@@ -193,7 +193,7 @@ class JobRuntime:
                         c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
                         # the next re-placement here sees it before the next read
                         c.reader.note_charge(decision.worker, decision.charge_ms)
-                    if planned and planned.get("worker") not in (None, "*") and not resumed:
+                    if planned and planned.get("worker") not in (None, SHARED) and not resumed:
                         c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
                                             pipe=pipe)  # no longer pending
                         c.reader.note_charge(planned["worker"], -float(planned["run_ms"]),

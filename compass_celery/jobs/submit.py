@@ -27,7 +27,7 @@ from ..placement import Decision
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
-from ..planner.types import ClusterView, DagSpec, Placement
+from ..planner.types import SHARED, ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client, register_script, run_pipeline
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import script
@@ -179,8 +179,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
     stays out) under ``task_id``; the caller has claimed it and confirms it after."""
     p = placement_json(placement) if isinstance(placement, Placement) else placement
-    if not p or p.get("worker") in (None, "*"):
-        queue, worker, charge = c.shared_queue, "*", 0.0
+    if not p or p.get("worker") in (None, SHARED):
+        queue, worker, charge = c.shared_queue, SHARED, 0.0
     else:
         queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
     decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
@@ -188,7 +188,7 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                         est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
                         load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
-                        fallback=worker == "*")
+                        fallback=worker == SHARED)
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}

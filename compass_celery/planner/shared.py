@@ -1,6 +1,6 @@
 """Plain Celery: one shared queue, and whichever worker is free next takes the task.
 
-Placements name worker ``"*"`` and queue ``"*"`` (the router substitutes the real
+Placements name worker ``SHARED`` (``"*"``) and queue ``SHARED`` (the router substitutes the real
 shared queue's name); the estimates are computed as if the least-backlog worker that
 can hold the model took it, which is what a free-worker-takes-next queue approximates.
 """

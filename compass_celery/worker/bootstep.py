@@ -15,7 +15,7 @@ import click
 from celery import Celery, bootsteps
 
 from ..broker.amqp import is_amqp
-from ..placement import SHARED
+from ..planner.types import SHARED
 from .runtime import WorkerRuntime, peek_queue
 
 if TYPE_CHECKING:

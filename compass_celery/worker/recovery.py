@@ -35,6 +35,7 @@ from ..broker.kombu_redis import BrokerQueues, MessageError, parse_message, redi
 from ..jobs.failure import sweep_overdue
 from ..needs import TaskNeeds
 from ..placement import Decision, PlacementError, decide
+from ..planner.types import SHARED
 from ..state import keys
 from ..state.store import StateUnavailable, text
 
@@ -194,7 +195,7 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
     if decision is None or decision.fallback:
         queue = c.shared_queue
         if old is not None:
-            headers["compass"] = {**old.as_header(), "worker": "*", "queue": queue,
+            headers["compass"] = {**old.as_header(), "worker": SHARED, "queue": queue,
                                   "charge_ms": 0.0, "fallback": True}
         decision = None
     else:
