@@ -186,3 +186,26 @@ def test_every_input_error_shares_one_base_and_stays_a_value_error():
         assert issubclass(error, CompassInputError) and issubclass(error, ValueError)
     with pytest.raises(CompassInputError, match="not valid JSON"):
         decode_record(b"{nope", field_name="w")
+
+
+def test_a_bad_task_declaration_is_an_input_error_at_apply_async():
+    """A malformed compass call option escapes ``apply_async`` as a CompassInputError
+    (still a ValueError), naming the task, in eager mode and when routed."""
+    from celery import Celery
+
+    from compass_celery import CompassInputError
+    from compass_celery.cache.errors import ModelTooLargeError, UnknownModelError
+
+    for error in (TaskDeclarationError, UnknownModelError, ModelTooLargeError):
+        assert issubclass(error, CompassInputError) and issubclass(error, ValueError)
+    for eager in (True, False):
+        app = Celery(f"decl{eager}", broker="memory://", set_as_current=False)
+        app.conf.update(task_always_eager=eager, compass_models={"m": 100.0})
+        Compass(app)
+
+        @app.task(name="decl.t", compass_model="m", compass_exec_ms=10)
+        def t() -> int:
+            return 1
+
+        with pytest.raises(CompassInputError, match="'decl.t'.*exec_ms"):
+            t.apply_async(compass={"exec_ms": -5})
