@@ -2,8 +2,9 @@
 
 Input errors:
 
-A malformed DAG, a workload file, a setting, a task that cannot be placed and a
-garbled worker record all raise a subclass of :class:`CompassInputError`, whose
+A malformed DAG, a workload file, a setting, a malformed task declaration or call
+option, an unknown model, a model larger than every GPU, a task that cannot be
+placed and a garbled worker record all raise a subclass of :class:`CompassInputError`, whose
 message names the bad field; callers can catch them together (and still as
 ``ValueError``, which they all were before).
 """

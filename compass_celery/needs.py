@@ -12,10 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import CompassInputError
 from .planner.types import TaskSpec
 
 
-class TaskDeclarationError(ValueError):
+class TaskDeclarationError(CompassInputError):
     """A task's compass options are malformed (negative run time, bad model name)."""
 
 

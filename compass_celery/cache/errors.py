@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from ..errors import CompassInputError
 
-class UnknownModelError(KeyError, ValueError):
+
+class UnknownModelError(KeyError, CompassInputError):
     """A model name the registry does not know."""
 
     def __str__(self) -> str:  # KeyError would quote the message; keep it readable
         return str(self.args[0]) if self.args else ""
 
 
-class ModelTooLargeError(ValueError):
+class ModelTooLargeError(CompassInputError):
     """A model that can never fit the device's memory (rejected early, not at run time)."""
 
 
