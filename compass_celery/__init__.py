@@ -12,9 +12,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {"Compass": "app", "Dag": "jobs.dag", "get_model": "cache", "Decision": "placement",
-            "PlacementError": "placement", "JobFailed": "jobs", "JobTimeout": "jobs",
-            "CompassInputError": "errors"}
+_EXPORTS = {"Compass": "app", "Dag": "jobs", "JobHandle": "jobs", "get_model": "cache",
+            "Decision": "placement", "CompassInputError": "errors",
+            "DagValidationError": "jobs", "PlacementError": "placement",
+            "JobError": "errors", "JobFailed": "errors", "JobTimeout": "errors",
+            "RetriesExhausted": "errors"}
 __all__ = list(_EXPORTS)
 
 

@@ -9,8 +9,8 @@ from collections import Counter
 import pytest
 import redis
 
-from compass_celery.jobs import JobKeys
 from compass_celery.jobs.dag import Dag
+from compass_celery.jobs.keys import JobKeys
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
 from tests.integration.jobapp import make_app

@@ -13,7 +13,7 @@ from celery import Celery, signals
 
 from compass_celery import Compass
 from compass_celery.flower import annotate_headers, describe_placement
-from compass_celery.jobs import JOB_HEADER
+from compass_celery.jobs.keys import JOB_HEADER
 from compass_celery.placement import Decision
 from compass_celery.testing import add_worker
 

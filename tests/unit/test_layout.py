@@ -156,3 +156,15 @@ def test_every_public_name_has_a_docstring() -> None:
     missing = {m: names for m, names in missing.items() if names}
     assert not missing, "public names without a docstring:\n" + "\n".join(
         f"{m}: {', '.join(names)}" for m, names in sorted(missing.items()))
+
+
+def test_the_public_names_are_importable_from_the_top() -> None:
+    """What the README and the docs import from ``compass_celery`` and its jobs face."""
+    import compass_celery
+    import compass_celery.jobs as jobs
+
+    for name in compass_celery.__all__:
+        assert getattr(compass_celery, name) is not None, name
+    assert set(jobs.__all__) == {"Dag", "DagValidationError", "JobError", "JobFailed",
+                                 "JobHandle", "JobTimeout", "RetriesExhausted"}
+    assert jobs.Dag is compass_celery.Dag and jobs.JobHandle is compass_celery.JobHandle
