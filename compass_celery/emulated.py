@@ -25,13 +25,6 @@ from compass_celery.state import keys
 
 logger = logging.getLogger("compass_celery.emulated")
 
-#: The benchmark's execution ledger (hash: task id -> count), in the Redis named by
-#: ``COMPASS_BENCH_LEDGER_URL``: a private server the faults never touch, so the
-#: counts survive a broker restart or pause. Starts count every execution begun
-#: (a killed worker's half-run task too); finishes count those that ran to the end.
-EXEC_STARTS = "{p}:bench:starts"
-EXECS = "{p}:bench:execs"
-
 _ledger_client: tuple[int, Any] | None = None
 
 #: The models of dags/edge-vision.json, sizes in MB.
@@ -106,8 +99,11 @@ def _ledger() -> Any | None:
 
 
 def count_execution(task: Any, template: str) -> None:
-    """HINCRBY the ledger for this task id, so the benchmark can count executions
-    beyond the first; a ledger error is logged and never fails the task."""
+    """HINCRBY the ledger hash ``template`` (:data:`~compass_celery.state.keys.BENCH_STARTS`
+    or :data:`~compass_celery.state.keys.BENCH_EXECS`, in the Redis named by
+    ``COMPASS_BENCH_LEDGER_URL``: a private server the faults never touch, so the counts
+    survive a broker restart or pause) for this task id, so the benchmark can count
+    executions beyond the first; a ledger error is logged and never fails the task."""
     client = _ledger()
     task_id = task.request.id
     if client is None or not task_id:
@@ -120,9 +116,9 @@ def count_execution(task: Any, template: str) -> None:
 
 
 def _run(self: Any, model: str | None, exec_ms: float, data: Any) -> dict[str, Any]:
-    count_execution(self, EXEC_STARTS)
+    count_execution(self, keys.BENCH_STARTS)
     current_cache().run(exec_ms)
-    count_execution(self, EXECS)
+    count_execution(self, keys.BENCH_EXECS)
     return {"model": model, "worker": self.request.hostname or socket.gethostname(),
             "exec_ms": exec_ms, "data": data}
 

@@ -95,7 +95,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     """One policy, one fresh cluster, the whole job stream."""
     import redis as redis_lib
 
-    from ..emulated import EXEC_STARTS, EXECS, INFER_TASK, STEP_TASK, make_app
+    from ..emulated import INFER_TASK, STEP_TASK, make_app
     from ..jobs.dag import Dag
 
     if server is not None and restart is None:
@@ -107,7 +107,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     ledger = redis_lib.Redis.from_url(ledger_url or redis_url)
     for key in client.scan_iter(f"{prefix}*"):  # state, jobs and queues of a previous run
         client.delete(key)
-    ledger.delete(keys.key(EXECS, prefix), keys.key(EXEC_STARTS, prefix))
+    ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix))
     forget_unacked(client, prefix)
     specs = (workload.cluster.workers if opts.workers is None
              else workload.cluster.scaled(opts.workers).workers)
@@ -223,8 +223,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                                   if o.end_ms is not None and not o.failed
                                   and o.index >= int(len(outcomes) * opts.warmup_frac)]
     # counted once the workers stopped: nothing can run again behind the count's back
-    finished = ledger_counts(ledger, keys.key(EXECS, prefix))
-    started = ledger_counts(ledger, keys.key(EXEC_STARTS, prefix))
+    finished = ledger_counts(ledger, keys.key(keys.BENCH_EXECS, prefix))
+    started = ledger_counts(ledger, keys.key(keys.BENCH_STARTS, prefix))
     result["duplicates"] = duplicate_count(finished)
     result["duplicate_starts"] = duplicate_count(started)
     result["executions"] = sum(finished.values())

@@ -44,9 +44,8 @@ logger = logging.getLogger("compass_celery.recovery")
 
 #: Broker URLs served by kombu's AMQP transports.
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "pyamqps://")
-#: Redis string per moved message copy: "moving" before the publish, "moved" after
-#: the broker's confirm; kept this long (a redelivery comes within seconds).
-MOVE_KEY = "{p}:amqp-move:{id}"
+#: How long a moved message copy's mark (:data:`compass_celery.state.keys.AMQP_MOVE`) is
+#: kept: a redelivery comes within seconds.
 MOVE_TTL_S = 24 * 3600
 #: Header naming one copy of a task message; a move gives the new copy a fresh one.
 COPY_HEADER = "compass_copy"
@@ -128,7 +127,7 @@ class AmqpQueues:
 
     def mark_key(self, mark_id: str) -> str:
         """The Redis key of one message copy's move mark."""
-        return keys.key(MOVE_KEY, self.prefix, id=mark_id)
+        return keys.key(keys.AMQP_MOVE, self.prefix, id=mark_id)
 
     # -- connection ---------------------------------------------------------------------
     def _chan(self) -> Any:

@@ -1,7 +1,8 @@
 """Where one job lives in Redis, and the names its messages carry.
 
-The job, its plan and its progress live under ``{prefix}:job:{<id>}`` (see
-:mod:`compass_celery.state.keys`): the id is the hash tag, so every key of one job is in
+The job, its plan and its progress live under ``{prefix}:job:{<id>}`` (the templates,
+with each key's type and writer, are in :mod:`compass_celery.state.keys`): the id is the
+hash tag, so every key of one job is in
 one Redis Cluster slot. These helpers are shared by submission, the worker-side
 runtime, failure handling and the handle.
 """
@@ -37,9 +38,9 @@ class JobKeys:
     @classmethod
     def of(cls, prefix: str, job_id: str) -> JobKeys:
         """The keys of job ``job_id`` under key prefix ``prefix``."""
-        base = _keys.key(_keys.JOB, prefix, id=job_id)
-        return cls(base, f"{base}:out", f"{base}:left", f"{base}:done", f"{base}:info",
-                   f"{base}:tasks")
+        return cls(*(_keys.key(t, prefix, id=job_id) for t in (
+            _keys.JOB, _keys.JOB_OUTPUTS, _keys.JOB_LEFT, _keys.JOB_DONE, _keys.JOB_INFO,
+            _keys.JOB_TASKS)))
 
     def all(self) -> list[str]:
         """In the order complete.lua expects its KEYS."""

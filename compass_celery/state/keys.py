@@ -2,8 +2,13 @@
 
 ``{p}`` is ``compass_key_prefix``: two apps with different prefixes share
 nothing. Keys about broker messages (staging, dead letters, leases) live in the
-broker's Redis beside kombu's own keys; the rest live in the state Redis
-(``compass_redis_url``, by default the broker's), which may be a Redis Cluster.
+broker's Redis beside kombu's own keys (whose names kombu's settings give:
+:class:`compass_celery.broker.kombu_redis.RedisLayout`), or in the state Redis over
+RabbitMQ; the rest live in the state Redis (``compass_redis_url``, by default the
+broker's), which may be a Redis Cluster. The benchmark's ledger lives in a Redis of
+its own. Every template below says its Redis type, what it holds and who writes it;
+code builds keys only from these templates (:func:`key`, or
+:class:`compass_celery.jobs.keys.JobKeys` for one job's keys).
 
 Hash tags keep every multi-key step in one cluster slot: the cluster state and
 recovery's keys carry the prefix as their tag (``{compass}:workers``), so the
@@ -14,29 +19,87 @@ and fail.lua touch one slot each. On a single Redis the braces are just characte
 
 from __future__ import annotations
 
+# Each template: its Redis type, what it holds, and the module that writes it.
+
 # -- cluster state (state Redis) ------------------------------------------------------
-WORKERS = "{{{p}}}:workers"          # hash: worker name -> JSON record (what planning reads)
-WORKER_STATS = "{{{p}}}:worker-stats"  # hash: worker name -> JSON counters (pid, cache hits...)
-BEATS = "{{{p}}}:beats"              # zset: worker name -> Redis TIME of its last publish
-BACKLOG = "{{{p}}}:backlog"          # hash: worker name -> ms queued and running
-PENDING = "{{{p}}}:pending"          # hash: worker name -> ms planned but not yet sent
-PROFILES = "{{{p}}}:profiles"        # hash: "task|model" -> {"exec_ms", "n"}
-STATE_LOG = "{{{p}}}:state-log"      # hash: version (bumped per change), epoch, floor (trimmed)
-CHANGES = "{{{p}}}:changes"          # zset: "w:"/"b:"/"p:"/"f:" + name -> version of last change
+# hash: worker name -> JSON record (what planning reads); publish.lua / remove.lua, run by
+# state/store.py (RedisStateStore.publish / remove)
+WORKERS = "{{{p}}}:workers"
+# hash: worker name -> JSON informational counters (pid, cache hits...), never read by
+# planning; publish.lua / remove.lua, run by state/store.py
+WORKER_STATS = "{{{p}}}:worker-stats"
+# zset: worker name -> Redis TIME of its last publish (liveness); publish.lua / remove.lua,
+# run by state/store.py
+BEATS = "{{{p}}}:beats"
+# hash: worker name -> ms queued and running; counter.lua, run by state/store.py (charge,
+# set_backlog), and once.lua, run by jobs/submit.py (a job's sources)
+BACKLOG = "{{{p}}}:backlog"
+# hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
+# (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
+PENDING = "{{{p}}}:pending"
+# hash: "task|model" -> JSON {"exec_ms", "n"} learned run time; ewma.lua, run by
+# state/store.py (record_run)
+PROFILES = "{{{p}}}:profiles"
+# hash: version (bumped per change), epoch, floor (newest version trimmed); changelog.lua,
+# put in front of every state script above (state/store.py, jobs/submit.py)
+STATE_LOG = "{{{p}}}:state-log"
+# zset: "w:"/"b:"/"p:"/"f:" + name -> version of its last change; changelog.lua, as above
+CHANGES = "{{{p}}}:changes"
 
 # -- recovery (state Redis) -------------------------------------------------------------
-DEAD_QUEUES = "{{{p}}}:dead-queues"  # zset: queue of a stopped/dead worker -> Redis TIME marked
-RECOVERY_LEADER = "{{{p}}}:recovery-leader"  # string with PX: the one worker recovering this tick
+# zset: queue of a stopped/dead worker -> Redis TIME it was marked; worker/recovery.py
+DEAD_QUEUES = "{{{p}}}:dead-queues"
+# string with PX: the one worker recovering this tick; worker/recovery.py
+RECOVERY_LEADER = "{{{p}}}:recovery-leader"
 
-# -- broker messages (broker Redis) -----------------------------------------------------
-STAGING = "{p}:staging:{queue}"  # list: messages taken from a queue, not yet re-placed
-DEAD_LETTER = "{p}:dead-letter"  # list: JSON {queue, reason, raw} of unusable messages
-LEASES = "{p}:leases"            # zset: delivery tag -> Redis TIME its runner last renewed
+# -- broker messages (broker Redis; the state Redis over RabbitMQ) -----------------------
+# list: messages taken from a queue, not yet re-placed; stage.lua / move.lua, run by
+# broker/kombu_redis.py (RedisQueues)
+STAGING = "{p}:staging:{queue}"
+# list: JSON {queue, reason, raw} of unusable messages; move.lua and LPUSH by
+# broker/kombu_redis.py (RedisQueues), LPUSH by broker/amqp.py (AmqpQueues, state Redis)
+DEAD_LETTER = "{p}:dead-letter"
+# zset: delivery tag -> Redis TIME its runner last renewed; lease.lua / stage.lua, run by
+# broker/kombu_redis.py (RedisQueues)
+LEASES = "{p}:leases"
+# string with EX: one moved message copy's mark, "moving" before the publish, "moved"
+# after the broker's confirm; SET by broker/amqp.py (AmqpQueues, in the state Redis)
+AMQP_MOVE = "{p}:amqp-move:{id}"
 
-# -- jobs (state Redis) -------------------------------------------------------------------
-JOB = "{p}:job:{{{id}}}"         # hash: state, plan, nodes, deadline ... (see jobs.JobKeys)
-JOB_DEADLINES = "{{{p}}}:jobs:deadlines"  # zset: running job id -> deadline (unix s)
-ONCE = "{{{p}}}:once:{token}"    # string with EX: a submission's counter change, applied once
+# -- jobs (state Redis): one job's keys share its id as hash tag; jobs/keys.py's JobKeys
+# fills them, complete.lua expects them in this order ------------------------------------
+# hash: state, plan, nodes, deadline, "n:<node>" spec and "p:<node>" plan ...; HSET by
+# jobs/submit.py, state changed by complete.lua (jobs/runtime.py) and fail.lua
+# (jobs/failure.py)
+JOB = "{p}:job:{{{id}}}"
+# hash: node -> its output JSON; complete.lua, run by jobs/runtime.py
+JOB_OUTPUTS = "{p}:job:{{{id}}}:out"
+# hash: node -> predecessors not yet complete; HSET by jobs/submit.py, decremented by
+# complete.lua (jobs/runtime.py)
+JOB_LEFT = "{p}:job:{{{id}}}:left"
+# list: "SUCCESS" or "FAILURE", pushed when the job ends (waiters block on it with
+# BLMOVE); complete.lua (jobs/runtime.py), fail.lua (jobs/failure.py)
+JOB_DONE = "{p}:job:{{{id}}}:done"
+# hash: node -> JSON run info (worker, task id, timing); complete.lua, run by
+# jobs/runtime.py
+JOB_INFO = "{p}:job:{{{id}}}:info"
+# hash: node -> task id sent ("?<id>" while claimed, not yet confirmed); HSET by
+# jobs/submit.py (sources) and jobs/runtime.py (successors), claimed by complete.lua
+JOB_TASKS = "{p}:job:{{{id}}}:tasks"
+# zset: running job id -> deadline (unix s); ZADD by jobs/submit.py, swept (ZREM) by
+# jobs/failure.py
+JOB_DEADLINES = "{{{p}}}:jobs:deadlines"
+# string with EX: a submission's counter change, applied once; once.lua, run by
+# jobs/submit.py
+ONCE = "{{{p}}}:once:{token}"
+
+# -- benchmark ledger (the private Redis named by COMPASS_BENCH_LEDGER_URL) ---------------
+# hash: task id -> executions begun (a killed worker's half-run task too); HINCRBY by
+# emulated.py, read and deleted by bench/runner.py
+BENCH_STARTS = "{p}:bench:starts"
+# hash: task id -> executions that ran to the end; HINCRBY by emulated.py, read and
+# deleted by bench/runner.py
+BENCH_EXECS = "{p}:bench:execs"
 
 
 def key(template: str, prefix: str, **fields: str) -> str:

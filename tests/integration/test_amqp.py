@@ -19,7 +19,7 @@ import pytest
 import redis
 
 from compass_celery.broker.amqp import AmqpQueues
-from compass_celery.emulated import EXEC_STARTS, EXECS, make_app
+from compass_celery.emulated import make_app
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.state import keys
@@ -61,7 +61,7 @@ def _burst(app, n: int, exec_ms: float) -> list:
             for i in range(n)]
 
 
-def _ledger(state: str, template: str = EXECS) -> Counter[str]:
+def _ledger(state: str, template: str = keys.BENCH_EXECS) -> Counter[str]:
     client = redis.Redis.from_url(state)
     return Counter({k.decode(): int(v) for k, v in
                     client.hgetall(keys.key(template, "compass")).items()})
@@ -139,7 +139,8 @@ def test_sigkill_queue_is_drained_by_the_peer(amqp_url, compass_redis_url, compa
     ws[0].kill()  # SIGKILL mid-task: the broker returns its unacked message to its queue
     assert sorted(r.get(timeout=60)["data"] for r in results) == list(range(20)), \
         worker_logs(ws)
-    finished, started = _ledger(compass_redis_url), _ledger(compass_redis_url, EXEC_STARTS)
+    finished = _ledger(compass_redis_url)
+    started = _ledger(compass_redis_url, keys.BENCH_STARTS)
     assert all(finished[r.id] >= 1 for r in results)  # none lost
     duplicates = sum(n - 1 for n in finished.values() if n > 1)
     restarted = sum(n - 1 for n in started.values() if n > 1)
@@ -158,13 +159,13 @@ def test_same_name_restart_consumes_its_returned_task(amqp_url, compass_redis_ur
     res = app.tasks["emulated.infer"].apply_async(("detector", 3000, "done"),
                                                   compass={"model": "detector",
                                                            "exec_ms": 3000})
-    wait_until(lambda: _ledger(compass_redis_url, EXEC_STARTS)[res.id] == 1, 15,
+    wait_until(lambda: _ledger(compass_redis_url, keys.BENCH_STARTS)[res.id] == 1, 15,
                "the task to start")
     ws[0].kill()  # SIGKILL mid-task; restarted at once under the same name
     ws.append(compass_workers("compass_celery.emulated_app", "s0@amqp-same", *GPU,
                               env=_env(amqp_url, compass_redis_url)))
     assert res.get(timeout=30)["data"] == "done", worker_logs(ws)
-    assert _ledger(compass_redis_url, EXEC_STARTS)[res.id] == 2  # killed run, and the rerun
+    assert _ledger(compass_redis_url, keys.BENCH_STARTS)[res.id] == 2  # killed run, and the rerun
     assert _ledger(compass_redis_url)[res.id] == 1
 
 
