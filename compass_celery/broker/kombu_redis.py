@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..state import keys
-from ..state.scripts import script
+from ..state.scripts import register_script
 from ..state.store import text
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
@@ -222,9 +222,9 @@ class RedisQueues:
 
     def __init__(self, client: Any, layout: RedisLayout, prefix: str) -> None:
         self.client, self.layout, self.prefix = client, layout, prefix
-        self._stage = client.register_script(script("stage"))
-        self._move = client.register_script(script("move"))
-        self._lease = client.register_script(script("lease"))
+        self._stage = register_script(client, "stage")
+        self._move = register_script(client, "move")
+        self._lease = register_script(client, "lease")
 
     def staging_key(self, queue: str) -> str:
         """The staging list of messages taken from ``queue`` and not yet re-placed."""

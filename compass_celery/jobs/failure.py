@@ -12,7 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..planner.types import SHARED
-from ..state.scripts import script
+from ..state.scripts import register_script
 from ..state.store import text
 from .keys import JobKeys, deadlines_key
 
@@ -27,7 +27,7 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     outstanding tasks; returns the job's state (``FAILURE`` only for the first caller)."""
     keys = JobKeys.of(c.settings["key_prefix"], job_id)
     client = c.store.client
-    fail = client.register_script(script("fail"))
+    fail = register_script(client, "fail")
     state = fail(keys=[keys.job, keys.done], args=[json.dumps(error),
                                                      int(c.settings["job_ttl_s"])])
     state = text(state)

@@ -20,7 +20,7 @@ from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.demand import cluster_demand
 from ..planner.types import SHARED, ClusterView, TaskSpec
-from ..state.scripts import script
+from ..state.scripts import register_script
 from ..state.store import StateUnavailable, text
 from .failure import fail_job
 from .keys import INPUT_REF, JobKeys
@@ -80,7 +80,7 @@ class JobRuntime:
         self.outputs = OutputCache(int(compass.settings["output_cache_mb"] * 2**20))
         self._seen_running: OrderedDict[str, float] = OrderedDict()  # job id -> monotonic
         client = compass.store.client
-        self._complete = client.register_script(script("complete"))
+        self._complete = register_script(client, "complete")
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of job ``job_id`` under this app's key prefix."""

@@ -28,9 +28,9 @@ from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
 from ..planner.types import SHARED, ClusterView, DagSpec, Placement
-from ..state.cluster import is_cluster_client, register_script, run_pipeline
+from ..state.cluster import is_cluster_client, run_pipeline
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
-from ..state.scripts import script
+from ..state.scripts import register_script
 from ..state.store import StateUnavailable
 from .handle import JobHandle
 from .keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
@@ -165,7 +165,7 @@ def _add_once(c: CompassContext, client: Any, token: str, kind: str,
     prefix = c.settings["key_prefix"]
     guard, table, log, changes_key = once_keys(prefix, token, kind)
     ttl = int(c.settings["submit_retry_s"]) + 60  # outlasts every retry of this submission
-    once = register_script(c.store.client, script("changelog") + script("once"))
+    once = register_script(c.store.client, "changelog", "once")
     args: list[Any] = [ttl, kind, epoch_candidate(), CHANGE_LOG_SIZE]
     for worker, ms in changes:
         args += [worker, ms]

@@ -16,6 +16,8 @@ other commands had already run.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -87,13 +89,22 @@ class ClusterScript:
         return self._script(keys=keys, args=args, client=target)
 
 
+#: Per pipeline, the :class:`PipelinedScript` calls queued on it, as (reply index, script,
+#: keys, args): this module's table, not the pipeline's attributes, and gone with the
+#: pipeline. Pipelines are queued on and run from several threads: the lock guards it.
+_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, Any, list[Any], list[Any]]]] = \
+    weakref.WeakKeyDictionary()
+_queued_lock = threading.Lock()
+
+
 class PipelinedScript:
     """A Lua script that a pipeline runs by EVALSHA without asking SCRIPT EXISTS first.
 
     Redis loads it on its first direct call (redis-py's :class:`~redis.commands.core.Script`
-    does that on a NOSCRIPT reply). Queued on a pipeline, it is remembered there, so that
-    :func:`run_pipeline` can re-run just the commands that found it missing (a Redis that
-    restarted or flushed its scripts): a missing script ran nothing, so each runs once.
+    does that on a NOSCRIPT reply). Queued on a pipeline, it is remembered (in this
+    module's table, by pipeline), so that :func:`run_pipeline` can re-run just the commands
+    that found it missing (a Redis that restarted or flushed its scripts): a missing script
+    ran nothing, so each runs once.
     """
 
     def __init__(self, client: Any, source: str) -> None:
@@ -105,8 +116,8 @@ class PipelinedScript:
         from redis.client import Pipeline
 
         if isinstance(client, Pipeline):
-            client.__dict__.setdefault("_compass_scripts", []).append(
-                (len(client), self._script, keys, args))
+            with _queued_lock:
+                _queued.setdefault(client, []).append((len(client), self._script, keys, args))
             return client.evalsha(self._script.sha, len(keys), *keys, *args)
         return self._script(keys=keys, args=args, client=client)
 
@@ -114,7 +125,8 @@ class PipelinedScript:
 def run_pipeline(pipe: Any) -> list[Any]:
     """``pipe.execute()``, re-running any :class:`PipelinedScript` that found its script
     missing (loading it first); any other error is raised as ``execute`` would."""
-    queued = pipe.__dict__.pop("_compass_scripts", ())
+    with _queued_lock:
+        queued = _queued.pop(pipe, ())
     if not queued:
         return pipe.execute()
     from redis.exceptions import NoScriptError
@@ -128,10 +140,3 @@ def run_pipeline(pipe: Any) -> list[Any]:
             raise reply
     return replies
 
-
-def register_script(client: Any, source: str) -> Any:
-    """A script for ``client`` that pipelines run without a SCRIPT EXISTS round trip, and
-    that cluster pipelines can run (:class:`ClusterScript`) on a cluster."""
-    if is_cluster_client(client):
-        return ClusterScript(client, source)
-    return PipelinedScript(client, source)

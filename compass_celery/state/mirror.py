@@ -20,7 +20,7 @@ from typing import Any
 from ..planner.cost import evolve
 from ..planner.types import WorkerView
 from .cluster import connect_cluster, is_cluster_url
-from .records import RecordError, decode_ms, decode_record, parse_profile
+from .records import dead_reason, decode_ms, judge_record, parse_profile
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
 #: than this between two reads reads everything again.
@@ -261,15 +261,7 @@ class StateMirror:
         hit = self.decoded.get(name)
         if hit is not None and hit[0] == raw:
             return hit[1]
-        try:
-            view: WorkerView | str = decode_record(raw, field_name=name)
-        except RecordError as exc:
-            view = str(exc)
-        if isinstance(view, WorkerView) and self.queue_prefix is not None \
-                and view.queue != self.queue_prefix + view.name:
-            view = (f"worker record {name!r} names queue {view.queue!r}, not "
-                    f"{self.queue_prefix + view.name!r} (forged or misconfigured): ignored, "
-                    "and its queue is never drained")
+        view = judge_record(name, raw, self.queue_prefix)
         self.decoded[name] = (raw, view)
         return view
 
@@ -328,10 +320,7 @@ class StateMirror:
             view = self.decoded.get(name, (None, ""))[1]
             if not isinstance(view, WorkerView):
                 continue  # refused records are never judged, nor drained
-            if name in self.no_beat:
-                skipped.append(f"worker {name!r}: no heartbeat (dead)")
-            else:
-                skipped.append(f"worker {name!r}: heartbeat "
-                               f"{max(0.0, redis_now - stale[name]):.1f}s old (dead)")
+            age = None if name in self.no_beat else max(0.0, redis_now - stale[name])
+            skipped.append(dead_reason(name, age))
             dead.append((view.name, view.queue))
         return self.workers, self.profiles, tuple(skipped), tuple(dead)

@@ -140,6 +140,30 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
     )
 
 
+def judge_record(name: str, raw: bytes | str, queue_prefix: str | None) -> WorkerView | str:
+    """Worker ``name``'s record (``raw``, its hash field's value) as a view, or why a reader
+    skips it: garbled, or naming a queue other than ``queue_prefix + name`` (forged or
+    misconfigured: it would send work, or recovery, to somebody else's queue). Every
+    reader judges a record here, once per distinct ``raw``."""
+    try:
+        view = decode_record(raw, field_name=name)
+    except RecordError as exc:
+        return str(exc)
+    if queue_prefix is not None and view.queue != queue_prefix + view.name:
+        return (f"worker record {name!r} names queue {view.queue!r}, not "
+                f"{queue_prefix + view.name!r} (forged or misconfigured): ignored, "
+                "and its queue is never drained")
+    return view
+
+
+def dead_reason(name: str, age_s: float | None) -> str:
+    """Why worker ``name`` (a well-formed record) is skipped as dead: it has no heartbeat
+    (``age_s`` None) or its last one is ``age_s`` seconds old, past the timeout."""
+    if age_s is None:
+        return f"worker {name!r}: no heartbeat (dead)"
+    return f"worker {name!r}: heartbeat {age_s:.1f}s old (dead)"
+
+
 def parse_profile(raw: Any) -> float | None:
     """A learned run time (JSON ``{"exec_ms", "n"}``) in ms, or None when unusable."""
     try:

@@ -14,23 +14,31 @@ import json
 import logging
 import os
 import threading
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..planner.types import WorkerView
 from . import keys
-from .cluster import register_script as register
 from .cluster import run_pipeline, unavailable_errors
 from .mirror import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
 from .mirror import epoch_candidate as epoch
-from .records import RecordError, decode_ms, decode_record, encode_record, parse_profile
-from .scripts import script
+from .records import dead_reason, decode_ms, encode_record, judge_record, parse_profile
+from .scripts import register_script
 
 __all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore", "StateUnavailable",
            "connect", "text"]
 
 logger = logging.getLogger("compass_celery.state")
+
+#: Per pipeline, the counter changes a store queued on it, as (reply index, change-log
+#: member): :meth:`RedisStateStore.execute` hands their replies to the mirror. This
+#: module's table, not the pipeline's attributes, and gone with the pipeline; the lock
+#: guards it (stores are used from several threads).
+_own_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, str]]] = \
+    weakref.WeakKeyDictionary()
+_own_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,73 +80,6 @@ class StateStore(Protocol):
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker (backlog and pending folded in) and the learned run times."""
-
-
-def _str_keys(table: Mapping[Any, Any]) -> dict[str, Any]:
-    return {text(k): v for k, v in table.items()}
-
-
-def _assemble(records: Mapping[str, bytes | str], backlog: Mapping[Any, Any],
-              pending: Mapping[Any, Any], profiles_raw: Mapping[Any, Any], now: float,
-              timeout_s: float, ages: Mapping[str, float] | None = None,
-              queue_prefix: str | None = None,
-              decoded: dict[str, tuple[Any, WorkerView]] | None = None) -> Snapshot:
-    """Decode the records of live workers.
-
-    ``ages`` (seconds since each worker's last beat, on Redis's clock) decides
-    liveness when given; a heartbeat's host time is then informational only and
-    is replaced by ``now - age``, so two hosts' clocks are never compared. A record
-    whose queue is not ``queue_prefix + name`` is refused: it would send work, or
-    recovery, to somebody else's queue. ``decoded`` keeps the last decoded view per
-    worker with its raw record, so an unchanged record is not decoded again.
-    """
-    records, backlog, pending, profiles_raw = (
-        _str_keys(records), _str_keys(backlog), _str_keys(pending), _str_keys(profiles_raw))
-    workers: list[WorkerView] = []
-    skipped: list[str] = []
-    dead: list[tuple[str, str]] = []
-    seen = decoded if decoded is not None else {}
-    for name, raw in records.items():
-        hit = seen.get(name)
-        if hit is not None and hit[0] == raw:
-            view = hit[1]
-        else:
-            try:
-                view = decode_record(raw, field_name=name)
-            except RecordError as exc:
-                skipped.append(str(exc))
-                continue
-            seen[name] = (raw, view)
-        if queue_prefix is not None and view.queue != queue_prefix + view.name:
-            skipped.append(f"worker record {name!r} names queue {view.queue!r}, not "
-                           f"{queue_prefix + view.name!r} (forged or misconfigured): ignored, "
-                           "and its queue is never drained")
-            continue
-        if ages is not None:
-            age = ages.get(name)
-            if age is None:
-                skipped.append(f"worker {name!r}: no heartbeat (dead)")
-                dead.append((view.name, view.queue))
-                continue
-            beat = now - age
-        else:
-            beat = view.heartbeat
-        if now - beat > timeout_s:
-            skipped.append(f"worker {name!r}: heartbeat {now - beat:.1f}s old (dead)")
-            dead.append((view.name, view.queue))
-            continue
-        workers.append(replace(view, heartbeat=beat, backlog_ms=decode_ms(backlog.get(name)),
-                               pending_ms=decode_ms(pending.get(name))))
-    if decoded is not None:
-        for gone in set(decoded) - set(records):
-            decoded.pop(gone, None)
-    profiles: dict[str, float] = {}
-    for key, raw in profiles_raw.items():
-        ms = parse_profile(raw)
-        if ms is not None:
-            profiles[key] = ms
-    workers.sort(key=lambda w: w.name)
-    return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead))
 
 
 class MemoryStateStore:
@@ -194,10 +135,26 @@ class MemoryStateStore:
             self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
-        """Every live worker, decoded from the in-process records."""
+        """Every live worker, decoded from the in-process records (each record's own
+        heartbeat decides liveness: every writer shares this process's clock)."""
+        workers: list[WorkerView] = []
+        skipped: list[str] = []
+        dead: list[tuple[str, str]] = []
         with self._lock:
-            return _assemble(dict(self.records), dict(self.backlog), dict(self.pending),
-                             dict(self.profiles), now, heartbeat_timeout_s)
+            for name, raw in self.records.items():
+                view = judge_record(name, raw, None)
+                if isinstance(view, str):
+                    skipped.append(view)
+                elif now - view.heartbeat > heartbeat_timeout_s:
+                    skipped.append(dead_reason(name, now - view.heartbeat))
+                    dead.append((view.name, view.queue))
+                else:
+                    workers.append(replace(view, backlog_ms=decode_ms(self.backlog.get(name)),
+                                           pending_ms=decode_ms(self.pending.get(name))))
+            profiles = {k: ms for k, ms in ((k, parse_profile(v))
+                                            for k, v in self.profiles.items()) if ms is not None}
+        workers.sort(key=lambda w: w.name)
+        return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead))
 
 
 #: How often a store reads everything again, whatever its change log says (a safety net).
@@ -249,12 +206,12 @@ class RedisStateStore:
                 self._fresh_mirror()  # a lock held across fork would never be released
             self._client = self._factory(self.url)
             self._pid = os.getpid()
-            head = script("changelog")
-            self._counter = register(self._client, head + script("counter"))
-            self._ewma = register(self._client, script("ewma"))
-            self._publish = register(self._client, head + script("publish"))
-            self._remove = register(self._client, head + script("remove"))
-            self._read = register(self._client, script("snapshot"))
+            client = self._client
+            self._counter = register_script(client, "changelog", "counter")
+            self._ewma = register_script(client, "ewma")
+            self._publish = register_script(client, "changelog", "publish")
+            self._remove = register_script(client, "changelog", "remove")
+            self._read = register_script(client, "snapshot")
         return self._client
 
     def _call(self, fn: Callable[[], Any]) -> Any:
@@ -291,7 +248,8 @@ class RedisStateStore:
         if pipe is None:
             self._mirror.note_own(member, reply)
         else:  # its reply comes from execute(pipe): remember where it will be
-            pipe.__dict__.setdefault("_compass_own", []).append((len(pipe) - 1, member))
+            with _own_lock:
+                _own_queued.setdefault(pipe, []).append((len(pipe) - 1, member))
 
     def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
@@ -325,7 +283,9 @@ class RedisStateStore:
         """Run what was queued on ``pipe`` (one round trip); this process's reads then
         skip the counter changes it made (their values came back here)."""
         replies = self._call(lambda: run_pipeline(pipe))
-        for at, member in pipe.__dict__.pop("_compass_own", ()):
+        with _own_lock:
+            own = _own_queued.pop(pipe, ())
+        for at, member in own:
             self._mirror.note_own(member, replies[at])
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:

@@ -9,6 +9,9 @@ import pytest
 import redis
 
 from compass_celery.planner.types import WorkerView
+from compass_celery.state import cluster, keys
+from compass_celery.state import store as state_store
+from compass_celery.state.scripts import register_script
 from compass_celery.state.store import RedisStateStore
 
 pytestmark = pytest.mark.redis
@@ -207,6 +210,28 @@ def test_a_producer_does_not_fetch_back_its_own_charges(stores):
     assert (_backlog(snap, "a"), _backlog(snap, "b"), _backlog(snap, "c")) == (40.0, 20.0, 0.0)
     assert reader._mirror.own_skipped == 2  # a and b: left out of the read, values known
     assert _backlog(_snap(writer), "b") == 20.0  # another process reads them from Redis
+
+
+def test_a_pipeline_keeps_no_compass_state_and_a_forgotten_script_runs_once(stores):
+    """What compass queues on a pipeline (its scripts, its own counter changes) it keeps in
+    its own tables, never in the pipeline's attributes; run_pipeline still loads and
+    re-runs, once, a script that Redis forgot (restart, SCRIPT FLUSH)."""
+    writer, reader, client = stores
+    writer.publish(_view("a"))
+    _snap(reader)
+    ewma = register_script(writer.client, "ewma")
+    pipe = writer.client.pipeline(transaction=False)
+    writer.charge("a", 30.0, pipe=pipe)
+    pipe.hset("other", "x", 1)
+    ewma(keys=[keys.key(keys.PROFILES, "compass")], args=["t|m", 80.0, 0.3], client=pipe)
+    assert not [k for k in vars(pipe) if "compass" in k]
+    assert len(cluster._queued[pipe]) == 2 and len(state_store._own_queued[pipe]) == 1
+    client.script_flush()
+    writer.execute(pipe)  # both scripts found missing: loaded, each run once
+    assert pipe not in cluster._queued and pipe not in state_store._own_queued
+    assert [w.backlog_ms for w in _snap(reader).workers] == [30.0]  # not lost, not doubled
+    assert json.loads(client.hget(keys.key(keys.PROFILES, "compass"), "t|m"))["n"] == 1
+    assert writer._mirror.own["b:a"][2] == b"30"  # its reply reached the writer's mirror
 
 
 def test_a_change_by_someone_else_after_the_own_one_is_fetched(stores):

@@ -17,9 +17,10 @@ from compass_celery.planner.types import WorkerView
 from compass_celery.state import keys
 from compass_celery.state.cluster import is_cluster_url
 from compass_celery.state.mirror import connect
+from compass_celery.state.scripts import HOMES, script
 from compass_celery.state.store import RedisStateStore, StateUnavailable
 
-LUA = Path(__file__).resolve().parents[2] / "compass_celery" / "lua"
+PACKAGE = Path(__file__).resolve().parents[2] / "compass_celery"
 #: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.
 BROKER_SCRIPTS = {"stage", "move", "lease"}
 PREFIXES = ["compass", "app:two", "a{b}c", "x}y"]
@@ -36,8 +37,7 @@ class Recorder:
         self.calls: list[tuple[str, list[str]]] = []
 
     def register_script(self, source: str) -> Any:
-        name = next((p.stem for p in LUA.glob("*.lua") if p.stem != "changelog"
-                     and p.read_text() in source), "?")
+        name = next((n for n in HOMES if n != "changelog" and script(n) in source), "?")
 
         def call(keys: Any = None, args: Any = None, client: Any = None) -> Any:
             self.calls.append((name, list(keys or [])))
@@ -99,8 +99,11 @@ def test_job_keys_carry_the_job_id_as_their_tag():
 def test_every_script_is_checked_or_runs_on_the_broker():
     checked = {"changelog", "publish", "remove", "counter", "ewma", "snapshot", "complete",
                "fail", "once"}
-    assert {p.stem for p in LUA.glob("*.lua")} <= checked | BROKER_SCRIPTS, \
+    shipped = {p.stem for p in PACKAGE.glob("*/lua/*.lua")}
+    assert shipped == set(HOMES), "every script file is named in scripts.HOMES, and only those"
+    assert shipped <= checked | BROKER_SCRIPTS, \
         "a new script: check its KEYS share one slot here"
+    assert {n for n in BROKER_SCRIPTS if HOMES[n] != "broker"} == set()
 
 
 def test_cluster_urls(monkeypatch):

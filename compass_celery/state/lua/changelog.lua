@@ -1,5 +1,5 @@
--- Shared head of every script that changes cluster state (redis_state.py puts it in
--- front of publish, counter and remove): log_change notes that MEMBER changed, so a
+-- Shared head of every script that changes cluster state (scripts.register_script puts
+-- it in front of publish, counter, remove and the jobs' once): log_change notes that MEMBER changed, so a
 -- reader fetches only what changed since its last read instead of every record.
 --   log      hash  {version, epoch, floor}
 --   changes  zset  member ('w:'/'b:'/'p:'/'f:' + name) -> version of its latest change
