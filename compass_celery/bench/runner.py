@@ -95,57 +95,24 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     """One policy, one fresh cluster, the whole job stream."""
     import redis as redis_lib
 
-    from ..emulated import INFER_TASK, STEP_TASK, make_app
+    from ..emulated import INFER_TASK, STEP_TASK
     from ..jobs.dag import Dag
 
     if server is not None and restart is None:
         restart = server.restart
     prefix = f"compass-bench-{policy}"
     broker = opts.broker_url or redis_url
-    amqp = is_amqp(broker)
     client = redis_lib.Redis.from_url(redis_url)
     ledger = redis_lib.Redis.from_url(ledger_url or redis_url)
-    for key in client.scan_iter(f"{prefix}*"):  # state, jobs and queues of a previous run
-        client.delete(key)
-    ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix))
-    forget_unacked(client, prefix)
+    _forget_previous_run(client, ledger, prefix)
     specs = (workload.cluster.workers if opts.workers is None
              else workload.cluster.scaled(opts.workers).workers)
-    env = {"COMPASS_BROKER_URL": broker, "COMPASS_MODELS": json.dumps(workload.models),
-           **({"COMPASS_REDIS_URL": redis_url} if amqp else {}),
-           "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
-           "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
-           "COMPASS_CACHE_POLICY": opts.cache_policy or (
-               "lru" if policy == "celery-default" else "lookahead"),
-           "COMPASS_TIME_SCALE": str(opts.time_scale),
-           "COMPASS_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
-           "COMPASS_BENCH_LEDGER_URL": ledger_url or redis_url,
-           # kombu sweeps expired unacked messages every 1 s, not every 100 s, so plain
-           # Celery's redelivery after the visibility timeout shows within a run
-           "COMPASS_RESTORE_INTERVAL_S": "1",
-           "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)), **opts.extra_env}
-    app = make_app(broker, state_url=redis_url if amqp else None,
-                   compass_policy=policy, compass_key_prefix=prefix,
-                   compass_shared_queue=f"{prefix}.shared",
-                   compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
-                   compass_heartbeat_timeout_s=opts.heartbeat_timeout_s,
-                   compass_models=dict(workload.models), compass_job_timeout_s=3600)
     names = [f"{s.name}@{policy}" for s in specs]
-    if amqp:  # a previous run's messages in this vhost would run or count as stranded
-        for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
-            app.compass.queues.delete(name)
+    app = _bench_app(workload, policy, prefix, broker, redis_url, opts, names)
+    env = _worker_env(workload, policy, prefix, broker, redis_url, ledger_url, opts)
     log_dir = opts.log_dir or os.path.join(os.getcwd(), "bench-out", "logs")
     os.makedirs(log_dir, exist_ok=True)
-    workers = []
-    for i, s in enumerate(specs):
-        wenv = dict(env)
-        if opts.skew_clock_s and i == 0:  # one worker's wall clock runs ahead
-            wenv["PYTHONPATH"] = os.pathsep.join(
-                [CLOCKSKEW_DIR, os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
-            wenv["COMPASS_CLOCK_SKEW_S"] = str(opts.skew_clock_s)
-        workers.append(WorkerProcess("compass_celery.emulated_app", f"{s.name}@{policy}",
-                                     _worker_args(s, opts.time_scale), env=wenv,
-                                     log_path=os.path.join(log_dir, f"{policy}-{s.name}.log")))
+    workers = _worker_processes(specs, policy, env, opts, log_dir)
     faults: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
         for w in workers:
@@ -158,10 +125,9 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
         dags = {name: Dag.from_spec(app, spec, task=INFER_TASK, step_task=STEP_TASK)
                 for name, spec in workload.dags.items()}
-        if opts.long_task_s is not None:
-            dags["long-task"] = _long_task_dag(app, workload, opts)
         stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
         if opts.long_task_s is not None:  # first, so that it is warm-up for the latencies
+            dags["long-task"] = _long_task_dag(app, workload, opts)
             stream = [(0.0, "long-task"), *stream]
         t0 = time.monotonic()
         clock = lambda: (time.monotonic() - t0) * 1000.0 / opts.time_scale  # noqa: E731
@@ -170,70 +136,170 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         stack.callback(waiter.stopping.set)
         schedule_faults(opts, workers, restart, stack, server=server, app=app,
                          log_dir=log_dir, policy=policy, events=faults, t0=t0)
-        outcomes: list[JobOutcome] = []
-        handles = []
-        skip = int(len(stream) * opts.warmup_frac)
-        loads_at_warmup = 0
-        for i, (at_ms, name) in enumerate(stream):
-            delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            if i == skip:  # warm-up ends as the first job after it arrives (as simulated)
-                loads_at_warmup = _cache_counters(client, prefix)[2]
-            outcome = JobOutcome(i, name, clock())
-            try:
-                handle = dags[name].apply_async()
-            except Exception as exc:  # a failed submission is a failed job, never a lost one
-                echo(f"  job {i} ({name}) failed at submission: {exc}")
-                outcome.end_ms, outcome.failed = clock(), True
-                outcomes.append(outcome)
-                continue
-            waiter.watch(handle.keys.done, outcome)
-            outcomes.append(outcome)
-            handles.append((outcome, handle))
-            _progress(opts, policy, i + 1, len(stream), outcomes)
-        deadline = time.monotonic() + opts.drain_timeout_s
-        next_settle = time.monotonic() + 5.0
-        gone = 0
-        while any(o.end_ms is None for o in outcomes) and time.monotonic() < deadline:
-            _progress(opts, policy, len(stream), len(stream), outcomes)
-            if opts.restart_redis_after is not None and time.monotonic() > next_settle:
-                # records gone with a restart: those jobs failed, no need to wait for them
-                gone += _settle_unfinished(handles, clock, echo, quiet=True)
-                next_settle = time.monotonic() + 5.0
-            time.sleep(0.1)
-        waiter.stopping.set()
-        if opts.progress and sys.stderr.isatty():
-            sys.stderr.write("\n")
-        gone += _settle_unfinished(handles, clock, echo, quiet=True)
-        if gone:
-            echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
+        sent = _send_stream(stream, dags, t0, clock, waiter, opts, policy, echo,
+                            lambda: _cache_counters(client, prefix)[2])
+        _wait_for_jobs(sent, waiter, clock, opts, policy, echo)
         time.sleep(opts.settle_s)  # the last acks land before anything counts as stranded
         stranded = stranded_messages(client, prefix, [w.name for w in workers])
-        if amqp:
+        if is_amqp(broker):
             stranded.update(stranded_amqp(app.compass.queues, prefix, names))
-        hits, misses, loads = _cache_counters(client, prefix)
-        result = policy_result(outcomes, opts.warmup_frac, hits, misses, loads)
-        late_tasks = sum(len(workload.dags[n].nodes) if n in workload.dags else 1
-                         for _, n in stream[skip:])
-        result["loads_after_warmup"] = loads - loads_at_warmup
-        result["load_fraction"] = round((loads - loads_at_warmup) / max(1, late_tasks), 4)
-        result["breakdown_ms"] = _breakdown(handles, opts.warmup_frac, len(stream))
-        result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3) for o in outcomes
-                                  if o.end_ms is not None and not o.failed
-                                  and o.index >= int(len(outcomes) * opts.warmup_frac)]
+        result = _measured(sent, workload, stream, opts, _cache_counters(client, prefix))
     # counted once the workers stopped: nothing can run again behind the count's back
-    finished = ledger_counts(ledger, keys.key(keys.BENCH_EXECS, prefix))
-    started = ledger_counts(ledger, keys.key(keys.BENCH_STARTS, prefix))
-    result["duplicates"] = duplicate_count(finished)
-    result["duplicate_starts"] = duplicate_count(started)
-    result["executions"] = sum(finished.values())
-    result["duplicated_task_ids"] = duplicated_ids(started)
-    result["stranded"] = sum(stranded.values())
-    result["stranded_where"] = {k: v for k, v in stranded.items() if v}
-    result["dead_lettered"] = int(client.llen(keys.key(keys.DEAD_LETTER, prefix)))
+    result.update(_delivery_counts(ledger, client, prefix, stranded))
     result["faults"] = faults
     return result
+
+
+def _forget_previous_run(client: Any, ledger: Any, prefix: str) -> None:
+    """Delete a previous run's state, jobs, queues and ledger under ``prefix``."""
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)
+    ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix))
+    forget_unacked(client, prefix)
+
+
+def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_url: str,
+               opts: BenchOptions, names: list[str]) -> Any:
+    """The submitting side's Celery app, configured as the workers are."""
+    from ..emulated import make_app
+
+    amqp = is_amqp(broker)
+    app = make_app(broker, state_url=redis_url if amqp else None,
+                   compass_policy=policy, compass_key_prefix=prefix,
+                   compass_shared_queue=f"{prefix}.shared",
+                   compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
+                   compass_heartbeat_timeout_s=opts.heartbeat_timeout_s,
+                   compass_models=dict(workload.models), compass_job_timeout_s=3600)
+    if amqp:  # a previous run's messages in this vhost would run or count as stranded
+        for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
+            app.compass.queues.delete(name)
+    return app
+
+
+def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis_url: str,
+                ledger_url: str | None, opts: BenchOptions) -> dict[str, str]:
+    """The environment every worker process of this policy's cluster starts with."""
+    return {"COMPASS_BROKER_URL": broker, "COMPASS_MODELS": json.dumps(workload.models),
+            **({"COMPASS_REDIS_URL": redis_url} if is_amqp(broker) else {}),
+            "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
+            "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
+            "COMPASS_CACHE_POLICY": opts.cache_policy or (
+                "lru" if policy == "celery-default" else "lookahead"),
+            "COMPASS_TIME_SCALE": str(opts.time_scale),
+            "COMPASS_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
+            "COMPASS_BENCH_LEDGER_URL": ledger_url or redis_url,
+            # kombu sweeps expired unacked messages every 1 s, not every 100 s, so plain
+            # Celery's redelivery after the visibility timeout shows within a run
+            "COMPASS_RESTORE_INTERVAL_S": "1",
+            "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)), **opts.extra_env}
+
+
+def _worker_processes(specs: Sequence[WorkerSpec], policy: str, env: dict[str, str],
+                      opts: BenchOptions, log_dir: str) -> list[WorkerProcess]:
+    """One emulated-GPU worker process per spec (not started)."""
+    workers = []
+    for i, s in enumerate(specs):
+        wenv = dict(env)
+        if opts.skew_clock_s and i == 0:  # one worker's wall clock runs ahead
+            wenv["PYTHONPATH"] = os.pathsep.join(
+                [CLOCKSKEW_DIR, os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
+            wenv["COMPASS_CLOCK_SKEW_S"] = str(opts.skew_clock_s)
+        workers.append(WorkerProcess("compass_celery.emulated_app", f"{s.name}@{policy}",
+                                     _worker_args(s, opts.time_scale), env=wenv,
+                                     log_path=os.path.join(log_dir, f"{policy}-{s.name}.log")))
+    return workers
+
+
+class _Sent:
+    """What the stream sent: every job's outcome, the handles of those submitted, and the
+    model loads counted when warm-up ended."""
+
+    def __init__(self, skip: int) -> None:
+        self.skip = skip
+        self.outcomes: list[JobOutcome] = []
+        self.handles: list[tuple[JobOutcome, Any]] = []
+        self.loads_at_warmup = 0
+
+
+def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: float,
+                 clock: Callable[[], float], waiter: _Waiter, opts: BenchOptions,
+                 policy: str, echo: Callable[[str], Any],
+                 loads_now: Callable[[], int]) -> _Sent:
+    """Submit each job at its arrival time (open loop); a failed submission is a failed
+    job, never a lost one."""
+    sent = _Sent(int(len(stream) * opts.warmup_frac))
+    for i, (at_ms, name) in enumerate(stream):
+        delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        if i == sent.skip:  # warm-up ends as the first job after it arrives (as simulated)
+            sent.loads_at_warmup = loads_now()
+        outcome = JobOutcome(i, name, clock())
+        sent.outcomes.append(outcome)
+        try:
+            handle = dags[name].apply_async()
+        except Exception as exc:  # a failed submission is a failed job, never a lost one
+            echo(f"  job {i} ({name}) failed at submission: {exc}")
+            outcome.end_ms, outcome.failed = clock(), True
+            continue
+        waiter.watch(handle.keys.done, outcome)
+        sent.handles.append((outcome, handle))
+        _progress(opts, policy, i + 1, len(stream), sent.outcomes)
+    return sent
+
+
+def _wait_for_jobs(sent: _Sent, waiter: _Waiter, clock: Callable[[], float],
+                   opts: BenchOptions, policy: str, echo: Callable[[str], Any]) -> None:
+    """Wait for every job to end (up to the drain timeout); jobs whose records a Redis
+    restart lost are failed as soon as that is seen."""
+    total = len(sent.outcomes)
+    deadline = time.monotonic() + opts.drain_timeout_s
+    next_settle = time.monotonic() + 5.0
+    gone = 0
+    while any(o.end_ms is None for o in sent.outcomes) and time.monotonic() < deadline:
+        _progress(opts, policy, total, total, sent.outcomes)
+        if opts.restart_redis_after is not None and time.monotonic() > next_settle:
+            # records gone with a restart: those jobs failed, no need to wait for them
+            gone += _settle_unfinished(sent.handles, clock, echo, quiet=True)
+            next_settle = time.monotonic() + 5.0
+        time.sleep(0.1)
+    waiter.stopping.set()
+    if opts.progress and sys.stderr.isatty():
+        sys.stderr.write("\n")
+    gone += _settle_unfinished(sent.handles, clock, echo, quiet=True)
+    if gone:
+        echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
+
+
+def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
+              opts: BenchOptions, counters: tuple[int, int, int]) -> dict[str, Any]:
+    """Latencies, cache counters, loads after warm-up and the per-task breakdown."""
+    hits, misses, loads = counters
+    result = policy_result(sent.outcomes, opts.warmup_frac, hits, misses, loads)
+    late_tasks = sum(len(workload.dags[n].nodes) if n in workload.dags else 1
+                     for _, n in stream[sent.skip:])
+    result["loads_after_warmup"] = loads - sent.loads_at_warmup
+    result["load_fraction"] = round((loads - sent.loads_at_warmup) / max(1, late_tasks), 4)
+    result["breakdown_ms"] = _breakdown(sent.handles, opts.warmup_frac, len(stream))
+    result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3) for o in sent.outcomes
+                              if o.end_ms is not None and not o.failed
+                              and o.index >= int(len(sent.outcomes) * opts.warmup_frac)]
+    return result
+
+
+def _delivery_counts(ledger: Any, client: Any, prefix: str,
+                     stranded: dict[str, int]) -> dict[str, Any]:
+    """What the delivery contract promises: duplicates from the ledger, stranded and
+    dead-lettered messages."""
+    finished = ledger_counts(ledger, keys.key(keys.BENCH_EXECS, prefix))
+    started = ledger_counts(ledger, keys.key(keys.BENCH_STARTS, prefix))
+    return {"duplicates": duplicate_count(finished),
+            "duplicate_starts": duplicate_count(started),
+            "executions": sum(finished.values()),
+            "duplicated_task_ids": duplicated_ids(started),
+            "stranded": sum(stranded.values()),
+            "stranded_where": {k: v for k, v in stranded.items() if v},
+            "dead_lettered": int(client.llen(keys.key(keys.DEAD_LETTER, prefix)))}
 
 
 def _long_task_dag(app: Any, workload: Workload, opts: BenchOptions) -> Any:

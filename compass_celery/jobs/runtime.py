@@ -24,7 +24,7 @@ from ..state.scripts import register_script
 from ..state.store import StateUnavailable, text
 from .failure import fail_job
 from .keys import INPUT_REF, JobKeys
-from .submit import publish_node
+from .send import publish_node
 
 if TYPE_CHECKING:
     from ..context import CompassContext

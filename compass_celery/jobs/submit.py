@@ -3,7 +3,8 @@
 Only sources are sent at submission; the worker that finishes a node releases its
 successors (:mod:`compass_celery.jobs.runtime`). Every step retries Redis hiccups
 and checks whether a step whose reply was lost took effect, so a job is never
-recorded or sent twice. :func:`publish_node` is also how workers send successors.
+recorded or sent twice. Sending one node is :mod:`compass_celery.jobs.send`, which
+workers use for successors too.
 
 Each step stays in one Redis Cluster hash slot: the job's own keys are written in
 one MULTI/EXEC (the job exists whole or not at all), then its deadline and its
@@ -20,25 +21,52 @@ import json
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..broker.kombu_redis import message_headers
 from ..placement import Decision
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
-from ..planner.types import SHARED, ClusterView, DagSpec, Placement
+from ..planner.types import ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client, run_pipeline
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script
 from ..state.store import StateUnavailable
 from .handle import JobHandle
-from .keys import JOB_HEADER, JobKeys, deadlines_key, once_keys, placement_json
+from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .retry import retry_transient
+from .send import publish_node, queued
 from .validation import DagValidationError
 
 if TYPE_CHECKING:
     from ..context import CompassContext
+
+
+@dataclass(frozen=True)
+class _Submission:
+    """One job on its way in: its id and keys, its nodes, and how its steps are grouped."""
+
+    c: CompassContext
+    job_id: str
+    keys: JobKeys
+    nodes: dict[str, dict[str, Any]]
+    #: On one Redis each pair of steps is one transaction (one round trip); on a Redis
+    #: Cluster the job's keys and the cluster state's keys live in different hash slots,
+    #: so each step is a transaction of its own.
+    single: bool
+    retry_s: float
+
+    def step(self, what: str, *steps: Callable[[Any], None],
+             done: Callable[[], bool] | None = None) -> None:
+        """Run ``steps`` as one transaction, retried through Redis hiccups; with ``single``
+        off, the first step alone and then each of the others."""
+        client = self.c.store.client
+        groups = [steps] if self.single else [steps[:1], *((s,) for s in steps[1:])]
+        for i, group in enumerate(groups):
+            retry_transient(f"job {self.job_id}: {what}",
+                            lambda g=group: _transaction(client, *g), give_up_s=self.retry_s,
+                            done=done if i == 0 else None)
 
 
 def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *,
@@ -49,30 +77,52 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     :meth:`~compass_celery.jobs.dag.Dag.records` gives them."""
     cfg = c.settings
     job_id = uuid.uuid4().hex
-    keys = JobKeys.of(cfg["key_prefix"], job_id)
+    job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
+                      not is_cluster_client(c.store.client), cfg["submit_retry_s"])
+    plan = _plan(c, spec)
+    timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
+    pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
+    _record(job, spec, plan, pending, timeout)
+    handle = JobHandle(c, job_id)
+    sources = _send_sources(job, spec, plan)
+    # the next job this process plans sees this one at once, as the router's bursts do,
+    # not only once its snapshot is read again
+    for worker, ms in sources:
+        c.reader.note_charge(worker, ms)
+    for worker, ms in pending.values():
+        c.reader.note_charge(worker, ms, pending=True)
+    return handle
+
+
+def _plan(c: CompassContext, spec: DagSpec) -> dict[str, Placement]:
+    """The whole job's placement on the live workers (none known: every node goes to
+    the shared queue); a model larger than every live GPU is refused here."""
     try:
         snapshot = c.reader.get()
     except StateUnavailable:
-        snapshot = None
-    live = snapshot.workers if snapshot else ()
-    if live:
-        largest = max(w.gpu_total_mb for w in live)
-        sizes = c.model_sizes()
-        for n in spec.nodes.values():
-            if n.model is not None and sizes.get(n.model, 0) > largest:
-                raise DagValidationError(
-                    f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
-                    f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
-                    f"(largest {largest:.0f} MB)")
-        cluster = ClusterView.of(live, c.model_sizes(), snapshot.taken_at,
-                                 demand=cluster_demand(live))
-        full = c.policy.plan(spec, cluster)
-        if cfg["validate"]:
-            check_plan(full, spec, cluster)
-        plan = full.placements
-    else:
-        plan = {}
-    timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
+        return {}
+    live = snapshot.workers
+    if not live:
+        return {}
+    largest = max(w.gpu_total_mb for w in live)
+    sizes = c.model_sizes()
+    for n in spec.nodes.values():
+        if n.model is not None and sizes.get(n.model, 0) > largest:
+            raise DagValidationError(
+                f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
+                f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
+                f"(largest {largest:.0f} MB)")
+    cluster = ClusterView.of(live, sizes, snapshot.taken_at, demand=cluster_demand(live))
+    full = c.policy.plan(spec, cluster)
+    if c.settings["validate"]:
+        check_plan(full, spec, cluster)
+    return full.placements
+
+
+def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
+            pending: dict[str, tuple[str, float]], timeout: float) -> None:
+    """Record the job whole, then start its clock and count its planned work (once)."""
+    c, nodes, ttl = job.c, job.nodes, int(job.c.settings["job_ttl_s"])
     now = time.time()
     plan_json = {k: placement_json(p) for k, p in plan.items()}
     body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
@@ -82,70 +132,51 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
             # per node, for completions that must not read the whole DAG (complete.lua)
             **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
             **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
-    client = c.store.client
-
-    pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
-
-    # On one Redis each pair of steps below is one transaction (one round trip); on a
-    # Redis Cluster the job's keys and the cluster state's keys live in different hash
-    # slots, so each step is a transaction of its own.
-    single = not is_cluster_client(client)
 
     def record(pipe: Any) -> None:  # the job exists whole or not at all
-        pipe.hset(keys.job, mapping=body)
+        pipe.hset(job.keys.job, mapping=body)
         left = {n: len(v["preds"]) for n, v in nodes.items() if v["preds"]}
         if left:
-            pipe.hset(keys.left, mapping=left)
-        for key in keys.all():
-            pipe.expire(key, int(cfg["job_ttl_s"]))
+            pipe.hset(job.keys.left, mapping=left)
+        for key in job.keys.all():
+            pipe.expire(key, ttl)
 
     def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
-        pipe.zadd(deadlines_key(cfg["key_prefix"]), {job_id: now + timeout})
-        _add_once(c, pipe, f"{job_id}:plan", "p", list(pending.values()))
+        pipe.zadd(deadlines_key(c.settings["key_prefix"]), {job.job_id: now + timeout})
+        _add_once(c, pipe, f"{job.job_id}:plan", "p", list(pending.values()))
 
     # done or not, a retry of start is safe: ZADD is idempotent and once.lua adds the
     # work once; a job recorded is recorded whole, with its start when they share a step
-    retry_transient(f"job {job_id}: recording it",
-                    lambda: _transaction(client, record, *([start] if single else [])),
-                    give_up_s=cfg["submit_retry_s"], done=lambda: bool(client.exists(keys.job)))
-    if not single:
-        retry_transient(f"job {job_id}: starting its clock", lambda: _transaction(client, start),
-                        give_up_s=cfg["submit_retry_s"])
-    handle = JobHandle(c, job_id)
-    # sources: nobody else sends them, so they are recorded as sent after publishing
+    job.step("recording it", record, start,
+             done=lambda: bool(c.store.client.exists(job.keys.job)))
+
+
+def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
+                  ) -> list[tuple[str, float]]:
+    """Send the job's sources (nobody else does), then record them as sent and charge
+    their workers once; -> (worker, ms) charged."""
+    c, job_id = job.c, job.job_id
     sent = {}
     for name in spec.sources():
         task_id = f"{job_id}.{name}"
         sent[name] = retry_transient(
             f"job {job_id}: sending {name!r}",
-            lambda n=name, t=task_id: publish_node(c, job_id, n, nodes[n], plan.get(n), None,
-                                                   None, t),
-            give_up_s=cfg["submit_retry_s"], done=lambda t=task_id: _queued(c, t))
-
-    def confirm(pipe: Any) -> None:
-        pipe.hset(keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
-        pipe.expire(keys.tasks, int(cfg["job_ttl_s"]))
-
+            lambda n=name, t=task_id: publish_node(c, job_id, n, job.nodes[n], plan.get(n),
+                                                   None, None, t),
+            give_up_s=job.retry_s, done=lambda t=task_id: queued(c, t))
     sources = [(d.worker, d.charge_ms) for d in sent.values()
                if isinstance(d, Decision) and d.charge_ms]
+
+    def confirm(pipe: Any) -> None:
+        pipe.hset(job.keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
+        pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
 
     def charge(pipe: Any) -> None:
         _add_once(c, pipe, f"{job_id}:sources", "b", sources)
 
-    retry_transient(f"job {job_id}: confirming its sources",
-                    lambda: _transaction(client, confirm, *([charge] if single else [])),
-                    give_up_s=cfg["submit_retry_s"],
-                    done=lambda: client.hlen(keys.tasks) >= len(sent))
-    if not single:
-        retry_transient(f"job {job_id}: charging its sources",
-                        lambda: _transaction(client, charge), give_up_s=cfg["submit_retry_s"])
-    # the next job this process plans sees this one at once, as the router's bursts do,
-    # not only once its snapshot is read again
-    for worker, ms in sources:
-        c.reader.note_charge(worker, ms)
-    for worker, ms in pending.values():
-        c.reader.note_charge(worker, ms, pending=True)
-    return handle
+    job.step("confirming its sources", confirm, charge,
+             done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))
+    return sources
 
 
 def _transaction(client: Any, *steps: Callable[[Any], None]) -> None:
@@ -170,43 +201,3 @@ def _add_once(c: CompassContext, client: Any, token: str, kind: str,
     for worker, ms in changes:
         args += [worker, ms]
     once(keys=[guard, table, log, changes_key], args=args, client=client)
-
-
-def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],
-                 placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
-                 moved_from: str | None, task_id: str, planned: str | None = None
-                 ) -> Decision:
-    """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
-    stays out) under ``task_id``; the caller has claimed it and confirms it after."""
-    p = placement_json(placement) if isinstance(placement, Placement) else placement
-    if not p or p.get("worker") in (None, SHARED):
-        queue, worker, charge = c.shared_queue, SHARED, 0.0
-    else:
-        queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
-    decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
-                        policy=c.policy.name, charge_ms=charge,
-                        est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
-                        load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
-                        reason=(p or {}).get("reason", "no live worker: shared queue"),
-                        fallback=worker == SHARED)
-    args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
-    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
-              "planned": planned if planned is not None else worker}
-    # The job record keeps each node's output; Celery's result backend would be a
-    # second write (and a read) per hop that nobody reads.
-    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
-                    task_id=task_id, ignore_result=True,
-                    headers={"compass": decision.as_header(), JOB_HEADER: header})
-    c.remember(task_id, decision)
-    return decision
-
-
-def _queued(c: CompassContext, task_id: str) -> bool:
-    """Whether a message with ``task_id`` already waits in a compass queue (a publish
-    whose reply was lost); only checked after a failure."""
-    queues = c.queues
-    if queues is None:
-        return False
-    names = [c.shared_queue, *(c.queue_for(w.name) for w in c.reader.get().workers)]
-    return any(message_headers(raw).get("id") == task_id
-               for q in names for raw in queues.peek(q))

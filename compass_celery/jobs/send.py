@@ -1,0 +1,60 @@
+"""Sending one job node to its worker's queue: the sources at submission, and the
+successors a worker releases when their inputs are ready.
+
+The node's message names its queue explicitly, so the router stays out; it carries
+the placement (``compass`` header) and the job header (``compass_job``: job id, node,
+when sent, where it moved from).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from ..broker.kombu_redis import message_headers
+from ..placement import Decision
+from ..planner.types import SHARED, Placement
+from .keys import JOB_HEADER, placement_json
+
+if TYPE_CHECKING:
+    from ..context import CompassContext
+
+
+def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],
+                 placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
+                 moved_from: str | None, task_id: str, planned: str | None = None
+                 ) -> Decision:
+    """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
+    stays out) under ``task_id``; the caller has claimed it and confirms it after."""
+    p = placement_json(placement) if isinstance(placement, Placement) else placement
+    if not p or p.get("worker") in (None, SHARED):
+        queue, worker, charge = c.shared_queue, SHARED, 0.0
+    else:
+        queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
+    decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
+                        policy=c.policy.name, charge_ms=charge,
+                        est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
+                        load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
+                        reason=(p or {}).get("reason", "no live worker: shared queue"),
+                        fallback=worker == SHARED)
+    args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
+    header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
+              "planned": planned if planned is not None else worker}
+    # The job record keeps each node's output; Celery's result backend would be a
+    # second write (and a read) per hop that nobody reads.
+    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+                    task_id=task_id, ignore_result=True,
+                    headers={"compass": decision.as_header(), JOB_HEADER: header})
+    c.remember(task_id, decision)
+    return decision
+
+
+def queued(c: CompassContext, task_id: str) -> bool:
+    """Whether a message with ``task_id`` already waits in a compass queue (a publish
+    whose reply was lost); only checked after a failure."""
+    queues = c.queues
+    if queues is None:
+        return False
+    names = [c.shared_queue, *(c.queue_for(w.name) for w in c.reader.get().workers)]
+    return any(message_headers(raw).get("id") == task_id
+               for q in names for raw in queues.peek(q))
