@@ -21,7 +21,7 @@ def main(argv: list[str]) -> int:
     out = Path(argv[0]).resolve() if argv else ROOT / "docs" / "img"
     env = {**os.environ, "COMPASS_FLOWER_SCREENSHOTS": str(out)}
     rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
-                          "tests/integration/test_flower_browser.py"], cwd=ROOT, env=env)
+                          "tests/app/test_flower_browser.py"], cwd=ROOT, env=env)
     shots = [out / "flower-task.png", out / "flower-worker.png"]
     if rc == 0 and all(p.is_file() for p in shots):
         print("\n".join(str(p) for p in shots))

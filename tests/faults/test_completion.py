@@ -13,7 +13,7 @@ from compass_celery.jobs.dag import Dag
 from compass_celery.jobs.keys import JobKeys
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import start
+from tests.support.cluster import start
 
 pytestmark = pytest.mark.redis
 

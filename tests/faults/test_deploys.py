@@ -9,7 +9,7 @@ import pytest
 
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import GPU, compass_keys_left, executions, start
+from tests.support.cluster import GPU, compass_keys_left, executions, start
 
 pytestmark = pytest.mark.redis
 
@@ -41,7 +41,7 @@ def test_rolling_restart_of_every_worker_loses_nothing_runs_nothing_twice(
     for i, name in enumerate(names):  # a deploy: stop each worker, start its successor
         results += [heavy.delay(100 * (i + 1) + k) for k in range(6)]
         ws[i].stop(timeout=30)  # SIGTERM, wait for a clean exit
-        ws[i] = compass_workers("tests.integration.jobapp", name, *GPU,
+        ws[i] = compass_workers("tests.support.jobapp", name, *GPU,
                                 env={"COMPASS_BROKER_URL": compass_redis_url,
                                      "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"})
     values = sorted(r.get(timeout=90) for r in results)
@@ -57,7 +57,7 @@ def test_same_name_restart_takes_back_its_in_flight_task(compass_redis_url, comp
     res = app.tasks["j.wait"].delay("done", 3.0)
     wait_until(lambda: executions(app)[res.id] == 1, 15, "the task to start")
     ws[0].kill()  # SIGKILL mid-task; restarted at once under the same name (compose does)
-    ws.append(compass_workers("tests.integration.jobapp", "s0@deploy", *GPU,
+    ws.append(compass_workers("tests.support.jobapp", "s0@deploy", *GPU,
                               env={"COMPASS_BROKER_URL": compass_redis_url,
                                    "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"}))
     # without a take-back it would wait for kombu's visibility timeout (an hour)

@@ -13,7 +13,7 @@ from compass_celery.broker.kombu_redis import RedisLayout
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import GPU, compass_keys_left, executions, start
+from tests.support.cluster import GPU, compass_keys_left, executions, start
 
 pytestmark = pytest.mark.redis
 
@@ -49,7 +49,7 @@ DRAINER = """
 import sys, time
 from compass_celery.worker.recovery import recover
 from compass_celery.broker.kombu_redis import RedisQueues
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 app = make_app(sys.argv[1], compass_heartbeat_timeout_s=1.0)
 move = RedisQueues.move
@@ -62,7 +62,7 @@ recover(app.compass, "drainer@drain", 1.0)
 
 
 def test_a_drainer_killed_mid_drain_loses_nothing(compass_redis_url, compass_workers):
-    from tests.integration.jobapp import make_app
+    from tests.support.jobapp import make_app
 
     app = make_app(compass_redis_url)
     queue = app.compass.queue_for("ghost@drain")
@@ -80,7 +80,7 @@ def test_a_drainer_killed_mid_drain_loses_nothing(compass_redis_url, compass_wor
     left = client.llen(staging)
     moved = client.llen(app.compass.shared_queue)
     assert left + moved + client.llen("compass:dead-letter") == 22  # ... and nothing lost
-    ws = [compass_workers("tests.integration.jobapp", "heir@drain", *GPU,
+    ws = [compass_workers("tests.support.jobapp", "heir@drain", *GPU,
                           env={"COMPASS_BROKER_URL": compass_redis_url,
                                "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"})]
     wait_until(lambda: sum(executions(_log(compass_redis_url)).values()) >= 20, 40,

@@ -8,17 +8,17 @@ import pytest
 
 from compass_celery.jobs.dag import Dag
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import GPU, executions, wait_live
-from tests.integration.jobapp import make_app
+from tests.support.cluster import GPU, executions, wait_live
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 
 
 def test_two_apps_on_one_redis_are_isolated(compass_redis_url, compass_workers):
     env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1"}
-    wa = compass_workers("tests.integration.jobapp", "w@appa", *GPU,
+    wa = compass_workers("tests.support.jobapp", "w@appa", *GPU,
                          env={**env, "COMPASS_JOBAPP_KEY_PREFIX": "appa"})
-    wb = compass_workers("tests.integration.jobapp", "w@appb", *GPU,
+    wb = compass_workers("tests.support.jobapp", "w@appb", *GPU,
                          env={**env, "COMPASS_JOBAPP_KEY_PREFIX": "appb"})
     a = make_app(compass_redis_url, compass_key_prefix="appa", compass_snapshot_ttl_s=0.0)
     b = make_app(compass_redis_url, compass_key_prefix="appb", compass_snapshot_ttl_s=0.0)

@@ -13,7 +13,7 @@ import pytest
 from compass_celery.bench import clockskew
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import executions, start
+from tests.support.cluster import executions, start
 
 pytestmark = pytest.mark.redis
 SKEW_DIR = str(Path(clockskew.__file__).parent)

@@ -12,8 +12,8 @@ import pytest
 
 from compass_celery.local import RedisServer, WorkerProcess
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import GPU, compass_keys_left, executions, wait_live
-from tests.integration.jobapp import make_app
+from tests.support.cluster import GPU, compass_keys_left, executions, wait_live
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 NS, HOST_IF, NS_IF = "compass-h1", "cmp-h0", "cmp-h1"
@@ -50,10 +50,10 @@ def other_host() -> Iterator[str]:
 def test_a_worker_cut_off_for_twice_the_timeout_loses_nothing(other_host):
     with RedisServer(args=["--bind", "127.0.0.1", HOST_IP, "--protected-mode", "no"]) as r:
         env = {"COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"}
-        cut = WorkerProcess("tests.integration.jobapp", "cut@h1", GPU, env={
+        cut = WorkerProcess("tests.support.jobapp", "cut@h1", GPU, env={
             **env, "COMPASS_BROKER_URL": f"redis://{HOST_IP}:{r.port}/0"},
             wrapper=["ip", "netns", "exec", other_host]).start()
-        stay = WorkerProcess("tests.integration.jobapp", "stay@h0", GPU,
+        stay = WorkerProcess("tests.support.jobapp", "stay@h0", GPU,
                              env={**env, "COMPASS_BROKER_URL": r.url}).start()
         ws = [cut, stay]
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compass_celery.local import wait_until
-from tests.faults.cluster import start
+from tests.support.cluster import start
 
 pytestmark = pytest.mark.redis
 

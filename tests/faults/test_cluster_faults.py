@@ -13,7 +13,7 @@ from compass_celery.jobs.dag import Dag
 from compass_celery.jobs.keys import JobKeys
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 GPU = ["--compass-emulate-gpu-mb", "4000"]
@@ -22,7 +22,7 @@ ENV = {"COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"}
 
 def start_cluster(url, compass_workers, names):
     env = {"COMPASS_BROKER_URL": url, **ENV}
-    ws = [compass_workers("tests.integration.jobapp", n, *GPU, "--compass-preload", "big,small",
+    ws = [compass_workers("tests.support.jobapp", n, *GPU, "--compass-preload", "big,small",
                           env=env) for n in names]
     app = make_app(url, compass_snapshot_ttl_s=0.0, compass_heartbeat_timeout_s=1.0)
     try:

@@ -8,7 +8,7 @@ import redis
 
 from compass_celery.jobs.dag import Dag
 from compass_celery.jobs.runtime import JobRuntime
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 

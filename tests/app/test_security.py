@@ -14,7 +14,7 @@ from compass_celery.jobs import JobFailed
 from compass_celery.jobs.dag import Dag
 from compass_celery.local import RedisServer, free_port, wait_until
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "small"]
@@ -23,7 +23,7 @@ GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "small"]
 def one_worker_round_trip(compass_workers, url: str, name: str, env: dict | None = None,
                           how: str = "") -> object:
     """Start one worker on ``url``, wait for its record, place and run a task on it."""
-    w = compass_workers("tests.integration.jobapp", name, *GPU,
+    w = compass_workers("tests.support.jobapp", name, *GPU,
                         env={"COMPASS_BROKER_URL": url, **(env or {})})
     app = make_app(url, compass_snapshot_ttl_s=0.0)
     try:
@@ -50,13 +50,13 @@ def test_acl_user_and_password_work_for_broker_and_state(compass_redis_server,
 
 
 def test_celery_compass_subcommand(compass_redis_url, compass_workers):
-    w = compass_workers("tests.integration.jobapp", "cli@sec", *GPU,
+    w = compass_workers("tests.support.jobapp", "cli@sec", *GPU,
                         env={"COMPASS_BROKER_URL": compass_redis_url})
     app = make_app(compass_redis_url)
     wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,
                "a worker")
     out = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "tests.integration.jobapp", "compass", "status",
+        [sys.executable, "-m", "celery", "-A", "tests.support.jobapp", "compass", "status",
          "--settings"], capture_output=True, text=True, timeout=60,
         env={**os.environ, "COMPASS_BROKER_URL": compass_redis_url})
     assert out.returncode == 0, out.stderr + worker_logs([w])
@@ -67,7 +67,7 @@ def test_celery_compass_subcommand(compass_redis_url, compass_workers):
 
 def test_output_over_the_limit_fails_the_job_by_name(compass_redis_url, compass_workers):
     env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_JOBAPP_MAX_OUTPUT_KB": "64"}
-    w = compass_workers("tests.integration.jobapp", "big@sec", *GPU, env=env)
+    w = compass_workers("tests.support.jobapp", "big@sec", *GPU, env=env)
     app = make_app(compass_redis_url)
     wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,
                "a worker")

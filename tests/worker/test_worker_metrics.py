@@ -8,7 +8,7 @@ import pytest
 
 from compass_celery.local import free_port, wait_until
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import start
+from tests.support.cluster import start
 
 pytestmark = pytest.mark.redis
 pytest.importorskip("prometheus_client")

@@ -10,7 +10,7 @@ import redis
 
 from compass_celery.local import WorkerProcess, wait_until
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "big,small"]
 
@@ -22,7 +22,7 @@ def start(url: str, compass_workers: Any, names: list[str], *, timeout_s: float 
     """Start real workers named ``names`` and a producer app; wait until all are live."""
     base = {"COMPASS_BROKER_URL": url, "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": str(timeout_s),
             **(env or {})}
-    ws = [compass_workers("tests.integration.jobapp", n, *GPU, *(extra_args or []),
+    ws = [compass_workers("tests.support.jobapp", n, *GPU, *(extra_args or []),
                           env={**base, **(per_worker_env or {}).get(n, {})}) for n in names]
     app = make_app(url, compass_snapshot_ttl_s=0.0, compass_heartbeat_timeout_s=timeout_s,
                    **conf)

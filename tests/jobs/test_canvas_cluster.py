@@ -15,7 +15,7 @@ from celery import Celery, chain, chord, group
 from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 NAMES = ["canvas0@cvcluster", "canvas1@cvcluster"]
@@ -36,7 +36,7 @@ CANVASES: dict[str, tuple[Callable[..., Any], Any]] = {
 def app(compass_redis_url: str, compass_workers: Callable[..., Any]) -> Celery:
     env = {"COMPASS_BROKER_URL": compass_redis_url}
     gpu = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "big,small"]
-    workers = [compass_workers("tests.integration.jobapp", name, *gpu, env=env)
+    workers = [compass_workers("tests.support.jobapp", name, *gpu, env=env)
                for name in NAMES]
     app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
     store = app.compass.store

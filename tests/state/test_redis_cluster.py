@@ -25,9 +25,9 @@ from compass_celery.state import keys
 from compass_celery.state.mirror import connect
 from compass_celery.state.store import RedisStateStore
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
-pytest_plugins = ["tests.cluster_fixtures"]  # compass_redis_cluster, compass_cluster_url
+pytest_plugins = ["tests.support.cluster_fixtures"]  # compass_redis_cluster, compass_cluster_url
 pytestmark = pytest.mark.redis
 GPU = ["--compass-emulate-gpu-mb", "4000"]
 
@@ -37,9 +37,9 @@ def cluster_app(compass_redis_url, compass_cluster_url, compass_workers):
     """Two job workers: broker and results on the plain Redis, compass state on the cluster."""
     env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_JOBAPP_STATE_URL":
            compass_cluster_url}
-    ws = [compass_workers("tests.integration.jobapp", "a@rc", *GPU, "--compass-preload",
+    ws = [compass_workers("tests.support.jobapp", "a@rc", *GPU, "--compass-preload",
                           "big,small", env=env),
-          compass_workers("tests.integration.jobapp", "b@rc", *GPU, "--compass-preload",
+          compass_workers("tests.support.jobapp", "b@rc", *GPU, "--compass-preload",
                           "small", env=env)]
     app = make_app(compass_redis_url, compass_redis_url=compass_cluster_url,
                    compass_snapshot_ttl_s=0.0)

@@ -26,7 +26,7 @@ from compass_celery.state import keys
 from compass_celery.testing import worker_logs
 from compass_celery.worker.recovery import recover
 
-pytest_plugins = ["tests.amqp_fixtures"]  # amqp_vhost_url, amqp_url
+pytest_plugins = ["tests.support.amqp_fixtures"]  # amqp_vhost_url, amqp_url
 pytestmark = pytest.mark.redis
 
 GPU = ["--compass-emulate-gpu-mb", "1600"]

@@ -13,7 +13,7 @@ from compass_celery.jobs import JobFailed
 from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.integration.jobapp import make_app
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
 GPU = ["--compass-emulate-gpu-mb", "4000"]
@@ -22,9 +22,9 @@ GPU = ["--compass-emulate-gpu-mb", "4000"]
 @pytest.fixture
 def cluster(compass_redis_url, compass_workers):
     env = {"COMPASS_BROKER_URL": compass_redis_url}
-    ws = [compass_workers("tests.integration.jobapp", "a@jobs", *GPU, "--compass-preload",
+    ws = [compass_workers("tests.support.jobapp", "a@jobs", *GPU, "--compass-preload",
                           "big,small", env=env),
-          compass_workers("tests.integration.jobapp", "b@jobs", *GPU, "--compass-preload",
+          compass_workers("tests.support.jobapp", "b@jobs", *GPU, "--compass-preload",
                           "small", env=env)]
     app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
     store = app.compass.store
@@ -171,7 +171,7 @@ def test_job_timeout_fails_the_job(cluster):
 
 def test_failure_revokes_queued_sibling_branches(compass_redis_url, compass_workers):
     env = {"COMPASS_BROKER_URL": compass_redis_url}
-    w = compass_workers("tests.integration.jobapp", "solo@jobs", *GPU, "--compass-preload",
+    w = compass_workers("tests.support.jobapp", "solo@jobs", *GPU, "--compass-preload",
                         "big,small", env=env)
     app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
     wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1, 30,

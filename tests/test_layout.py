@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[2] / "compass_celery"
+PACKAGE = Path(__file__).resolve().parents[1] / "compass_celery"
 #: The longest function (or method), in lines from its ``def`` to its last line.
 MAX_FUNCTION_LINES = 80
 

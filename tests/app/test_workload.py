@@ -20,7 +20,7 @@ from compass_celery.workload import (
     parse_workload,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "dags" / "edge-vision.json"
 FILES = sorted((ROOT / "dags").glob("*.json"))
 

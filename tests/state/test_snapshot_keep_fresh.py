@@ -8,7 +8,7 @@ import threading
 import time
 
 from compass_celery.state.reader import SnapshotReader
-from tests.unit.test_snapshot_reader import GatedStore, view, wait_for
+from tests.state.test_snapshot_reader import GatedStore, view, wait_for
 
 TTL, AHEAD = 0.05, 0.05
 

@@ -29,12 +29,12 @@ import pytest
 from compass_celery.jobs.dag import Dag
 from compass_celery.local import free_port, wait_until
 from compass_celery.testing import worker_logs
-from tests.faults.cluster import start
+from tests.support.cluster import start
 
 pytestmark = pytest.mark.redis
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-MODULE = "tests.integration.jobapp"
+MODULE = "tests.support.jobapp"
 PLACEMENT_FIELDS = ("compass: worker=", "policy=", "est_finish=", "moved_from=", "reason=")
 
 
