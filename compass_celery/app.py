@@ -21,8 +21,9 @@ from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
 from .router import CompassRouter
+from .state.connection import connect
 from .state.reader import SnapshotReader
-from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore, connect
+from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore
 from .state.views import cluster_view
 
 logger = logging.getLogger("compass_celery")

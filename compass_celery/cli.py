@@ -46,7 +46,8 @@ def compass_command() -> None:
 def status(ctx: click.Context, app_path: str | None, redis_url: str | None, prefix: str | None,
            show_settings: bool) -> None:
     """Print the live workers the state Redis knows, and the settings when asked."""
-    from .state.store import RedisStateStore, StateUnavailable
+    from .state.connection import StateUnavailable
+    from .state.store import RedisStateStore
 
     app = _app_from(ctx, app_path)
     values = app.compass.settings if app is not None and hasattr(app, "compass") else \

@@ -17,7 +17,7 @@ from .needs import resolve_needs
 from .placement import Decision, decide, fallback
 from .signals import task_placed
 from .state.charges import ChargeBatcher
-from .state.store import StateUnavailable
+from .state.connection import StateUnavailable
 
 if TYPE_CHECKING:
     from .context import CompassContext

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..state import keys
+from ..state.connection import text
 from ..state.scripts import register_script
-from ..state.store import text
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``

@@ -12,8 +12,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from ..planner.types import SHARED
+from ..state.connection import text
 from ..state.scripts import register_script
-from ..state.store import text
 from .keys import JobKeys, deadlines_key
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ import redis
 from kombu.exceptions import OperationalError
 
 from ..errors import RetriesExhausted
-from ..state.store import StateUnavailable
+from ..state.connection import StateUnavailable
 
 logger = logging.getLogger("compass_celery.jobs")
 

@@ -20,8 +20,8 @@ from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.demand import cluster_demand
 from ..planner.types import SHARED, ClusterView, TaskSpec
+from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
-from ..state.store import StateUnavailable, text
 from .failure import fail_job
 from .keys import INPUT_REF, JobKeys
 from .send import publish_node

@@ -29,10 +29,10 @@ from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
 from ..planner.types import ClusterView, DagSpec, Placement
-from ..state.cluster import is_cluster_client, run_pipeline
+from ..state.cluster import is_cluster_client
+from ..state.connection import StateUnavailable
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
-from ..state.scripts import register_script
-from ..state.store import StateUnavailable
+from ..state.scripts import register_script, run_pipeline
 from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .retry import retry_transient

@@ -23,7 +23,8 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import TypeVar
 
-from .store import StateStore, StateUnavailable
+from .connection import StateUnavailable
+from .store import StateStore
 
 logger = logging.getLogger("compass_celery.router")
 T = TypeVar("T")

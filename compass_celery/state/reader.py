@@ -31,7 +31,8 @@ from typing import Protocol
 
 from ..planner.cost import evolve
 from ..planner.types import WorkerView
-from .store import Snapshot, StateStore, StateUnavailable
+from .connection import StateUnavailable
+from .store import Snapshot, StateStore
 
 logger = logging.getLogger("compass_celery.state")
 

@@ -21,14 +21,14 @@ from typing import Any, Protocol
 
 from ..planner.types import WorkerView
 from . import keys
-from .cluster import run_pipeline, unavailable_errors
-from .mirror import CHANGE_LOG_SIZE, StateMirror, StateUnavailable, connect, text
+from .cluster import unavailable_errors
+from .connection import StateUnavailable, connect
+from .mirror import CHANGE_LOG_SIZE, StateMirror
 from .mirror import epoch_candidate as epoch
 from .records import dead_reason, decode_ms, encode_record, judge_record, parse_profile
-from .scripts import register_script
+from .scripts import register_script, run_pipeline
 
-__all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore", "StateUnavailable",
-           "connect", "text"]
+__all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore"]
 
 logger = logging.getLogger("compass_celery.state")
 

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..planner.types import WorkerView
-from ..state.store import StateUnavailable
+from ..state.connection import StateUnavailable
 
 if TYPE_CHECKING:
     from ..cache import ModelCache

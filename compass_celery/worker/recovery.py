@@ -37,7 +37,7 @@ from ..needs import TaskNeeds
 from ..placement import Decision, PlacementError, decide
 from ..planner.types import SHARED
 from ..state import keys
-from ..state.store import StateUnavailable, text
+from ..state.connection import StateUnavailable, text
 
 if TYPE_CHECKING:
     from ..context import CompassContext

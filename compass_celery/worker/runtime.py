@@ -26,7 +26,7 @@ from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
 from ..placement import Decision
 from ..planner.types import ClusterView
-from ..state.store import StateUnavailable
+from ..state.connection import StateUnavailable
 from ..state.views import cluster_view
 from .leases import Leases
 from .publisher import RecordPublisher

@@ -23,7 +23,7 @@ from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
 from ..needs import profile_key, resolve_needs
 from ..placement import Decision
-from ..state.store import StateUnavailable
+from ..state.connection import StateUnavailable
 
 if TYPE_CHECKING:
     from ..cache import ModelCache

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from redis import RedisError
 
-from ..state.store import StateUnavailable
+from ..state.connection import StateUnavailable
 from .recovery import recover
 
 if TYPE_CHECKING:

@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry
 from compass_celery import monitoring, signals
 from compass_celery.placement import Decision
 from compass_celery.planner.types import WorkerView
-from compass_celery.state.store import MemoryStateStore, StateUnavailable
+from compass_celery.state.connection import StateUnavailable
+from compass_celery.state.store import MemoryStateStore
 
 ROOT = Path(__file__).resolve().parents[2]
 DECISION = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",

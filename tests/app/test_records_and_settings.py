@@ -152,14 +152,14 @@ class FlakyStore(MemoryStateStore):
     def snapshot(self, now, heartbeat_timeout_s):
         self.calls += 1
         if self.down:
-            from compass_celery.state.store import StateUnavailable
+            from compass_celery.state.connection import StateUnavailable
 
             raise StateUnavailable("Redis at redis://x unavailable: refused")
         return super().snapshot(now, heartbeat_timeout_s)
 
 
 def test_reader_fails_fast_while_state_is_down_then_recovers():
-    from compass_celery.state.store import StateUnavailable
+    from compass_celery.state.connection import StateUnavailable
 
     now = [100.0]
     store = FlakyStore()

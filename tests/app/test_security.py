@@ -143,7 +143,7 @@ def _sentinel_knows(probe: redis.Redis) -> bool:
 
 def test_sentinel_with_acl_user_and_sentinel_password(tmp_path):
     """The state URL's ACL username reaches the master, and sentinel_kwargs the sentinel."""
-    from compass_celery.state.store import connect
+    from compass_celery.state.connection import connect
 
     with RedisServer(args=["--user", "default", "off", "--user", "alice", "on", ">apw",
                            "~*", "&*", "+@all"]) as master:

@@ -16,9 +16,9 @@ from compass_celery.local import free_port
 from compass_celery.planner.types import WorkerView
 from compass_celery.state import keys
 from compass_celery.state.cluster import is_cluster_url
-from compass_celery.state.mirror import connect
+from compass_celery.state.connection import StateUnavailable, connect
 from compass_celery.state.scripts import HOMES, script
-from compass_celery.state.store import RedisStateStore, StateUnavailable
+from compass_celery.state.store import RedisStateStore
 
 PACKAGE = Path(__file__).resolve().parents[2] / "compass_celery"
 #: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from compass_celery.planner.types import WorkerView
-from compass_celery.state import cluster, keys
+from compass_celery.state import keys, scripts
 from compass_celery.state import store as state_store
 from compass_celery.state.scripts import register_script
 from compass_celery.state.store import RedisStateStore
@@ -225,10 +225,10 @@ def test_a_pipeline_keeps_no_compass_state_and_a_forgotten_script_runs_once(stor
     pipe.hset("other", "x", 1)
     ewma(keys=[keys.key(keys.PROFILES, "compass")], args=["t|m", 80.0, 0.3], client=pipe)
     assert not [k for k in vars(pipe) if "compass" in k]
-    assert len(cluster._queued[pipe]) == 2 and len(state_store._own_queued[pipe]) == 1
+    assert len(scripts._queued[pipe]) == 2 and len(state_store._own_queued[pipe]) == 1
     client.script_flush()
     writer.execute(pipe)  # both scripts found missing: loaded, each run once
-    assert pipe not in cluster._queued and pipe not in state_store._own_queued
+    assert pipe not in scripts._queued and pipe not in state_store._own_queued
     assert [w.backlog_ms for w in _snap(reader).workers] == [30.0]  # not lost, not doubled
     assert json.loads(client.hget(keys.key(keys.PROFILES, "compass"), "t|m"))["n"] == 1
     assert writer._mirror.own["b:a"][2] == b"30"  # its reply reached the writer's mirror

@@ -22,7 +22,7 @@ from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.planner.types import WorkerView
 from compass_celery.state import keys
-from compass_celery.state.mirror import connect
+from compass_celery.state.connection import connect
 from compass_celery.state.store import RedisStateStore
 from compass_celery.testing import worker_logs
 from tests.support.jobapp import make_app

@@ -9,8 +9,9 @@ import time
 import pytest
 
 from compass_celery.planner.types import WorkerView
+from compass_celery.state.connection import StateUnavailable
 from compass_celery.state.reader import SnapshotReader
-from compass_celery.state.store import MemoryStateStore, StateUnavailable
+from compass_celery.state.store import MemoryStateStore
 
 
 def view(name: str, free: float = 500.0) -> WorkerView:
