@@ -40,7 +40,7 @@ from typing import Any
 from ..state import keys
 from .kombu_redis import dead_entry
 
-logger = logging.getLogger("compass_celery.recovery")
+logger = logging.getLogger("compass_celery.broker")
 
 #: Broker URLs served by kombu's AMQP transports.
 AMQP_SCHEMES = ("amqp://", "amqps://", "pyamqp://", "pyamqps://")
