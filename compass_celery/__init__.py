@@ -13,6 +13,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 _EXPORTS = {"Compass": "app", "Dag": "jobs", "JobHandle": "jobs", "get_model": "cache",
+            "model": "cache",
             "Decision": "placement", "CompassInputError": "errors",
             "DagValidationError": "jobs", "PlacementError": "placement",
             "JobError": "errors", "JobFailed": "errors", "JobTimeout": "errors",

@@ -36,6 +36,7 @@ __all__ = [
     "current_cache",
     "default_registry",
     "get_model",
+    "model",
     "set_current_cache",
 ]
 
@@ -75,3 +76,15 @@ def get_model(name: str) -> Any:
     model = cache.acquire(name)
     cache.release(name)
     return model
+
+
+def model(name: str, *, size_mb: float, device: str | None = None) -> Any:
+    """Register a loader for model ``name`` (a decorator): the function takes no arguments
+    and returns the model, built on the CPU; the worker's cache moves a torch module to
+    its device, measures it, and hands it to tasks through :func:`get_model`.
+
+    ``size_mb`` is what the planner counts before the first load (the worker then counts
+    the measured size). Register it where the worker and the web app both import it, next
+    to the app. Registering a name again replaces it.
+    """
+    return default_registry.model(name, size_mb, device)

@@ -74,6 +74,9 @@ class EmulatedBackend:
     and reload at ``host_load_mb_per_s``.
     """
 
+    #: An emulated load only sleeps: any model with a size can be "loaded".
+    needs_loader = False
+
     def __init__(
         self,
         capacity_mb: float,
@@ -177,6 +180,9 @@ class TorchBackend:
     so eviction drops the module outright. ``capacity_mb`` bounds CPU use (default:
     physical RAM); on CUDA the device's real total and free memory are read.
     """
+
+    #: Models are built by their registered loader: one without a loader cannot be loaded.
+    needs_loader = True
 
     def __init__(
         self, device: str = "cpu", capacity_mb: float | None = None, host_tier: bool = True

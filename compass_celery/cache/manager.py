@@ -94,6 +94,13 @@ class ModelCache:
             return self._sizes[model]
         return self.registry.get(model).size_mb  # raises UnknownModelError naming the model
 
+    def loadable(self, model: str) -> bool:
+        """Whether this cache can make ``model`` resident: an emulated backend can load any
+        model with a size; a real one needs the model's loader in the registry. A model
+        declared only by size (``compass_models``) is placed, but loaded by the task's own
+        code."""
+        return not getattr(self.backend, "needs_loader", True) or model in self.registry
+
     def check_fits(self, model: str) -> None:
         """Raise ModelTooLargeError if ``model`` can never fit this device."""
         size = self.size_of(model)
@@ -153,7 +160,9 @@ class ModelCache:
                 del self._in_use[model]
 
     def prefetch(self, queued: Sequence[str | None]) -> list[str]:
-        """Start loading the next queued tasks' models in the background; return their names."""
+        """Start loading the next queued tasks' models in the background; return their names.
+        A model this cache cannot load (no loader) is left to its task's own code."""
+        queued = [m if m is None or self.loadable(m) else None for m in queued]
         with self._cond:
             actions = self.decider.prefetch(
                 queued,

@@ -71,7 +71,11 @@ class ModelRegistry:
             return self._specs[name]
         except KeyError:
             known = ", ".join(sorted(self._specs)) or "none"
-            raise UnknownModelError(f"unknown model {name!r}; known models: {known}") from None
+            raise UnknownModelError(
+                f"model {name!r} has no loader in this process (models with one: {known}); "
+                f"register it with @compass_celery.model({name!r}, size_mb=...) over a "
+                f"function that returns it. A model named only in compass_models is placed "
+                f"by its size, and your task's own code loads it") from None
 
     def unregister(self, name: str) -> None:
         """Forget ``name``; absent names are fine."""

@@ -97,6 +97,7 @@ class WorkerRuntime:
         set_current_cache(self.cache)
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
+        self._say_what_cannot_load()
         if self.cfg["preload"]:
             self.cache.preload(self.cfg["preload"])
         self.publisher.publish()
@@ -122,6 +123,16 @@ class WorkerRuntime:
             self._threads.append(t)
         logger.info("compass: worker %s consuming %s on %s (%.0f MB)", self.name, self.queue,
                     self.cache.device, self.cache.total_mb)
+
+    def _say_what_cannot_load(self) -> None:
+        """Name, once at start, the declared models this worker has no loader for."""
+        missing = sorted(m for m in self.compass.model_sizes() if not self.cache.loadable(m))
+        if missing:
+            logger.warning("compass: worker %s has no loader for %s: their tasks are placed "
+                           "by size and run, but compass does not load them and get_model() "
+                           "cannot return them (register a loader with "
+                           "@compass_celery.model(name, size_mb=...))", self.name,
+                           ", ".join(missing))
 
     def _take_back(self) -> None:
         """Mark this queue alive and take back what a previous run under this name left."""

@@ -130,6 +130,8 @@ class TaskPath:
                 self.jobs.resolve_inputs(job, args)
             except JobError as exc:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
+        if model is not None and not self.cache.loadable(model):
+            model = None  # declared by size only: the task's own code keeps its model
         if model is not None:
             if model in self.cache.resident():  # a hit: the queue peek only feeds the
                 self.cache.acquire(model)        # prefetch, so it is made off this path
