@@ -1,0 +1,84 @@
+"""A new user's ordinary mistakes and mode switches, each with one clear answer."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import pytest
+from celery import Celery
+
+from compass_celery import Compass, CompassInputError
+from compass_celery.planner.types import WorkerView
+from compass_celery.settings import SettingsError, recommend
+from compass_celery.state.store import MemoryStateStore, RedisStateStore
+from compass_celery.testing import add_worker
+
+
+def _app(**conf: object) -> Celery:
+    app = Celery("first", broker="memory://", backend="cache+memory://", set_as_current=False)
+    app.conf.update(compass_models={"m": 100.0}, **conf)
+    return app
+
+
+def test_pickle_is_refused_once_at_compass_app_with_no_keeping_warning(caplog) -> None:
+    app = _app(task_serializer="pickle")
+    assert app.conf.task_serializer == "pickle"  # the app is configured before Compass(app)
+    with caplog.at_level(logging.WARNING, logger="compass_celery"), \
+            pytest.raises(SettingsError, match="task_serializer='pickle'"):
+        Compass(app)
+    assert "keeping your Celery setting task_serializer" not in caplog.text
+
+
+def test_a_set_and_a_list_with_the_same_members_are_the_same_setting() -> None:
+    _, differences = recommend({"accept_content": {"json"}})
+    assert [d.setting for d in differences if d.setting == "accept_content"] == []
+    _, differences = recommend({"accept_content": ["json", "yaml"]})
+    assert [d.setting for d in differences if d.setting == "accept_content"]
+
+
+def test_compass_after_the_tasks_are_bound_says_to_call_it_first() -> None:
+    app = _app()
+
+    @app.task(name="first.t", compass_model="m", compass_exec_ms=10)
+    def t(x: int) -> int:
+        return x
+
+    assert t.name == "first.t"  # binds the task, finalizing the app
+    with pytest.raises(CompassInputError, match=r"before.*first\.t"):
+        Compass(app)
+
+
+def test_a_plain_task_bound_before_compass_is_fine() -> None:
+    app = _app()
+
+    @app.task(name="first.plain")
+    def plain() -> int:
+        return 1
+
+    assert plain.name == "first.plain"
+    Compass(app)  # no compass options on it: nothing to place, nothing to refuse
+
+
+@pytest.mark.redis
+def test_switching_eager_off_again_uses_redis(compass_redis_url) -> None:
+    app = _app(compass_redis_url=compass_redis_url, broker_url=compass_redis_url)
+    Compass(app)
+
+    @app.task(name="first.placed", compass_model="m", compass_exec_ms=10)
+    def placed() -> int:
+        return 1
+
+    app.conf.task_always_eager = True
+    add_worker(app, "gpu0", gpu_mb=1000)
+    assert isinstance(app.compass.store, MemoryStateStore)
+    res = placed.delay()
+    assert app.compass.placement(res.id).worker == "gpu0"
+
+    app.conf.task_always_eager = False
+    assert isinstance(app.compass.store, RedisStateStore)
+    other = RedisStateStore(compass_redis_url, app.compass.settings["key_prefix"])
+    other.publish(WorkerView(name="real@w", queue=app.compass.queue_for("real@w"),
+                             gpu_total_mb=1000, gpu_free_mb=1000, heartbeat=time.time()))
+    app.compass.reader.invalidate()
+    assert [w.name for w in app.compass.reader.get().workers] == ["real@w"]
