@@ -16,7 +16,7 @@ from celery import Celery, signals
 
 from . import settings as settings_mod
 from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
-from .eager import install_task_class
+from .eager import install_task_class, refuse_bound_tasks
 from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
@@ -35,8 +35,11 @@ class Compass:
     """Compass scheduling for one Celery app. ``Compass(app)`` is all a user writes."""
 
     def __init__(self, app: Celery, *, store: StateStore | None = None) -> None:
+        refuse_bound_tasks(app)
         self.app = app
         self._store = store
+        self._own_store = store is None  # made here, for the mode (eager or not) in force
+        self._store_eager: bool | None = None
         self._reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
@@ -60,6 +63,7 @@ class Compass:
         ``Compass(app)`` is decided afresh; what to write is decided in settings.py.
         """
         conf = self.app.conf
+        settings_mod.refuse_pickle(conf)  # refused here, once, before anything is logged
         to_apply, differences = settings_mod.recommend(conf)
         for key, value in to_apply.items():
             conf[key] = value
@@ -95,8 +99,15 @@ class Compass:
 
     @property
     def store(self) -> StateStore:
-        """The state store, made on first use: Redis (Sentinel-aware) with a URL, else in memory."""
+        """The state store, made on first use: Redis (Sentinel-aware) with a URL, else in memory.
+        Switching ``task_always_eager`` makes it anew (and this process's reader and queues
+        with it), so eager tests and Redis-backed ones can share a process."""
+        if self._own_store and self._store is not None and self._store_eager != self.eager:
+            self._store = None
+            for made in ("reader", "queues"):
+                self.__dict__.pop(made, None)
         if self._store is None:
+            self._store_eager = self.eager
             url = None if self.eager else self.redis_url
             options = self.app.conf.broker_transport_options or {}
             master = self.settings["sentinel_master"] or options.get("master_name")

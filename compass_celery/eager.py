@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
+from .errors import SetupError
 from .needs import resolve_needs
 from .placement import Decision, decide
 from .router import announce, charge_backlog
@@ -51,6 +52,21 @@ class CompassTaskMixin:
             charge_backlog(compass, decision, -1)
         compass.remember(result.id, decision)
         return result
+
+
+def refuse_bound_tasks(app: Celery) -> None:
+    """Refuse ``Compass(app)`` on an app whose compass tasks are already bound: they were
+    built from the plain ``app.Task``, so eager mode could not place them."""
+    # the registry as it is now (app.tasks would finalize the app and bind the rest)
+    bound = sorted(name for name, task in dict(app._tasks).items()
+                   if not isinstance(task, CompassTaskMixin)
+                   and any(getattr(task, f"compass_{k}", None) is not None
+                           for k in ("model", "exec_ms", "output_kb")))
+    if bound:
+        raise SetupError(
+            f"Compass(app) must be called before the app's tasks are bound; these were "
+            f"bound already: {', '.join(bound)}. Call Compass(app) right after creating the "
+            f"app, before anything reads app.tasks or a task's attributes")
 
 
 def install_task_class(app: Celery) -> None:

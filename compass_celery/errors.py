@@ -18,6 +18,10 @@ class CompassInputError(ValueError):
     """Bad input to compass; the message names what and where."""
 
 
+class SetupError(CompassInputError):
+    """Compass was installed in a way it cannot work with; the message says what to do."""
+
+
 class JobError(RuntimeError):
     """Base of job outcomes that are not a result."""
 

@@ -248,7 +248,15 @@ def user_value(conf: Mapping[str, Any], key: str) -> Any:
 
 
 def _same(a: Any, b: Any) -> bool:
-    """Equal, treating a list and a tuple of the same items alike (accept_content)."""
+    """Equal by meaning: a list and a tuple of the same items alike, and a set alike with
+    any collection of the same members (accept_content)."""
+    if isinstance(a, (set, frozenset)) or isinstance(b, (set, frozenset)):
+        if isinstance(a, str) or isinstance(b, str):
+            return False
+        try:
+            return set(a) == set(b)
+        except TypeError:  # not a collection, or unhashable members
+            return False
     if isinstance(a, Sequence) and isinstance(b, Sequence) and not isinstance(a, str) \
             and not isinstance(b, str):
         return list(a) == list(b)
