@@ -6,14 +6,15 @@ standalone script takes ``--app`` or a ``--redis`` URL.
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
 
 import click
-from kombu.utils.url import maybe_sanitize_url
 
 from . import settings as settings_mod
+from .state.urls import masked
 from .tables import result_table, text_table
 
 
@@ -42,9 +43,11 @@ def compass_command() -> None:
 @click.option("--prefix", default=None, help="key prefix (default: the app's compass_key_prefix)")
 @click.option("--settings/--no-settings", "show_settings", default=False,
               help="also print every compass_* setting")
+@click.option("--json", "as_json", is_flag=True, default=False,
+              help="print one JSON object (workers, skipped records, settings) instead")
 @click.pass_context
 def status(ctx: click.Context, app_path: str | None, redis_url: str | None, prefix: str | None,
-           show_settings: bool) -> None:
+           show_settings: bool, as_json: bool) -> None:
     """Print the live workers the state Redis knows, and the settings when asked."""
     from .state.connection import StateUnavailable
     from .state.store import RedisStateStore
@@ -61,10 +64,14 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
         snap = store.snapshot(time.time(), values["heartbeat_timeout_s"])
     except StateUnavailable as exc:
         raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps(_status_json(snap, masked(redis_url), values), indent=2,
+                              default=str))
+        return
     rows = [[w.name, w.device, f"{w.gpu_free_mb:.0f}/{w.gpu_total_mb:.0f}",
              ",".join(sorted(w.resident)) or "-", f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
              f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
-    click.echo(f"{len(snap.workers)} live compass worker(s) at {maybe_sanitize_url(redis_url)}")
+    click.echo(f"{len(snap.workers)} live compass worker(s) at {masked(redis_url)}")
     if rows:
         click.echo(text_table(rows, ["worker", "device", "free/total MB", "resident models",
                                  "backlog ms", "pending ms", "heartbeat"]))
@@ -73,6 +80,20 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
     if show_settings:
         click.echo(text_table([list(r) for r in settings_mod.describe(values)],
                           ["setting", "value", "meaning"]))
+
+
+def _status_json(snap: Any, redis_url: str, values: dict[str, Any]) -> dict[str, Any]:
+    """``compass status --json``: what the table shows, as numbers and lists."""
+    workers = [{"name": w.name, "queue": w.queue, "device": w.device,
+                "gpu_free_mb": w.gpu_free_mb, "gpu_total_mb": w.gpu_total_mb,
+                "resident": sorted(w.resident), "host_resident": sorted(w.host_resident),
+                "backlog_ms": w.backlog_ms, "pending_ms": w.pending_ms, "speed": w.speed,
+                "heartbeat_age_s": round(time.time() - w.heartbeat, 3)}
+               for w in snap.workers]
+    settings = {f"compass_{name}": masked(value) if isinstance(value, str) else value
+                for name, value in values.items() if name in settings_mod.OPTIONS}
+    return {"redis": redis_url, "workers": workers, "skipped": list(snap.skipped),
+            "settings": settings}
 
 
 @compass_command.command(help="Start a private Redis and emulated-GPU workers, send a burst of "

@@ -21,6 +21,7 @@ from typing import Any
 from .errors import CompassInputError
 from .planner.adjust import DEFAULT_MOVE_FACTOR
 from .planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S, DEFAULT_NET_MB_PER_S
+from .state.urls import masked
 
 
 class SettingsError(CompassInputError):
@@ -155,7 +156,10 @@ def _type_name(t: type | tuple[type, ...]) -> str:
 
 def describe(values: Mapping[str, Any]) -> list[tuple[str, str, str]]:
     """Rows of (setting, value, doc) for ``compass status``."""
-    return [(f"compass_{n}", repr(values.get(n)), o.doc + (f" [{o.unit}]" if o.unit else ""))
+    def shown(value: Any) -> str:
+        return repr(masked(value) if isinstance(value, str) else value)
+
+    return [(f"compass_{n}", shown(values.get(n)), o.doc + (f" [{o.unit}]" if o.unit else ""))
             for n, o in OPTIONS.items()]
 
 

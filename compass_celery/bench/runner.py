@@ -29,6 +29,7 @@ from typing import Any
 from ..broker.amqp import is_amqp
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
 from ..state import keys
+from ..state.urls import masked
 from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .faults import live_workers, schedule_faults
@@ -389,13 +390,12 @@ def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> Red
 def _check_broker(url: str) -> None:
     """Fail early, naming the broker, when it does not answer."""
     from kombu import Connection
-    from kombu.utils.url import maybe_sanitize_url
 
     try:
         with Connection(url, connect_timeout=5) as conn:
             conn.ensure_connection(max_retries=1)
     except Exception as exc:
-        raise ConnectionError(f"cannot reach the broker at {maybe_sanitize_url(url)}: "
+        raise ConnectionError(f"cannot reach the broker at {masked(url)}: "
                               f"{exc}") from None
 
 
@@ -416,7 +416,7 @@ def run_bench(workload: Workload, opts: BenchOptions,
             try:
                 redis_lib.Redis.from_url(url, socket_connect_timeout=2).ping()
             except Exception as exc:
-                raise ConnectionError(f"cannot reach Redis at {url}: {exc}") from None
+                raise ConnectionError(f"cannot reach Redis at {masked(url)}: {exc}") from None
         if opts.broker_url is not None:
             _check_broker(opts.broker_url)
         try:  # the execution ledger lives apart, where no Redis fault reaches it

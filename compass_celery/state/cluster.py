@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from .urls import masked
+
 #: State URL schemes of a Redis Cluster: ``redis+cluster://host:port[,host2:port2]``.
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
@@ -33,10 +35,10 @@ def connect_cluster(url: str, **opts: Any) -> Any:
     for hostport in filter(None, hosts.split(",")):
         host, _, port = hostport.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"cluster URL {url!r}: expected host:port, got {hostport!r}")
+            raise ValueError(f"cluster URL {masked(url)!r}: expected host:port, got {hostport!r}")
         nodes.append((host.strip("[]"), int(port)))
     if not nodes:
-        raise ValueError(f"cluster URL {url!r} names no node")
+        raise ValueError(f"cluster URL {masked(url)!r} names no node")
     first = f"{auth}@{hosts.split(',')[0]}" if auth else hosts.split(",")[0]
     plain = urlunsplit((scheme, first, "", parts.query, ""))
     return RedisCluster.from_url(plain, startup_nodes=[ClusterNode(h, p) for h, p in nodes[1:]],

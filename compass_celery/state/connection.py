@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .cluster import connect_cluster, is_cluster_url
+from .urls import masked
 
 
 class StateUnavailable(RuntimeError):
@@ -52,7 +53,7 @@ def _sentinel_master(url: str, master_name: str | None, opts: dict[str, Any],
 
     if not master_name:
         raise StateUnavailable(
-            f"state URL {url!r} is a Sentinel URL but names no master: set "
+            f"state URL {masked(url)!r} is a Sentinel URL but names no master: set "
             "compass_sentinel_master (or broker_transport_options['master_name'])")
     hosts, username, password, db = [], None, None, 0
     for part in url.split(";"):

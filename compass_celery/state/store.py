@@ -27,6 +27,7 @@ from .mirror import CHANGE_LOG_SIZE, StateMirror
 from .mirror import epoch_candidate as epoch
 from .records import dead_reason, decode_ms, encode_record, judge_record, parse_profile
 from .scripts import register_script, run_pipeline
+from .urls import masked
 
 __all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore"]
 
@@ -219,7 +220,7 @@ class RedisStateStore:
             return fn()
         except unavailable_errors() as exc:  # evaluated only when something was raised
             self._mirror.reset()  # reconnected or not, the next read starts over
-            raise StateUnavailable(f"Redis at {self.url} unavailable: {exc}") from exc
+            raise StateUnavailable(f"Redis at {masked(self.url)} unavailable: {exc}") from exc
 
     def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
         """Write a worker's record (logged only if it changed) and its beat; ``extra``
