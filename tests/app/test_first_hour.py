@@ -82,3 +82,43 @@ def test_switching_eager_off_again_uses_redis(compass_redis_url) -> None:
                              gpu_total_mb=1000, gpu_free_mb=1000, heartbeat=time.time()))
     app.compass.reader.invalidate()
     assert [w.name for w in app.compass.reader.get().workers] == ["real@w"]
+
+
+def test_a_dag_node_naming_an_unknown_model_is_refused_when_it_is_added() -> None:
+    """Celery binds an ``@app.task`` in every app of the process (shared tasks), so a
+    task is refused where it is used with this app: ``Dag.node`` (and ``delay()``)."""
+    from compass_celery import Dag, DagValidationError
+
+    app = _app(task_always_eager=True)
+    Compass(app)
+
+    @app.task(name="first.typo", compass_model="m-typo", compass_exec_ms=10, shared=False)
+    def typo() -> int:
+        return 1
+
+    dag = Dag(app, "typos")
+    with pytest.raises(DagValidationError, match=r"'x'.*'m-typo'.*compass_models"):
+        dag.node("x", typo.s())
+    assert not dag.nodes
+
+
+def test_a_dag_cannot_be_given_a_cycle() -> None:
+    from compass_celery import Dag, DagValidationError
+
+    app = _app(task_always_eager=True)
+    Compass(app)
+
+    @app.task(name="first.step", compass_model="m", compass_exec_ms=10, shared=False)
+    def step(*args: object) -> int:
+        return 1
+
+    dag = Dag(app, "loops")
+    with pytest.raises(DagValidationError, match="after itself.*cycle"):
+        dag.node("a", step.s(), after=["a"])
+    assert "a" not in dag.nodes  # refused whole: nothing half-added
+    dag.node("a", step.s())
+    dag.node("b", step.s(), after=["a"])
+    with pytest.raises(DagValidationError, match="'b' -> 'a'.*cycle"):
+        dag.edge("b", "a")
+    with pytest.raises(DagValidationError, match="missing node 'c'.*already added.*cycle"):
+        dag.node("d", step.s(), after=["c"])
