@@ -23,6 +23,10 @@ from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
 from .validation import DagValidationError, validate_dag
 
+#: Why a Dag never holds a cycle, said with every edge it refuses.
+BACKWARDS = ("a node can only come after nodes already added, so edges point backwards "
+             "and a Dag cannot hold a cycle")
+
 if TYPE_CHECKING:
     from .eager import EagerJobHandle
     from .handle import JobHandle
@@ -60,6 +64,14 @@ class Dag:
         if not isinstance(sig, Signature):
             raise DagValidationError(f"DAG {self.name!r}: node {name!r} needs a Celery "
                                      f"signature (task.s(...)), got {type(sig).__name__}")
+        preds = [p.name if isinstance(p, Node) else p for p in after]
+        for pred in preds:
+            if pred == name:
+                raise DagValidationError(
+                    f"DAG {self.name!r}: node {name!r} cannot come after itself: {BACKWARDS}")
+            if pred not in self.nodes:
+                raise DagValidationError(f"DAG {self.name!r}: node {name!r} comes after "
+                                         f"missing node {pred!r} ({BACKWARDS})")
         task = self.app.tasks.get(sig.task)
         if task is None:
             raise DagValidationError(f"DAG {self.name!r}: node {name!r} names unknown task "
@@ -73,11 +85,18 @@ class Dag:
                                     c.settings["default_exec_ms"])
         except TaskDeclarationError as exc:
             raise DagValidationError(f"DAG {self.name!r}: node {name!r}: {exc}") from None
+        known = c.model_sizes()
+        if needs is not None and needs.model is not None and needs.model not in known:
+            raise DagValidationError(
+                f"DAG {self.name!r}: node {name!r} needs model {needs.model!r}, which is not "
+                f"in the model catalogue ({', '.join(sorted(known)) or 'empty'}): add it to "
+                f"compass_models (its size in MB) or register its loader with "
+                f"@compass_celery.model")
         node = Node(name, sig, needs.model if needs else None,
                     needs.exec_ms if needs else c.settings["default_exec_ms"],
                     needs.output_kb if needs else 0.0)
         self.nodes[name] = node
-        for pred in after:
+        for pred in preds:
             self.edge(pred, name)
         return node
 
@@ -88,10 +107,25 @@ class Dag:
         for end in (a, b):
             if end not in self.nodes:
                 raise DagValidationError(f"DAG {self.name!r}: edge {a!r} -> {b!r} refers to "
-                                         f"missing node {end!r}")
+                                         f"missing node {end!r} ({BACKWARDS})")
+        if a == b or self._runs_before(b, a):
+            raise DagValidationError(f"DAG {self.name!r}: edge {a!r} -> {b!r} would close a "
+                                     f"cycle ({b!r} already runs before {a!r}): a Dag has none")
         if a in self.nodes[b].preds:
             raise DagValidationError(f"DAG {self.name!r}: duplicate edge {a!r} -> {b!r}")
         self.nodes[b].preds.append(a)
+
+    def _runs_before(self, first: str, then: str) -> bool:
+        """Whether ``first`` is ``then`` or one of its predecessors, however far back."""
+        seen, todo = set(), [then]
+        while todo:
+            node = todo.pop()
+            if node == first:
+                return True
+            if node not in seen:
+                seen.add(node)
+                todo.extend(self.nodes[node].preds)
+        return False
 
     def spec(self) -> DagSpec:
         """The planner's view of this DAG (validated)."""
