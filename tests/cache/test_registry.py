@@ -42,3 +42,17 @@ def test_never_fits_is_rejected_early() -> None:
     reg.check_fits("huge", 2000)
     with pytest.raises(ModelTooLargeError, match=r"'huge' \(2000\.0 MB\).*1600\.0 MB"):
         reg.check_fits("huge", 1600)
+
+
+def test_an_emulated_gpu_hands_tasks_the_real_model_when_it_has_a_loader() -> None:
+    """Emulated memory and load time, but the task body gets what the loader built, so
+    the README's task runs unchanged on emulated workers (the test plugin's cluster)."""
+    from compass_celery.cache import EmulatedBackend, EmulatedModel, ModelCache, ModelRegistry
+
+    registry = ModelRegistry()
+    registry.register("real", lambda: {"weights": [1, 2, 3]}, size_mb=100)
+    cache = ModelCache(EmulatedBackend(1000, time_scale=0.0), registry=registry,
+                       sizes={"size-only": 50})
+    assert cache.acquire("real") == {"weights": [1, 2, 3]}
+    assert cache.free_mb == 900  # the declared size is what the emulated GPU counts
+    assert isinstance(cache.acquire("size-only"), EmulatedModel)
