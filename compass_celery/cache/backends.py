@@ -71,7 +71,9 @@ class EmulatedBackend:
     """A GPU of ``capacity_mb`` with a load bandwidth; loads and runs sleep (times ``time_scale``).
 
     Models evicted from the GPU go to a host-RAM tier (LRU within ``host_capacity_mb``)
-    and reload at ``host_load_mb_per_s``.
+    and reload at ``host_load_mb_per_s``. A model with a registered loader is also built
+    (on the CPU), so a task body gets the real model while memory and load time stay
+    emulated; one declared only by size is a placeholder.
     """
 
     #: An emulated load only sleeps: any model with a size can be "loaded".
@@ -92,6 +94,7 @@ class EmulatedBackend:
         self.host_load_mb_per_s, self.time_scale = float(host_load_mb_per_s), float(time_scale)
         self.device = device
         self._gpu: dict[str, EmulatedModel] = {}
+        self._built: dict[str, Any] = {}  # what a registered loader built, by name
         self._host = HostTier(host_capacity_mb)
         self._lock = threading.Lock()
 
@@ -128,18 +131,25 @@ class EmulatedBackend:
             self._gpu[name] = model
             self._host.discard(name)
         time.sleep(ms * self.time_scale / 1000.0)
+        if loader is not None:
+            built = loader()
+            with self._lock:
+                self._built[name] = built
+            return built, size_mb
         return model, size_mb
 
     def evict(self, name: str) -> None:
         """Free the model's memory; keep it in the host tier if it fits."""
         with self._lock:
             model = self._gpu.pop(name, None)
+            self._built.pop(name, None)
             if model is not None:
                 self._host.add(name, model.size_mb)
 
     def get(self, name: str) -> Any:
-        """The resident model's placeholder."""
-        return self._gpu[name]
+        """The resident model: what its loader built, else its placeholder."""
+        with self._lock:
+            return self._built[name] if name in self._built else self._gpu[name]
 
     def host_resident(self) -> dict[str, float]:
         """Models in the host-RAM tier, name -> MB, oldest first."""
@@ -158,6 +168,7 @@ class EmulatedBackend:
     def clear(self) -> None:
         """Empty the GPU and the host tier."""
         with self._lock:
+            self._built.clear()
             self._gpu.clear()
             self._host.clear()
 
