@@ -174,6 +174,15 @@ class Compass:
         """The fallback queue every Compass worker consumes."""
         return self.settings["shared_queue"]
 
+    def destination(self, queue: str) -> Any:
+        """What to hand Celery as ``queue=``: the name, or, where Celery would refuse a queue
+        it does not list (``task_create_missing_queues=False``), its full declaration. A
+        worker's queue cannot be listed ahead: its name carries the worker's hostname."""
+        queues = self.app.amqp.queues
+        if queue in queues or self.app.conf.task_create_missing_queues:
+            return queue
+        return queues.new_missing(queue)
+
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue (``compass_queue_prefix`` + name)."""
         return f"{self.settings['queue_prefix']}{worker_name}"

@@ -58,6 +58,9 @@ class CompassContext(Protocol):
     def plan_on_fresh_state(self) -> None:
         """Make this process's decisions read before deciding (a worker's)."""
 
+    def destination(self, queue: str) -> Any:
+        """``queue`` as Celery takes it (a declaration where it would not create one)."""
+
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue."""
 

@@ -85,7 +85,7 @@ class CompassRouter:
             self._warned.clear()  # healthy again: warn afresh on the next outage
         self._local.pending = decision
         announce(c, decision)
-        return {"queue": decision.queue}
+        return {"queue": c.destination(decision.queue)}
 
     def _charge(self, decision: Decision) -> None:
         """Charge the chosen worker: at once in this process's snapshot; in Redis through

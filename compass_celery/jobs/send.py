@@ -42,7 +42,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
               "planned": planned if planned is not None else worker}
     # The job record keeps each node's output; Celery's result backend would be a
     # second write (and a read) per hop that nobody reads.
-    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"], queue=queue,
+    c.app.send_task(node["task"], args=args, kwargs=node["kwargs"],
+                    queue=c.destination(queue),
                     task_id=task_id, ignore_result=True,
                     headers={"compass": decision.as_header(), JOB_HEADER: header})
     c.remember(task_id, decision)
