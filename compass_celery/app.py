@@ -206,8 +206,20 @@ class Compass:
 
     # -- signals ---------------------------------------------------------------------
     def _connect_signals(self) -> None:
-        """The producer side's one hook; the worker runtime connects its own."""
-        signals.before_task_publish.connect(self._before_publish, weak=False)
+        """The producer side's one hook, held weakly: it goes with this object (and its
+        app); the worker runtime connects its own."""
+        signals.before_task_publish.connect(self._before_publish)
+
+    def close(self) -> None:
+        """Release what this app's compass started in this process: the publish hook, the
+        snapshot reader's and the charge batcher's threads (charges gathered are written
+        first). The app keeps working: a later task starts them again when it needs them."""
+        signals.before_task_publish.disconnect(self._before_publish)
+        if "reader" in self.__dict__:
+            self.reader.close()
+        if self.router.charges is not None:
+            self.router.charges.close()
+            self.router.charges = None
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
                         **kw: Any) -> None:

@@ -60,15 +60,17 @@ class CompassRouter:
         if options.get("queue") is not None:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
+        default_ms = c.settings["default_exec_ms"]
+        needs = resolve_needs(name, task, options, {}, default_ms)
+        if needs is None:
+            return None  # not ours: nothing read, nothing started
         try:
             snapshot = c.reader.get()
-            learned = snapshot.profiles
         except StateUnavailable as exc:
-            snapshot, learned = None, {}
+            snapshot = None
             why = f"state unavailable ({exc})"
-        needs = resolve_needs(name, task, options, learned, c.settings["default_exec_ms"])
-        if needs is None:
-            return None
+        if snapshot is not None and needs.exec_source == "default":  # a learned run time?
+            needs = resolve_needs(name, task, options, snapshot.profiles, default_ms)
         if snapshot is None:
             decision = self._fallback(needs, why)
         else:

@@ -45,6 +45,14 @@ class ChargeBatcher:
         self.flushes = self.dropped = 0
         atexit.register(self.flush)
 
+    def close(self) -> None:
+        """Write what is gathered, stop the flusher thread, drop the exit hook."""
+        self.flush()
+        with self._lock:
+            self._pid = None
+        self._wake.set()
+        atexit.unregister(self.flush)
+
     def add(self, worker: str, ms: float) -> None:
         """Charge ``ms`` to ``worker``'s backlog in Redis within a flush."""
         with self._lock:

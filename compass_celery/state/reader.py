@@ -224,6 +224,12 @@ class SnapshotReader:
         self.refresh_ahead_s = self.keep_fresh_s = 0.0
         self.prepare = None
 
+    def close(self) -> None:
+        """Stop the reader's thread (a later ``get`` reads, and starts it again)."""
+        with self._lock:
+            self._thread_pid = None
+        self._wake.set()
+
     def invalidate(self) -> None:
         """Drop the cached snapshot: the next ``get`` reads the store."""
         with self._lock:
