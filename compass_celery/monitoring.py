@@ -42,7 +42,7 @@ def _prometheus() -> Any:
 
 
 # -- counters and histograms fed by signals ------------------------------------------
-MB = 1024 * 1024  # compass sizes are MiB; Prometheus wants bytes
+MB = 10**6  # compass sizes are in MB (10^6 bytes); Prometheus wants bytes
 
 
 class CompassMetrics:

@@ -19,7 +19,7 @@ from compass_celery.cache.host_tier import HostTier
 from compass_celery.cache.registry import Loader
 from compass_celery.planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S
 
-MB = float(1 << 20)
+MB = 1e6  #: bytes in the MB every compass size is given in (as the catalogue's)
 
 
 class EmulatedOOM(MemoryError):

@@ -96,8 +96,8 @@ def test_state_collector_exports_live_workers() -> None:
     assert get("compass_worker_records_skipped") == 1
     assert get("compass_worker_backlog_seconds", {"worker": "gpu0"}) == 0.25
     assert get("compass_worker_pending_seconds", {"worker": "gpu0"}) == 0.04
-    assert get("compass_worker_gpu_free_bytes", {"worker": "gpu0"}) == 15050.0 * 2**20
-    assert get("compass_worker_gpu_total_bytes", {"worker": "gpu0"}) == 16000.0 * 2**20
+    assert get("compass_worker_gpu_free_bytes", {"worker": "gpu0"}) == 15050.0 * 10**6
+    assert get("compass_worker_gpu_total_bytes", {"worker": "gpu0"}) == 16000.0 * 10**6
     assert get("compass_worker_resident_models", {"worker": "gpu0"}) == 1
     assert get("compass_worker_heartbeat_age_seconds", {"worker": "gpu0"}) == pytest.approx(1.0)
     assert get("compass_worker_info", {"worker": "gpu0", "queue": "compass.w.gpu0",
