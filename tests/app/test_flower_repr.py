@@ -13,7 +13,7 @@ from celery import Celery, signals
 
 from compass_celery import Compass
 from compass_celery.flower import annotate_headers, describe_placement
-from compass_celery.jobs.keys import JOB_HEADER
+from compass_celery.jobs.keys import INPUT_REF, JOB_HEADER
 from compass_celery.placement import Decision
 from compass_celery.testing import add_worker
 
@@ -102,3 +102,22 @@ def test_a_routed_task_and_a_successor_carry_the_placement(sent_headers: Any) ->
     (succ,) = [h for h in seen if h.get("id") == "succ-1"]
     assert succ["kwargsrepr"].startswith("{} | compass: worker=gpu1 ")
     assert "moved_from=gpu0" in succ["kwargsrepr"]
+
+
+def test_the_task_list_shows_a_short_placement_in_front_of_the_args() -> None:
+    headers = {"compass": HEADER, "argsrepr": "('a cat',)", "kwargsrepr": "{}"}
+    annotate_headers(headers, ["a cat"])
+    assert headers["argsrepr"] == "[gpu0 · captioner · 753ms] ('a cat',)"
+    annotate_headers(headers, ["a cat"])  # a re-placed retry: replaced, not stacked
+    assert headers["argsrepr"] == "[gpu0 · captioner · 753ms] ('a cat',)"
+    shared = {"compass": {**HEADER, "worker": "*", "est_finish_ms": None}, "argsrepr": "()"}
+    annotate_headers(shared, [])
+    assert shared["argsrepr"] == "[shared · captioner · -] ()"
+
+
+def test_a_dag_node_shows_where_its_inputs_come_from_not_the_plumbing() -> None:
+    ref = {INPUT_REF: {"preds": ["detect", "ocr"], "single": False}}
+    headers = {"compass": HEADER, "argsrepr": repr((ref, 3)), "kwargsrepr": "{}"}
+    annotate_headers(headers, [ref, 3])
+    assert headers["argsrepr"] == "[gpu0 · captioner · 753ms] (<outputs of detect, ocr>, 3)"
+    assert "__compass_inputs__" not in headers["argsrepr"]
