@@ -222,7 +222,7 @@ class Compass:
             self.router.charges = None
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
-                        **kw: Any) -> None:
+                        body: Any = None, **kw: Any) -> None:
         from .flower import annotate_headers
 
         decision = self.router.take_pending(sender or "")
@@ -233,5 +233,6 @@ class Compass:
             if headers.get("id"):
                 self.remember(headers["id"], decision)
         # Routed tasks and the successors workers send (their compass header is set by
-        # publish_node) alike: the placement rides on kwargsrepr into Flower.
-        annotate_headers(headers)
+        # publish_node) alike: the placement rides on argsrepr and kwargsrepr into Flower.
+        args = body[0] if isinstance(body, (list, tuple)) and body else None
+        annotate_headers(headers, args)

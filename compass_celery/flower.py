@@ -1,21 +1,27 @@
-"""What Flower shows of a placement: one line riding on the message's ``kwargsrepr``.
+"""What Flower shows of a placement, riding on the message's ``argsrepr`` and ``kwargsrepr``.
 
-Flower shows no extra fields of custom events, but it shows a task's kwargs repr
-in its task list, task page and REST API; the placement is appended there when the
-message is published, so Flower needs no lookup of its own.
+Flower shows no extra fields of custom events, but it shows a task's args and kwargs
+reprs in its task list, task page and REST API. When the message is published, a
+short form (``[gpu0 · captioner · 120ms]``) goes in front of the args, near the front
+of the task list, and the full line with the reason after the kwargs, on the task page;
+a Dag node's args show where its inputs come from instead of the plumbing. Flower
+needs no lookup of its own.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from .jobs.keys import JOB_HEADER
+from .jobs.keys import INPUT_REF, JOB_HEADER
 from .planner.types import SHARED
 
 #: Separates the task's own kwargs repr from the placement in ``kwargsrepr``.
 REPR_MARK = " | compass: "
 REASON_MAX = 120
+#: The short form's place in front of ``argsrepr`` (a retry's earlier one is replaced).
+_SHORT = re.compile(r"^\[[^\]]*\] ")
 
 
 def describe_placement(compass: Mapping[str, Any] | None,
@@ -48,8 +54,33 @@ def describe_placement(compass: Mapping[str, Any] | None,
     return "compass: " + " ".join(parts)
 
 
-def annotate_headers(headers: dict[str, Any]) -> None:
-    """Put the placement into ``headers["kwargsrepr"]`` when a ``compass`` header is there.
+def short_placement(compass: Mapping[str, Any] | None) -> str:
+    """``gpu0 · captioner · 120ms``: worker, model and estimated finish, ``-`` if unknown."""
+    c = compass if isinstance(compass, Mapping) else {}
+    worker = str(c.get("worker") or "-")
+    worker = "shared" if worker == SHARED else worker
+    try:
+        finish = f"{float(c['est_finish_ms']):.0f}ms"
+    except (KeyError, TypeError, ValueError):
+        finish = "-"
+    return " · ".join([worker, str(c.get("model") or "-"), finish])
+
+
+def _args_repr(args: Any, original: Any) -> str:
+    """The args as Flower should show them: a node's input reference as the nodes it
+    reads, everything else as Celery's own repr had it."""
+    if isinstance(args, (list, tuple)) and args and isinstance(args[0], Mapping) \
+            and isinstance(args[0].get(INPUT_REF), Mapping):
+        preds = args[0][INPUT_REF].get("preds") or []
+        rest = [repr(a) for a in args[1:]]
+        return "(" + ", ".join([f"<outputs of {', '.join(map(str, preds))}>", *rest]) + ")"
+    return _SHORT.sub("", original) if isinstance(original, str) else repr(tuple(args or ()))
+
+
+def annotate_headers(headers: dict[str, Any], args: Any = None) -> None:
+    """Put the placement into ``headers["argsrepr"]`` (short, in front) and
+    ``headers["kwargsrepr"]`` (whole, after) when a ``compass`` header is there; ``args``
+    are the message's arguments.
 
     With message protocol 2 the worker's ``task-received`` event reports
     ``kwargsrepr`` as the task's kwargs, so Flower's task list, task page and REST
@@ -59,6 +90,9 @@ def annotate_headers(headers: dict[str, Any]) -> None:
     """
     if not isinstance(headers, dict) or not headers.get("compass"):
         return
+    if args is not None or isinstance(headers.get("argsrepr"), str):
+        shown = _args_repr(args, headers.get("argsrepr"))
+        headers["argsrepr"] = f"[{short_placement(headers.get('compass'))}] {shown}"
     line = describe_placement(headers.get("compass"), headers.get(JOB_HEADER))
     original = headers.get("kwargsrepr")
     if not isinstance(original, str):
