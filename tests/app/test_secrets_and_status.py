@@ -90,3 +90,27 @@ def test_the_settings_table_masks_a_state_url() -> None:
     rows = dict((name, value) for name, value, _ in
                 describe(resolve({"compass_redis_url": f"redis://:{SECRET}@h:6379/0"})))
     assert SECRET not in rows["compass_redis_url"] and "***" in rows["compass_redis_url"]
+
+
+def test_a_wrong_redis_at_delay_fails_fast_with_one_error_naming_it() -> None:
+    """Broker and result backend unreachable: ``delay()`` raises within seconds (not after
+    Celery's 19 s of result-store retries), naming the URL without its password, and
+    nothing was queued (the result store is subscribed before the message is sent)."""
+    from compass_celery import SendFailed
+
+    url = _bad_url()
+    app = Celery("sec2", broker=url, backend=url, set_as_current=False)
+    app.conf.update(compass_models={"m": 10.0})
+    Compass(app)
+
+    @app.task(name="sec2.t", compass_model="m", compass_exec_ms=5, shared=False)
+    def t() -> int:
+        return 1
+
+    started = time.monotonic()
+    with pytest.raises(SendFailed) as err:
+        t.delay()
+    assert time.monotonic() - started < 8
+    message = str(err.value)
+    assert "'sec2.t'" in message and "not sent" in message
+    assert "127.0.0.1" in message and SECRET not in message
