@@ -17,7 +17,7 @@ _EXPORTS = {"Compass": "app", "Dag": "jobs", "JobHandle": "jobs", "get_model": "
             "Decision": "placement", "CompassInputError": "errors",
             "DagValidationError": "jobs", "PlacementError": "placement",
             "JobError": "errors", "JobFailed": "errors", "JobTimeout": "errors",
-            "RetriesExhausted": "errors"}
+            "RetriesExhausted": "errors", "SendFailed": "errors"}
 __all__ = list(_EXPORTS)
 
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from celery import Celery
+from kombu.exceptions import OperationalError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from .errors import SetupError
+from .errors import SendFailed, SetupError
 from .needs import resolve_needs
 from .placement import Decision, decide
 from .router import announce, charge_backlog
+from .state.urls import masked
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -35,6 +38,20 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
 
 class CompassTaskMixin:
     """Mixed into ``app.Task`` by ``Compass(app)``; only acts in eager mode."""
+
+    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
+        """Send as Celery does; a broker or result store that cannot be reached raises one
+        :class:`SendFailed` naming it (password masked) and the cause."""
+        try:
+            return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
+        except (OperationalError, RedisConnectionError, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and "result store" not in str(exc):
+                raise
+            conf = self.app.conf  # type: ignore[attr-defined]
+            raise SendFailed(
+                f"task {self.name!r} was not sent (nothing was queued): cannot reach the "  # type: ignore[attr-defined]
+                f"broker at {masked(conf.broker_url)} or the result store at "
+                f"{masked(conf.result_backend)}: {exc.__cause__ or exc}") from exc
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Place the task against in-process state, then run it inline as Celery does."""

@@ -22,6 +22,11 @@ class SetupError(CompassInputError):
     """Compass was installed in a way it cannot work with; the message says what to do."""
 
 
+class SendFailed(ConnectionError):
+    """A task was not sent: the broker or the result store could not be reached. Nothing
+    was queued, so sending it again later cannot run it twice."""
+
+
 class JobError(RuntimeError):
     """Base of job outcomes that are not a result."""
 
