@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -58,6 +59,8 @@ def test_job_from_a_django_view_runs_on_the_worker_holding_its_models(
         assert where["planned"] == "dj0@example", node
         assert where["worker"] == "dj0@example", node  # where it really ran
         assert where["moved"] is False
+        assert datetime.fromisoformat(where["started"]).tzinfo is not None
+        assert all(isinstance(where[k], int) for k in ("queued_ms", "load_ms", "run_ms"))
 
     # the view read what the workers wrote to Redis: the same record, read directly
     status, results, placement = job_record(app, out["post"]["job_id"])

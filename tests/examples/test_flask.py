@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -46,6 +47,13 @@ def eager_app() -> Any:
     add_worker(compass.app, "gpu0", gpu_mb=16000, resident=["detector"])
     add_worker(compass.app, "gpu1", gpu_mb=16000, resident=["captioner", "translator"])
     return app
+
+
+def test_the_broker_override_carries_the_result_backend(monkeypatch: Any) -> None:
+    monkeypatch.setenv("FLASK_CELERY__broker_url", "redis://elsewhere:6390/2")
+    celery = make().extensions["celery"]
+    assert celery.conf.broker_url == "redis://elsewhere:6390/2"
+    assert celery.conf.result_backend == "redis://elsewhere:6390/2"
 
 
 def test_eager_job_results_and_placement(eager_app: Any) -> None:
@@ -111,8 +119,7 @@ def test_job_from_a_flask_view_runs_on_real_workers(compass_redis_url: str,
                                                    compass_workers: Any) -> None:
     """fl0 holds the detector, fl1 the captioner and translator: the job crosses over."""
     url = compass_redis_url
-    env = {"PYTHONPATH": pythonpath(FLASK_DIR), "FLASK_CELERY__broker_url": url,
-           "FLASK_CELERY__result_backend": url}
+    env = {"PYTHONPATH": pythonpath(FLASK_DIR), "FLASK_CELERY__broker_url": url}
     workers = [
         compass_workers("make_celery", "fl0@example", *EMULATED, "--compass-preload",
                         "detector", env=env),
@@ -141,6 +148,9 @@ def test_job_from_a_flask_view_runs_on_real_workers(compass_redis_url: str,
     assert {n: p["planned"] for n, p in body["placement"].items()} == expected
     assert {n: p["worker"] for n, p in body["placement"].items()} == expected
     assert set(body["placement"]) == NODES
+    for where in body["placement"].values():  # for people: ISO times, whole milliseconds
+        assert datetime.fromisoformat(where["started"]).tzinfo is not None
+        assert all(isinstance(where[k], int) for k in ("queued_ms", "load_ms", "run_ms"))
 
     status, results, placement = job_record(probe(url), posted.json["job_id"])
     assert (status, results) == ("SUCCESS", {"translate": CAT_FR})
