@@ -36,8 +36,9 @@ class EagerJobHandle:
             return {}
         return {n: self.results[n] for n in self.sinks}
 
-    def placement(self) -> dict[str, dict[str, Any]]:
-        """Per node: the planned worker, which is also where it ran (nothing moves eagerly)."""
+    def placement(self, readable: bool = False) -> dict[str, dict[str, Any]]:
+        """Per node: the planned worker, which is also where it ran (nothing moves eagerly;
+        ``readable`` changes nothing: there are no timings)."""
         return {n: {"planned": p, "worker": p, "moved": False} for n, p in self.plan.items()}
 
 

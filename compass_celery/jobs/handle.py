@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import JobError, JobFailed, JobTimeout
@@ -107,13 +108,30 @@ class JobHandle:
         raw = self.client.hget(self.keys.job, "error")
         return json.loads(raw) if raw else None
 
-    def placement(self) -> dict[str, dict[str, Any]]:
-        """Per node: planned worker, where it ran, whether it moved, its timings."""
+    def placement(self, readable: bool = False) -> dict[str, dict[str, Any]]:
+        """Per node: planned worker, where it ran, whether it moved, its timings (``readable``:
+        times as ISO 8601 in UTC and durations in whole ms, as a JSON API answers)."""
         plan = json.loads(self.client.hget(self.keys.job, "plan") or "{}")
         info = {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.info).items()}
         nodes = json.loads(self.client.hget(self.keys.job, "nodes") or "{}")
-        return {n: {"planned": (plan.get(n) or {}).get("worker"), **info.get(n, {}),
-                    "moved": bool(info.get(n, {}).get("moved_from"))} for n in nodes}
+        out = {n: {"planned": (plan.get(n) or {}).get("worker"), **info.get(n, {}),
+                   "moved": bool(info.get(n, {}).get("moved_from"))} for n in nodes}
+        return {n: readable_timing(w) for n, w in out.items()} if readable else out
 
     def __repr__(self) -> str:
         return f"<JobHandle {self.id}>"
+
+
+def readable_timing(where: dict[str, Any]) -> dict[str, Any]:
+    """One node's placement for people: ``started``/``finished`` as ISO 8601 (UTC, ms),
+    every ``*_ms`` as a whole number of milliseconds; the rest as it is."""
+    out: dict[str, Any] = {}
+    for key, value in where.items():
+        if key in ("started", "finished", "sent") and isinstance(value, (int, float)):
+            out[key] = datetime.fromtimestamp(value, tz=UTC).isoformat(
+                timespec="milliseconds")
+        elif key.endswith("_ms") and isinstance(value, (int, float)):
+            out[key] = round(value)
+        else:
+            out[key] = value
+    return out

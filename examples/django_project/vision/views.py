@@ -60,7 +60,7 @@ def status(request: HttpRequest, job_id: str) -> JsonResponse:
     if job is None or job.status == "UNKNOWN":
         return JsonResponse({"error": f"no job {job_id}"}, status=404)
     out: dict[str, Any] = {"job_id": job_id, "status": job.status,
-                           "placement": job.placement()}
+                           "placement": job.placement(readable=True)}
     if out["status"] == "SUCCESS":
         out["results"] = job.get(timeout=0)
     elif out["status"] == "FAILURE":

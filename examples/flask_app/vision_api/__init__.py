@@ -13,8 +13,7 @@ from flask import Flask
 from compass_celery import Compass
 
 DEFAULT_CELERY: dict[str, Any] = {
-    "broker_url": "redis://localhost:6379/0",
-    "result_backend": "redis://localhost:6379/0",
+    "broker_url": "redis://localhost:6379/0",  # the result backend follows it unless set
     # Compass: the model catalogue (name -> size in MB) and other compass_* settings.
     "compass_models": {"detector": 1200, "captioner": 950, "translator": 300},
     "compass_state_refresh_s": 0.1,
@@ -31,7 +30,9 @@ def celery_init_app(app: Flask) -> Celery:
                 return self.run(*args, **kwargs)
 
     celery_app = Celery(app.name, task_cls=FlaskTask)
-    celery_app.config_from_object(app.config["CELERY"])
+    conf = dict(app.config["CELERY"])
+    conf.setdefault("result_backend", conf["broker_url"])  # one override moves both
+    celery_app.config_from_object(conf)
     Compass(celery_app)  # before the shared tasks are bound to this app
     celery_app.set_default()
     app.extensions["celery"] = celery_app

@@ -62,7 +62,7 @@ def status(job_id: str) -> Response:
     if job is None or job.status == "UNKNOWN":
         return {"error": f"no job {job_id}"}, 404
     out: dict[str, Any] = {"job_id": job_id, "status": job.status,
-                           "placement": job.placement()}
+                           "placement": job.placement(readable=True)}
     if out["status"] == "SUCCESS":
         out["results"] = job.get(timeout=0)
     elif out["status"] == "FAILURE":
