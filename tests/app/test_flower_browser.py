@@ -187,8 +187,8 @@ def test_flower_shows_placement_on_api_task_pages_and_worker_page(
     worker = decision.worker
     wpage = dump_dom(f"{flower.url}/worker/{worker}#tab-other")
     assert "compass" in wpage, wpage[-3000:]
-    for field in ("resident_models", "'small'", "gpu_free_mb", "gpu_total_mb", "backlog_ms",
-                  app.compass.queue_for(worker)):
+    for field in ("compass_resident_models", "small", "compass_gpu_free_mb",
+                  "compass_gpu_total_mb", "compass_backlog_ms", app.compass.queue_for(worker)):
         assert field in wpage, (field, wpage[-3000:])
 
     if shots:
