@@ -91,8 +91,8 @@ class CompassWorker(bootsteps.StartStopStep):
     terminate = shutdown = stop
 
     def info(self, worker: Any) -> dict[str, Any]:
-        """What ``celery inspect stats`` (and Flower's worker page) shows under "compass"."""
-        return {"compass": self.runtime.stats()} if self.runtime is not None else {}
+        """What ``celery inspect stats`` (and Flower's worker page) shows: compass_* fields."""
+        return self.runtime.stats() if self.runtime is not None else {}
 
 
 def _wake() -> None:

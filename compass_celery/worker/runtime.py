@@ -190,16 +190,18 @@ class WorkerRuntime:
         logger.info("compass: worker %s serves Prometheus metrics on port %d", self.name, port)
 
     def stats(self) -> dict[str, Any]:
-        """This worker's compass state, for ``inspect stats`` and Flower."""
+        """This worker's compass state for ``inspect stats`` and Flower's worker page: flat,
+        named fields (``compass_queue``, ``compass_gpu_free_mb`` ...), one row each."""
         c = self.cache
-        return {"queue": self.queue, "device": c.device,
-                "gpu_total_mb": round(c.total_mb, 1), "gpu_free_mb": round(c.free_mb, 1),
-                "resident_models": sorted(c.resident()),
-                "host_models": sorted(c.host_resident()),
-                "backlog_ms": round(self.queued_backlog_ms(), 1),
-                "running": self.tasks.running(),
-                "cache": {"hits": c.hits, "misses": c.misses, "loads": c.loads,
-                          "evictions": c.evictions}}
+        return {"compass_queue": self.queue, "compass_device": c.device,
+                "compass_gpu_total_mb": round(c.total_mb, 1),
+                "compass_gpu_free_mb": round(c.free_mb, 1),
+                "compass_resident_models": ", ".join(sorted(c.resident())),
+                "compass_host_models": ", ".join(sorted(c.host_resident())),
+                "compass_backlog_ms": round(self.queued_backlog_ms(), 1),
+                "compass_running": self.tasks.running(),
+                "compass_cache_hits": c.hits, "compass_cache_misses": c.misses,
+                "compass_cache_loads": c.loads, "compass_cache_evictions": c.evictions}
 
     def _cluster(self) -> ClusterView | None:
         """The planner's view of the cluster (with demand), for the cache's rank. Read from
