@@ -143,3 +143,30 @@ def test_compose_file_parses_and_keeps_redis_durable() -> None:
     assert "--compass-gpu" in " ".join(gpu["command"])
     assert "flowerconfig.py" in " ".join(services["flower"]["command"])
     assert (ROOT / "compose" / "Dockerfile").read_text().count("FROM") == 1
+
+
+def test_flowerconfig_takes_the_apps_compass_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run as ``celery -A proj flower --conf=...``: the app's state Redis, key prefix and
+    heartbeat timeout, not the defaults."""
+    from celery import Celery
+    from flower.options import options
+    from prometheus_client import REGISTRY
+
+    from compass_celery import Compass
+
+    for name in ("COMPASS_REDIS_URL", "CELERY_BROKER_URL", "COMPASS_BROKER_URL"):
+        monkeypatch.delenv(name, raising=False)
+    app = Celery("flowerapp", broker="memory://")  # the current app, as -A makes it
+    app.conf.update(compass_redis_url="redis://127.0.0.1:2/3", compass_key_prefix="fl",
+                    compass_heartbeat_timeout_s=2.5)
+    Compass(app)
+    monkeypatch.setattr(monitoring, "_REGISTERED", set())
+    before = set(REGISTRY._collector_to_names)
+    try:
+        options.parse_config_file(str(ROOT / "compose" / "flowerconfig.py"), final=False)
+        (collector,) = set(REGISTRY._collector_to_names) - before
+        assert collector.store.url == "redis://127.0.0.1:2/3"
+        assert collector.store.prefix == "fl" and collector.timeout_s == 2.5
+    finally:
+        for c in set(REGISTRY._collector_to_names) - before:
+            REGISTRY.unregister(c)
