@@ -207,3 +207,15 @@ def register_state_collector(redis_url: str | None, prefix: str = "compass",
         registry.register(CompassStateCollector(RedisStateStore(redis_url, prefix),
                                                 heartbeat_timeout_s))
         _REGISTERED.add(id(registry))
+
+
+def register_app_state_collector(app: Any, registry: Any = None) -> bool:
+    """:func:`register_state_collector` with a Compass app's own state Redis, key prefix and
+    heartbeat timeout; False when ``app`` has no Compass (nothing registered)."""
+    compass = getattr(app, "compass", None)
+    if compass is None:
+        return False
+    register_state_collector(compass.redis_url, prefix=compass.settings["key_prefix"],
+                             heartbeat_timeout_s=compass.settings["heartbeat_timeout_s"],
+                             registry=registry)
+    return True

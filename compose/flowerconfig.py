@@ -18,16 +18,19 @@
 # Flower. Scrape them from the workers and producers (serve_metrics).
 import os as _os
 
+from celery import current_app as _current_app
+
+from compass_celery.monitoring import register_app_state_collector as _register_app
 from compass_celery.monitoring import register_state_collector as _register
 
-_redis_url = (_os.environ.get("COMPASS_REDIS_URL") or _os.environ.get("CELERY_BROKER_URL")
-              or _os.environ.get("COMPASS_BROKER_URL") or "redis://127.0.0.1:6379/0")
+# `celery -A proj flower --conf=...` loads the app first: its compass settings win.
+if not _register_app(_current_app._get_current_object()):
+    _register(
+        _os.environ.get("COMPASS_REDIS_URL") or _os.environ.get("CELERY_BROKER_URL")
+        or _os.environ.get("COMPASS_BROKER_URL") or "redis://127.0.0.1:6379/0",
+        prefix=_os.environ.get("COMPASS_KEY_PREFIX", "compass"),
+        heartbeat_timeout_s=float(_os.environ.get("COMPASS_HEARTBEAT_TIMEOUT_S", "5")),
+    )
 
-_register(
-    _redis_url,
-    prefix=_os.environ.get("COMPASS_KEY_PREFIX", "compass"),
-    heartbeat_timeout_s=float(_os.environ.get("COMPASS_HEARTBEAT_TIMEOUT_S", "5")),
-)
-
-# Show kwargs (which carry the placement note) and the routing key in the task list.
-tasks_columns = "name,uuid,state,received,runtime,worker,routing_key,kwargs"
+# Show args (the short placement in front), the routing key and kwargs in the task list.
+tasks_columns = "name,uuid,state,args,routing_key,worker,received,runtime,kwargs"
