@@ -1,0 +1,26 @@
+"""``compass-celery demo``'s burst, on its default four workers: some tasks find their
+model resident and some must load it, so the table shows the load-against-wait trade-off."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from compass_celery.demo import run_demo
+
+pytestmark = pytest.mark.redis
+
+
+def test_the_demo_burst_shows_loads_and_resident_models(compass_redis_url) -> None:
+    lines: list[str] = []
+    assert run_demo(compass_redis_url, 4, 16, echo=lines.append, side_by_side_jobs=0,
+                    plot_path=None) == 0
+    text = "\n".join(lines)
+    table = text[text.index("task "):].splitlines()
+    spans = [m.span() for m in re.finditer(r"-+", table[1])]  # the rule under the header
+    column = [table[0][a:b].strip() for a, b in spans].index("load ms")
+    a, b = spans[column]
+    load_ms = [float(row[a:b]) for row in table[2:18]]
+    assert any(ms > 0 for ms in load_ms) and any(ms == 0 for ms in load_ms), table
+    assert "emulated GPU timings in workload ms" in text  # what the times mean, said once
