@@ -15,9 +15,11 @@ from typing import Any
 
 from .local import RedisServer, WorkerProcess, wait_until
 
-#: What each demo worker holds at start: different models, so placement matters.
-PRELOADS = ["captioner", "detector,translator", "ocr,classifier", "embedder,classifier",
-            "captioner", "detector", "translator", "ocr"]
+#: What each demo worker holds at start: different models, so placement matters, and on
+#: the default four workers two of the six models (translator, classifier) are resident
+#: nowhere, so the burst shows compass weighing a model load against a queue wait.
+PRELOADS = ["captioner", "detector", "ocr", "embedder", "captioner", "detector", "translator",
+            "classifier"]
 TASKS = ["caption", "detect", "translate", "embed", "classify", "ocr"]
 
 
@@ -74,7 +76,8 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
                            "run ms", "est. finish", "why"]))
         moved = sum(1 for r in rows if r[2] != r[3])
         echo(f"\n{len(rows)} tasks done; {moved} ran somewhere other than planned. "
-             "Times are emulated GPU timings (workload ms).")
+             "Times are emulated GPU timings in workload ms: what a real GPU of this size "
+             "and load bandwidth would take.")
         for w in workers:
             w.stop()
         if side_by_side_jobs:
@@ -94,6 +97,8 @@ def side_by_side(redis_url: str, jobs: int, plot_path: str | None,
     workload = load_workload(workload_path("edge-vision.json"))
     echo(f"\nside by side: {jobs} edge-vision jobs (3 ML pipelines, 6 models, 4 GPUs of "
          "1600 MB) under plain Celery and under Compass ...")
+    echo("(time scale 0.5: the emulated GPUs sleep half of each workload millisecond, so the "
+         "run takes half as long; every time shown is in workload ms)")
     opts = BenchOptions(policies=["celery-default", "compass"], jobs=jobs, time_scale=0.5,
                         redis_url=redis_url)
     result = run_bench(workload, opts, echo)
