@@ -1,4 +1,4 @@
-"""Regenerate docs/img/flower-task.png and docs/img/flower-worker.png.
+"""Regenerate docs/img/flower-tasks.png, flower-task.png and flower-worker.png.
 
 They come from the Flower browser test (a private Redis, two emulated-GPU workers,
 Flower and headless Chromium), so the pictures show what the test checks. Needs
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     env = {**os.environ, "COMPASS_FLOWER_SCREENSHOTS": str(out)}
     rc = subprocess.call([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
                           "tests/app/test_flower_browser.py"], cwd=ROOT, env=env)
-    shots = [out / "flower-task.png", out / "flower-worker.png"]
+    shots = [out / "flower-tasks.png", out / "flower-task.png", out / "flower-worker.png"]
     if rc == 0 and all(p.is_file() for p in shots):
         print("\n".join(str(p) for p in shots))
         return 0

@@ -51,7 +51,7 @@ class Flower:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "celery", "-A", MODULE, "flower",
                  f"--port={self.port}", "--address=127.0.0.1",
-                 "--tasks_columns=name,uuid,state,worker,kwargs,runtime"],
+                 "--tasks_columns=name,uuid,state,args,worker,routing_key,runtime,kwargs"],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def get(self, path: str) -> tuple[int, str]:
@@ -153,6 +153,7 @@ def test_flower_shows_placement_on_api_task_pages_and_worker_page(
     assert decision is not None and decision.worker in names
     kwargs = probe["kwargs"]
     assert kwargs.startswith("{'x': 7} | compass: "), kwargs
+    assert probe["args"].startswith(f"[{decision.worker} · small · "), probe["args"]
     for field in (*PLACEMENT_FIELDS, f"worker={decision.worker}",
                   f"policy={decision.policy}", f"est_finish={decision.est_finish_ms:.0f}ms"):
         assert field in kwargs, kwargs
@@ -182,6 +183,7 @@ def test_flower_shows_placement_on_api_task_pages_and_worker_page(
     # the task list fills its table by AJAX; the kwargs column carries the placement
     listing = dump_dom(f"{flower.url}/tasks")
     assert result.id in listing and "compass: worker=" in listing, listing[-3000:]
+    assert f"[{decision.worker} · small · " in listing, listing[-3000:]  # args: in front
 
     # the worker page: the compass section of `inspect stats` (Other tab)
     worker = decision.worker
@@ -192,5 +194,6 @@ def test_flower_shows_placement_on_api_task_pages_and_worker_page(
         assert field in wpage, (field, wpage[-3000:])
 
     if shots:
+        screenshot(f"{flower.url}/tasks", Path(shots) / "flower-tasks.png")
         screenshot(f"{flower.url}/task/{result.id}", Path(shots) / "flower-task.png")
         screenshot(f"{flower.url}/worker/{worker}#tab-other", Path(shots) / "flower-worker.png")
