@@ -90,10 +90,11 @@ def env_of(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in container.get("env", [])}
 
 
-def compose_images() -> tuple[str, str]:
-    """The compass image and the Redis image the compose file runs."""
+def compose_images() -> tuple[set[str], str]:
+    """The compass images (without and with torch) and the Redis image compose runs."""
     compose = yaml.safe_load(COMPOSE.read_text())
-    return compose["x-compass-image"]["image"], compose["services"]["redis"]["image"]
+    return ({compose["x-compass-image"]["image"], compose["x-gpu-worker"]["image"]},
+            compose["services"]["redis"]["image"])
 
 
 def dockerfile_facts() -> tuple[list[str], set[str]]:
@@ -249,9 +250,9 @@ def reference_problems(manifests: Manifests) -> list[str]:
                 if f'"{key}"' not in read_by_code:
                     out.append(f"{where}: {key} is read by no code in the repo")
             for c in containers(doc):
-                if c["image"] not in (compass_image, redis_image):
+                if c["image"] not in (*compass_image, redis_image):
                     out.append(f"{where}: image {c['image']} is not the compose file's")
-                if c["image"] != compass_image:
+                if c["image"] not in compass_image:
                     continue
                 env: dict[str, str] = {}
                 for ref in c.get("envFrom", []):
@@ -269,6 +270,8 @@ def reference_problems(manifests: Manifests) -> list[str]:
                          probe_text(c, "startupProbe")]
                 modules = [m for t in texts for m in
                            re.findall(r"(?:-A|--app)\s+\"?(\$\(?\w+\)?|[\w.]+)\"?", t)]
+                modules += [m for t in texts for m in  # a WSGI server's "module:factory()"
+                            re.findall(r"gunicorn\b.*?\"?([A-Za-z_][\w.]*):\w+\(", t)]
                 if not modules:
                     out.append(f"{where}: container {c['name']} names no app module")
                 for mod in modules:
@@ -310,6 +313,15 @@ def test_the_manifests_keep_the_project_invariants() -> None:
     assert problems(load()) == []
 
 
+def test_the_app_runs_on_a_production_server_and_gpu_workers_on_the_torch_image() -> None:
+    manifests = load()
+    app = next(c for docs in manifests.values() for d in docs for c in containers(d)
+               if c["name"] == "app")
+    assert app["command"][0] == "gunicorn", app["command"]
+    gpu = _gpu_container(manifests)
+    assert gpu["image"] == yaml.safe_load(COMPOSE.read_text())["x-gpu-worker"]["image"]
+
+
 def test_every_manifest_is_in_a_kustomization_and_secrets_stay_out_of_git() -> None:
     for kfile in K8S.rglob("kustomization.yaml"):
         kust = yaml.safe_load(kfile.read_text())
@@ -324,7 +336,7 @@ def test_every_manifest_is_in_a_kustomization_and_secrets_stay_out_of_git() -> N
             for env_file in gen.get("envs", []):
                 assert (kfile.parent / f"{env_file}.example").is_file()
         for image in kust.get("images", []):
-            assert image["name"] == compose_images()[0].split(":")[0]
+            assert image["name"] in {i.split(":")[0] for i in compose_images()[0]}
     assert "secrets.env" in (K8S / ".gitignore").read_text().split()
     assert set(secret_keys()) == {"REDIS_PASSWORD", "FLOWER_BASIC_AUTH"}
     assert all(v == "" for v in secret_keys().values()), "the template must hold no secret"
