@@ -33,6 +33,8 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
             redis_url = server.url
             echo(f"started a private redis-server at {redis_url}")
         env = {"COMPASS_BROKER_URL": redis_url, "COMPASS_KEY_PREFIX": "compass-demo"}
+        saved = {k: os.environ.get(k) for k in env}  # put back on the way out: the caller's
+        stack.callback(_restore_environ, saved)     # process (a test run, say) goes on
         os.environ.update(env)
         from .emulated import make_app
 
@@ -84,6 +86,14 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
             side_by_side(redis_url, side_by_side_jobs, plot_path, echo)
         echo("shutting down workers and redis ...")
     return 0
+
+
+def _restore_environ(saved: dict[str, str | None]) -> None:
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def side_by_side(redis_url: str, jobs: int, plot_path: str | None,

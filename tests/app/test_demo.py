@@ -13,6 +13,9 @@ pytestmark = pytest.mark.redis
 
 
 def test_the_demo_burst_shows_loads_and_resident_models(compass_redis_url) -> None:
+    import os
+
+    before = {k: os.environ.get(k) for k in ("COMPASS_BROKER_URL", "COMPASS_KEY_PREFIX")}
     lines: list[str] = []
     assert run_demo(compass_redis_url, 4, 16, echo=lines.append, side_by_side_jobs=0,
                     plot_path=None) == 0
@@ -24,3 +27,4 @@ def test_the_demo_burst_shows_loads_and_resident_models(compass_redis_url) -> No
     load_ms = [float(row[a:b]) for row in table[2:18]]
     assert any(ms > 0 for ms in load_ms) and any(ms == 0 for ms in load_ms), table
     assert "emulated GPU timings in workload ms" in text  # what the times mean, said once
+    assert {k: os.environ.get(k) for k in before} == before  # the caller's environment back
