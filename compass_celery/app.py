@@ -40,6 +40,7 @@ class Compass:
         self._store = store
         self._own_store = store is None  # made here, for the mode (eager or not) in force
         self._store_eager: bool | None = None
+        self._destinations: dict[str, Any] = {}  # queue name -> what Celery is handed
         self._reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
@@ -70,6 +71,7 @@ class Compass:
         for difference in differences:
             logger.warning("%s", difference.message())
         self.__dict__.pop("settings", None)  # compass_* values may have been (re)loaded
+        self._destinations = {}  # task_queues / task_create_missing_queues may have changed
         routes = conf.get("task_routes")
         routes = list(routes) if isinstance(routes, (list, tuple)) else (
             [routes] if routes else [])
@@ -99,13 +101,8 @@ class Compass:
 
     @property
     def store(self) -> StateStore:
-        """The state store, made on first use: Redis (Sentinel-aware) with a URL, else in memory.
-        Switching ``task_always_eager`` makes it anew (and this process's reader and queues
-        with it), so eager tests and Redis-backed ones can share a process."""
-        if self._own_store and self._store is not None and self._store_eager != self.eager:
-            self._store = None
-            for made in ("reader", "queues"):
-                self.__dict__.pop(made, None)
+        """The state store, made on first use: Redis (Sentinel-aware) with a URL, else in memory
+        (eager). :meth:`follow_mode` makes it anew when ``task_always_eager`` was switched."""
         if self._store is None:
             self._store_eager = self.eager
             url = None if self.eager else self.redis_url
@@ -174,14 +171,29 @@ class Compass:
         """The fallback queue every Compass worker consumes."""
         return self.settings["shared_queue"]
 
+    def follow_mode(self, eager: bool | None = None) -> None:
+        """Make the store (with this process's reader and queues) anew if it was made for the
+        other mode, so eager tests and Redis-backed ones can share a process. Called where a
+        task or a job is sent or a worker declared; ``eager`` when the caller knows it (a
+        router runs only when not eager), else ``task_always_eager`` is read."""
+        eager = self.eager if eager is None else eager
+        if self._own_store and self._store is not None and self._store_eager != eager:
+            self._store = None
+            for made in ("reader", "queues"):
+                self.__dict__.pop(made, None)
+
     def destination(self, queue: str) -> Any:
         """What to hand Celery as ``queue=``: the name, or, where Celery would refuse a queue
         it does not list (``task_create_missing_queues=False``), its full declaration. A
-        worker's queue cannot be listed ahead: its name carries the worker's hostname."""
-        queues = self.app.amqp.queues
-        if queue in queues or self.app.conf.task_create_missing_queues:
-            return queue
-        return queues.new_missing(queue)
+        worker's queue cannot be listed ahead: its name carries the worker's hostname.
+        Decided once per queue (the hot path: two setting reads cost more than a decision)."""
+        known = self._destinations.get(queue)
+        if known is None:
+            queues = self.app.amqp.queues
+            known = queue if queue in queues or self.app.conf.task_create_missing_queues \
+                else queues.new_missing(queue)
+            self._destinations[queue] = known
+        return known
 
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue (``compass_queue_prefix`` + name)."""

@@ -58,6 +58,9 @@ class CompassContext(Protocol):
     def plan_on_fresh_state(self) -> None:
         """Make this process's decisions read before deciding (a worker's)."""
 
+    def follow_mode(self, eager: bool | None = None) -> None:
+        """Switch the store if ``task_always_eager`` changed since it was made."""
+
     def destination(self, queue: str) -> Any:
         """``queue`` as Celery takes it (a declaration where it would not create one)."""
 

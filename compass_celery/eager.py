@@ -58,6 +58,7 @@ class CompassTaskMixin:
         compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
         if compass is None or not compass.eager:
             return super().apply(args, kwargs, **options)  # type: ignore[misc]
+        compass.follow_mode(eager=True)
         decision = place_eagerly(compass, self, options)
         if decision is None:
             return super().apply(args, kwargs, **options)  # type: ignore[misc]

@@ -60,6 +60,7 @@ class CompassRouter:
         if options.get("queue") is not None:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
+        c.follow_mode(eager=False)  # routers run only when tasks are sent, not run eagerly
         default_ms = c.settings["default_exec_ms"]
         needs = resolve_needs(name, task, options, {}, default_ms)
         if needs is None:

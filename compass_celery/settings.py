@@ -198,9 +198,6 @@ CELERY_RECOMMENDED: dict[str, Recommendation] = {
                           "interval_max": 0.5}},
         "a result store that cannot be reached makes delay() fail in about a second, not "
         "after Celery's 19 s of retries (nothing is queued when it fails)"),
-    "task_send_sent_event": Recommendation(
-        True, "Flower shows a task's routing key (the worker queue compass placed it on) "
-        "only from the task-sent event"),
     # A dict is merged key by key: the user's keys stay, missing ones are added.
     "broker_transport_options": Recommendation(
         {"visibility_timeout": 3600},

@@ -33,6 +33,7 @@ def add_worker(app: Any, name: str, *, gpu_mb: float = 16000.0, resident: Iterab
     """Declare a worker in an eager app's in-process state, for tests and what-if planning:
     ``add_worker(app, "gpu0", gpu_mb=16000, resident=["captioner"])``."""
     c = app.compass
+    c.follow_mode()
     sizes = c.model_sizes()
     resident = frozenset(resident)
     used = sum(sizes.get(m, 0.0) for m in resident)

@@ -158,7 +158,9 @@ class Dag:
 
         spec = self.spec()
         c = self.app.compass
-        if c.eager:
+        eager = c.eager
+        c.follow_mode(eager)
+        if eager:
             return run_eagerly(c, spec, self.records(spec))
         return submit(c, spec, self.records(spec), timeout_s=timeout_s)
 

@@ -76,6 +76,7 @@ def test_switching_eager_off_again_uses_redis(compass_redis_url) -> None:
     assert app.compass.placement(res.id).worker == "gpu0"
 
     app.conf.task_always_eager = False
+    placed.delay()  # sent, not run: compass follows the switch
     assert isinstance(app.compass.store, RedisStateStore)
     other = RedisStateStore(compass_redis_url, app.compass.settings["key_prefix"])
     other.publish(WorkerView(name="real@w", queue=app.compass.queue_for("real@w"),

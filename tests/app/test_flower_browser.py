@@ -136,6 +136,7 @@ def test_flower_shows_placement_on_api_task_pages_and_worker_page(
     names = [f"gpu0@{tag}", f"gpu1@{tag}"]
     app, ws = start(compass_redis_url, compass_workers, names, timeout_s=3.0,
                     extra_args=["-E"])
+    app.conf.task_send_sent_event = True  # opt-in: Flower's routing-key column (docs)
     context = lambda: f"{worker_logs(ws)}\n--- flower ---\n{flower.log()}"  # noqa: E731
 
     # Flower's event receiver subscribes a moment after it answers HTTP, and events sent
