@@ -269,3 +269,20 @@ def test_a_copy_left_moving_is_sent_again(amqp_url, compass_redis_url, monkeypat
     assert again is not None
     assert second.move(queue, again, target, again.decode())
     assert second.counts(target)[0] == 2  # the duplicate the docs name
+
+
+def test_worker_queues_work_without_missing_queues_on_rabbitmq(amqp_url, compass_redis_url,
+                                                                compass_workers):
+    """``task_create_missing_queues=False`` on the producer: compass hands Celery each
+    worker queue's declaration, so routed tasks still reach the workers."""
+    _, ws = _cluster(amqp_url, compass_redis_url, compass_workers,
+                     ["m0@nomissing", "m1@nomissing"], preload="captioner")
+    app = make_app(amqp_url, state_url=compass_redis_url, task_create_missing_queues=False,
+                   compass_heartbeat_timeout_s=TIMEOUT_S, compass_snapshot_ttl_s=0.0)
+    results = _burst(app, 4, 5.0)
+    try:
+        assert sorted(r.get(timeout=20)["data"] for r in results) == [0, 1, 2, 3]
+    except Exception as exc:
+        raise AssertionError(f"{exc!r}\n{worker_logs(ws)}") from None
+    assert {app.compass.placement(r.id).worker for r in results} <= {"m0@nomissing",
+                                                                     "m1@nomissing"}
