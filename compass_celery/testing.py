@@ -144,6 +144,7 @@ def compass_cluster(compass_workers: Callable[..., WorkerProcess],
     def start(app: Any, module: str, n: int = 2, *, gpu_mb: float = 4000.0,
               preload: str = "", env: dict[str, str] | None = None,
               timeout_s: float = 30.0) -> Cluster:
+        app.compass.follow_mode()  # an eager test may have run before: wait on Redis
         args = ["--compass-emulate-gpu-mb", str(gpu_mb)]
         if preload:
             args += ["--compass-preload", preload]

@@ -26,6 +26,7 @@ from proj import app
 
 def test_caption_on_a_cpu_worker(compass_redis_url, compass_workers):
     app.conf.update(broker_url=compass_redis_url, result_backend=compass_redis_url)
+    app.compass.follow_mode()  # test_eager.py ran before, eager: read Redis from here on
     w = compass_workers("proj", "cpu0@readme", "--compass-gpu", "cpu",
                         env={"REDIS_URL": compass_redis_url})
     deadline = time.time() + 30
