@@ -4,6 +4,7 @@ runs on a real torch worker and in eager mode, and a model declared only by size
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 from compass_celery.cache import UnknownModelError, set_current_cache  # noqa: E402
 from compass_celery.local import wait_until  # noqa: E402
+from compass_celery.needs import profile_key  # noqa: E402
 from compass_celery.testing import add_worker, worker_logs  # noqa: E402
 from tests.support.own_model_app import load_tiny_linear, make_app  # noqa: E402
 
@@ -29,7 +31,7 @@ def test_a_cpu_worker_runs_a_registered_loader_and_places_a_size_only_model(
     w = compass_workers("tests.support.own_model_app", "own@cpu", "--compass-gpu", "cpu",
                         env={"COMPASS_BROKER_URL": compass_redis_url})
     app = make_app(compass_redis_url)
-    wait_until(lambda: app.compass.store.snapshot(__import__("time").time(), 5).workers,
+    wait_until(lambda: app.compass.store.snapshot(time.time(), 5).workers,
                25, "the worker's record")
     try:
         assert app.tasks["own.embed"].delay(VALUES).get(timeout=20) == expected()
@@ -38,6 +40,10 @@ def test_a_cpu_worker_runs_a_registered_loader_and_places_a_size_only_model(
         raise AssertionError(worker_logs([w])) from None
     log = Path(w.log_path).read_text()
     assert "loaded-by-my-code" in log and "no loader" in log  # said once, at start
+    # compass does not load it, but learns its run time under its name, as for any model
+    learned = profile_key("own.mine", "loaded-by-my-code")
+    wait_until(lambda: learned in app.compass.store.snapshot(time.time(), 5).profiles, 10,
+               "the size-only model's learned run time")
 
 
 def test_eager_runs_the_real_body_with_the_registered_model() -> None:
