@@ -54,8 +54,9 @@ class TaskPath:
         self._queued, self._wake, self._stopping = queued, wake, stopping
         self._prefetch_due = threading.Event()
         self._lock = threading.Lock()
-        # task id -> (its decision, the model acquired for it, when it started running)
-        self._running: dict[str, tuple[Decision | None, str | None, float]] = {}
+        # task id -> (its decision, its model, whether the cache holds it for the task, when
+        # it started running)
+        self._running: dict[str, tuple[Decision | None, str | None, bool, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
 
     # -- what runs now ------------------------------------------------------------------
@@ -67,7 +68,7 @@ class TaskPath:
     def running_charge_ms(self) -> float:
         """The ms charged to this worker for the tasks running here now."""
         with self._lock:
-            return sum(d.charge_ms for d, _, _ in self._running.values()
+            return sum(d.charge_ms for d, *_ in self._running.values()
                        if d is not None and d.worker == self.name)
 
     # -- Celery signal handlers, connected by the runtime while it runs -------------------
@@ -130,9 +131,10 @@ class TaskPath:
                 self.jobs.resolve_inputs(job, args)
             except JobError as exc:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
-        if model is not None and not self.cache.loadable(model):
-            model = None  # declared by size only: the task's own code keeps its model
-        if model is not None:
+        # a model declared by size only is the task's own code's to load: not acquired here,
+        # but its run is learned and served under its name all the same
+        held = model is not None and self.cache.loadable(model)
+        if held:
             if model in self.cache.resident():  # a hit: the queue peek only feeds the
                 self.cache.acquire(model)        # prefetch, so it is made off this path
                 self._prefetch_due.set()  # (by the prefetch loop)
@@ -142,7 +144,7 @@ class TaskPath:
                 self.cache.prefetch(queued)
         loaded = time.monotonic()
         with self._lock:
-            self._running[request.id] = (decision, model, loaded)
+            self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": time.time(),
                                         "load_ms": self._ms(loaded - started)}
 
@@ -150,10 +152,10 @@ class TaskPath:
                       state: str | None, retval: Any = None) -> None:
         """Release the model, uncharge, learn the run time, record a job node's end."""
         with self._lock:
-            _, model, started = self._running.pop(request.id, (None, None, None))
+            _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})
         self.leases.release(request.id)
-        if model is not None:
+        if held:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         if model is not None and started is not None:
