@@ -1,8 +1,7 @@
 """``Compass(app)``: installs routing, worker steps and signal hooks on a Celery app.
 
 Glue only: decisions live in :mod:`compass_celery.placement` and the planner,
-state in :mod:`compass_celery.state.store`, worker behaviour in
-:mod:`compass_celery.worker.bootstep`.
+state in :mod:`compass_celery.state`, worker behaviour in :mod:`compass_celery.worker`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .errors import SendFailed, SetupError
-from .needs import resolve_needs
+from .needs import declared, resolve_needs
 from .placement import Decision, decide
 from .router import announce, charge_backlog
 from .state.urls import masked
@@ -37,7 +37,8 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
 
 
 class CompassTaskMixin:
-    """Mixed into ``app.Task`` by ``Compass(app)``; only acts in eager mode."""
+    """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, and turns an
+    unreachable broker or result store at send into one :class:`SendFailed`."""
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Send as Celery does; a broker or result store that cannot be reached raises one
@@ -77,9 +78,7 @@ def refuse_bound_tasks(app: Celery) -> None:
     built from the plain ``app.Task``, so eager mode could not place them."""
     # the registry as it is now (app.tasks would finalize the app and bind the rest)
     bound = sorted(name for name, task in dict(app._tasks).items()
-                   if not isinstance(task, CompassTaskMixin)
-                   and any(getattr(task, f"compass_{k}", None) is not None
-                           for k in ("model", "exec_ms", "output_kb")))
+                   if not isinstance(task, CompassTaskMixin) and declared(task))
     if bound:
         raise SetupError(
             f"Compass(app) must be called before the app's tasks are bound; these were "

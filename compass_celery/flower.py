@@ -24,6 +24,20 @@ REASON_MAX = 120
 _SHORT = re.compile(r"^\[[^\]]*\] ")
 
 
+def _worker(c: Mapping[str, Any]) -> str:
+    """The placed worker's name; ``shared`` for the shared queue, ``-`` if unknown."""
+    worker = str(c.get("worker") or "-")
+    return "shared" if worker == SHARED else worker
+
+
+def _finish(c: Mapping[str, Any]) -> str:
+    """The estimated finish in whole ms, ``-`` if missing or odd."""
+    try:
+        return f"{float(c['est_finish_ms']):.0f}ms"
+    except (KeyError, TypeError, ValueError):
+        return "-"
+
+
 def describe_placement(compass: Mapping[str, Any] | None,
                        job: Mapping[str, Any] | None = None) -> str:
     """One short line from a ``compass`` header (and the job header, for moves).
@@ -33,17 +47,11 @@ def describe_placement(compass: Mapping[str, Any] | None,
     """
     c = compass if isinstance(compass, Mapping) else {}
     j = job if isinstance(job, Mapping) else {}
-    worker = str(c.get("worker") or "-")
-    if worker == SHARED:
-        worker = "shared"
-    parts = [f"worker={worker}"]
+    parts = [f"worker={_worker(c)}"]
     if c.get("model"):
         parts.append(f"model={c['model']}")
     parts.append(f"policy={c.get('policy') or '-'}")
-    try:
-        parts.append(f"est_finish={float(c['est_finish_ms']):.0f}ms")
-    except (KeyError, TypeError, ValueError):
-        parts.append("est_finish=-")
+    parts.append(f"est_finish={_finish(c)}")
     parts.append(f"moved_from={j.get('moved_from') or '-'}")
     if c.get("fallback"):
         parts.append("fallback=yes")
@@ -57,13 +65,7 @@ def describe_placement(compass: Mapping[str, Any] | None,
 def short_placement(compass: Mapping[str, Any] | None) -> str:
     """``gpu0 · captioner · 120ms``: worker, model and estimated finish, ``-`` if unknown."""
     c = compass if isinstance(compass, Mapping) else {}
-    worker = str(c.get("worker") or "-")
-    worker = "shared" if worker == SHARED else worker
-    try:
-        finish = f"{float(c['est_finish_ms']):.0f}ms"
-    except (KeyError, TypeError, ValueError):
-        finish = "-"
-    return " · ".join([worker, str(c.get("model") or "-"), finish])
+    return " · ".join([_worker(c), str(c.get("model") or "-"), _finish(c)])
 
 
 def _args_repr(args: Any, original: Any) -> str:

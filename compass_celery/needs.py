@@ -15,6 +15,10 @@ from typing import Any
 from .errors import CompassInputError
 from .planner.types import TaskSpec
 
+#: How to declare a model compass does not know, said by every refusal of one.
+DECLARE_MODEL = ("add it to compass_models (its size in MB) or register its loader with "
+                 "@compass_celery.model")
+
 
 class TaskDeclarationError(CompassInputError):
     """A task's compass options are malformed (negative run time, bad model name)."""

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .errors import CompassInputError
-from .needs import TaskNeeds
+from .needs import DECLARE_MODEL, TaskNeeds
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
@@ -71,9 +71,7 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
-                             f"known models: {sorted(model_sizes_mb)}; add it to "
-                             f"compass_models (its size in MB) or register its loader with "
-                             f"@compass_celery.model")
+                             f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
     cluster = cluster_view(snapshot, model_sizes_mb)

@@ -30,6 +30,8 @@ class Backend(Protocol):
     """Where models live; the cache manager drives it and never asks which kind it is."""
 
     device: str
+    #: Whether a model needs a registered loader to be loaded (emulated loads only sleep).
+    needs_loader: bool
 
     def total_mb(self) -> float:
         """Memory models may use in all, MB."""

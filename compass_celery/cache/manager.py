@@ -99,7 +99,7 @@ class ModelCache:
         model with a size; a real one needs the model's loader in the registry. A model
         declared only by size (``compass_models``) is placed, but loaded by the task's own
         code."""
-        return not getattr(self.backend, "needs_loader", True) or model in self.registry
+        return not self.backend.needs_loader or model in self.registry
 
     def check_fits(self, model: str) -> None:
         """Raise ModelTooLargeError if ``model`` can never fit this device."""

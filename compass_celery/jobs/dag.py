@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.canvas import Signature
 
-from ..needs import TaskDeclarationError, resolve_needs
+from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
 from .validation import DagValidationError, validate_dag
@@ -89,9 +89,8 @@ class Dag:
         if needs is not None and needs.model is not None and needs.model not in known:
             raise DagValidationError(
                 f"DAG {self.name!r}: node {name!r} needs model {needs.model!r}, which is not "
-                f"in the model catalogue ({', '.join(sorted(known)) or 'empty'}): add it to "
-                f"compass_models (its size in MB) or register its loader with "
-                f"@compass_celery.model")
+                f"in the model catalogue ({', '.join(sorted(known)) or 'empty'}): "
+                f"{DECLARE_MODEL}")
         node = Node(name, sig, needs.model if needs else None,
                     needs.exec_ms if needs else c.settings["default_exec_ms"],
                     needs.output_kb if needs else 0.0)
