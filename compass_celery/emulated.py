@@ -45,15 +45,25 @@ STEP_TASK = "emulated.step"
 def make_app(broker: str | None = None, *, state_url: str | None = None,
              **conf: Any) -> Celery:
     """A Compass app with the emulated tasks; settings from the environment unless given."""
+    app = configured_app("compass_emulated", EDGE_MODELS, broker, state_url=state_url,
+                         **conf)
+    _register_tasks(app)
+    return app
+
+
+def configured_app(name: str, default_models: dict[str, float], broker: str | None = None,
+                   *, state_url: str | None = None, **conf: Any) -> Celery:
+    """A Compass app configured from ``COMPASS_*`` environment variables (as the benchmark
+    starts its workers), ``conf`` overriding; no tasks yet."""
     env = os.environ
     broker = broker or env.get("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
     state_url = state_url or env.get("COMPASS_REDIS_URL") or None
     # over RabbitMQ, results go to the state Redis (Celery has no amqp:// result backend)
     backend = (state_url or "rpc://") if is_amqp(broker) else broker
-    app = Celery("compass_emulated", broker=broker, backend=backend)
+    app = Celery(name, broker=broker, backend=backend)
     app.conf.update(
         compass_redis_url=state_url,
-        compass_models=json.loads(env.get("COMPASS_MODELS", "null")) or EDGE_MODELS,
+        compass_models=json.loads(env.get("COMPASS_MODELS", "null")) or default_models,
         compass_policy=env.get("COMPASS_POLICY", "compass"),
         compass_key_prefix=env.get("COMPASS_KEY_PREFIX", "compass"),
         compass_shared_queue=env.get("COMPASS_SHARED_QUEUE", "compass.shared"),
@@ -70,7 +80,6 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
     )
     app.conf.update(conf)
     Compass(app)
-    _register_tasks(app)
     return app
 
 

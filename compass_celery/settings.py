@@ -88,6 +88,9 @@ OPTIONS: dict[str, Option] = {
     "models": Option({}, dict, "model catalogue: name -> size in MB (the registry adds more)"),
     "gpu": Option(None, (str, type(None)), "worker device: 'cuda', 'cuda:N' or 'cpu' "
                   "(default: cuda when present, else cpu)"),
+    "device_mb": Option(None, (int, float, type(None)), "memory models may take on the "
+                        "worker's torch device (cpu: a budget standing in for GPU memory; "
+                        "cuda: a cap below the device's own)", "MB", 1.0),
     "emulate_gpu_mb": Option(None, (int, float, type(None)),
                              "emulate a GPU of this capacity instead of using torch", "MB", 1.0),
     "emulate_host_mb": Option(0.0, (int, float), "host-RAM tier of an emulated GPU (evicted "

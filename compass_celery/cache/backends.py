@@ -191,7 +191,8 @@ class TorchBackend:
     On CUDA, evicted modules are kept as pinned host-RAM copies (the host tier) so a
     reload is a fast host-to-device copy. On CPU the host tier would be the same RAM,
     so eviction drops the module outright. ``capacity_mb`` bounds CPU use (default:
-    physical RAM); on CUDA the device's real total and free memory are read.
+    physical RAM); on CUDA the device's real total and free memory are read, capped at
+    ``capacity_mb`` when it is given (several workers sharing one GPU).
     """
 
     #: Models are built by their registered loader: one without a loader cannot be loaded.
@@ -214,19 +215,24 @@ class TorchBackend:
         self._lock = threading.Lock()
 
     def total_mb(self) -> float:
-        """The device's memory (CUDA), or ``capacity_mb``, or physical RAM, MB."""
+        """The device's memory (CUDA, capped at ``capacity_mb``), or ``capacity_mb``, or
+        physical RAM, MB."""
         if self.is_cuda:
-            return self._torch.cuda.mem_get_info(self._torch.device(self.device))[1] / MB
+            total = self._torch.cuda.mem_get_info(self._torch.device(self.device))[1] / MB
+            return min(total, self.capacity_mb) if self.capacity_mb is not None else total
         if self.capacity_mb is not None:
             return float(self.capacity_mb)
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MB
 
     def free_mb(self) -> float:
-        """Free device memory as CUDA reports it; on CPU, total minus our modules."""
-        if self.is_cuda:
-            return self._torch.cuda.mem_get_info(self._torch.device(self.device))[0] / MB
+        """Free device memory as CUDA reports it (within the cap); on CPU, total minus our
+        modules."""
         with self._lock:
-            return self.total_mb() - sum(mb for _, mb in self._gpu.values())
+            ours = sum(mb for _, mb in self._gpu.values())
+        if self.is_cuda:
+            free = self._torch.cuda.mem_get_info(self._torch.device(self.device))[0] / MB
+            return free if self.capacity_mb is None else min(free, self.capacity_mb - ours)
+        return self.total_mb() - ours
 
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
         """Move the module (from the host tier, else the loader) onto the device; measure it."""

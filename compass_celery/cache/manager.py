@@ -234,12 +234,23 @@ class ModelCache:
                 except Exception as exc:  # a failed prefetch is only a missed chance
                     log.warning("prefetch of %s failed: %s", a.name, exc)
 
+    def _warm(self, spec: Any, model: Any) -> None:
+        """The model's warm-up run, on its device, inside the load's time; a failed one
+        takes the model off the device again and fails the load."""
+        try:
+            spec.warmup(model)
+        except BaseException:
+            self.backend.evict(spec.name)
+            raise
+
     def _load(self, a: Load, queued: Sequence[str | None], retry: bool) -> None:
         spec = self.registry.get(a.name) if a.name in self.registry else None
         t0 = time.monotonic()
         self._cond.release()
         try:
             model, mb = self.backend.load(a.name, spec.loader if spec else None, a.size_mb)
+            if spec is not None and spec.warmup is not None and self.backend.needs_loader:
+                self._warm(spec, model)
         except BaseException as exc:
             self._cond.acquire()
             self.decider.on_load_failed(a.name)

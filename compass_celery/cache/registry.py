@@ -24,6 +24,9 @@ class ModelSpec:
     loader: Loader
     size_mb: float
     device: str | None = None
+    #: Run on the model once it is on its device, as part of the load: first forward
+    #: passes build kernels and optimise graphs, and would otherwise slow the first task.
+    warmup: Callable[[Any], Any] | None = None
 
 
 def _check_size(name: str, size_mb: float) -> float:
@@ -43,14 +46,18 @@ class ModelRegistry:
         self._specs: dict[str, ModelSpec] = {}
 
     def register(
-        self, name: str, loader: Loader, size_mb: float, device: str | None = None
+        self, name: str, loader: Loader, size_mb: float, device: str | None = None,
+        warmup: Callable[[Any], Any] | None = None,
     ) -> ModelSpec:
-        """Declare ``name``: how to build it and its size; re-registering replaces it."""
+        """Declare ``name``: how to build it, its size, and optionally a warm-up run on the
+        loaded model; re-registering replaces it."""
         if not name or not isinstance(name, str):
             raise ValueError(f"model name must be a non-empty string, got {name!r}")
         if not callable(loader):
             raise ValueError(f"model {name!r}: loader must be callable, got {loader!r}")
-        spec = ModelSpec(name, loader, _check_size(name, size_mb), device)
+        if warmup is not None and not callable(warmup):
+            raise ValueError(f"model {name!r}: warmup must be callable, got {warmup!r}")
+        spec = ModelSpec(name, loader, _check_size(name, size_mb), device, warmup)
         self._specs[name] = spec
         return spec
 

@@ -27,6 +27,7 @@ AMQP_WAKE_S = 0.02
 # Worker command-line flags, each overriding the compass_* setting of the same name.
 WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "gpu": (str, "device to run models on: cuda, cuda:N or cpu"),
+    "device_mb": (float, "memory models may take on the torch device, MB"),
     "emulate_gpu_mb": (float, "emulate a GPU of this many MB instead of using torch"),
     "emulate_host_mb": (float, "host-RAM tier of the emulated GPU, MB (default none)"),
     "load_mb_per_s": (float, "model load bandwidth of the (emulated) GPU, MB/s"),

@@ -79,7 +79,7 @@ class WorkerRuntime:
                            "that need no model (pip install 'compass-celery[torch]')", self.name)
             backend = EmulatedBackend(1.0, time_scale=0.0, device="cpu-no-torch")
         else:
-            backend = TorchBackend(device)
+            backend = TorchBackend(device, capacity_mb=cfg["device_mb"])
             if not device.startswith("cuda"):
                 logger.warning("compass: worker %s has no GPU; running models on cpu",
                                self.name)

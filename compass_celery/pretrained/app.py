@@ -1,0 +1,146 @@
+"""The pretrained-model worker app: real weights, real forward passes, through the cache.
+
+Run a worker on the CPU (or ``--compass-gpu cuda``), with a memory budget standing in
+for GPU memory::
+
+    celery -A compass_celery.pretrained.worker worker -P solo -n cpu0@%h \\
+        --compass-gpu cpu --compass-device-mb 200
+
+and submit :func:`voice_search` jobs from any process that built the same app. Settings
+come from ``COMPASS_*`` environment variables as the emulated app's do;
+``COMPASS_TORCH_THREADS`` sets torch's intra-op threads (the benchmark gives each worker
+one, so that two workers share two cores honestly).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from celery import Celery, signals
+
+from ..cache import current_cache, default_registry, get_model
+from ..emulated import configured_app, count_execution
+from ..jobs.dag import Dag
+from ..state import keys
+from . import models as pm
+from .search import EXAMPLE_LINES, example_clip, rank_lines
+
+SPEECH_TASK, EMBED_TASK, RANK_TASK = "pretrained.speech", "pretrained.embed", "pretrained.rank"
+#: A workload template's nodes (the real-compute benchmark): a canned forward pass.
+INFER_TASK, STEP_TASK = "pretrained.infer", "pretrained.step"
+
+#: What the benchmark's generic nodes feed each kind of model.
+_CANNED_TEXTS = ("when is the budget review", "the cat knocked a glass off the table",
+                 "thanks for watching", "a kitten is on the rug")
+
+
+def make_app(broker: str | None = None, *, state_url: str | None = None,
+             **conf: Any) -> Celery:
+    """A Compass app with the pretrained models registered and their tasks defined."""
+    sizes = pm.register_pretrained(default_registry)
+    app = configured_app("compass_pretrained", sizes, broker, state_url=state_url, **conf)
+    _register_tasks(app)
+    signals.worker_init.connect(_prepare_worker, weak=False)
+    return app
+
+
+def _prepare_worker(**_: Any) -> None:
+    """Set torch's threads and import the model libraries once, at worker start, so that
+    a model's load is the checkpoint read and build, not the first import."""
+    import torch
+
+    threads = os.environ.get("COMPASS_TORCH_THREADS")
+    if threads:
+        torch.set_num_threads(int(threads))
+    with contextlib.suppress(pm.PretrainedMissing):  # said by the first task needing it
+        pm.warm_imports()
+
+
+def _worker(task: Any) -> str:
+    return task.request.hostname or socket.gethostname()
+
+
+def _canned(model: str, data: Any) -> Any:
+    """The benchmark's input for ``model``: ``data`` texts (a count) or the example clip."""
+    if pm.CATALOGUE[model].kind == "vad":
+        return pm.speech_segments(get_model(model), _clip())
+    n = int(data) if isinstance(data, (int, float)) and data > 0 else 2
+    return len(pm.embed(get_model(model), [_CANNED_TEXTS[i % 4] for i in range(n)]))
+
+
+_clips: dict[str, str] = {}
+
+
+def _clip() -> str:
+    if "example" not in _clips:
+        _clips["example"] = example_clip()
+    return _clips["example"]
+
+
+def _resident(model: str) -> bool:
+    """Whether ``model`` is on this worker's device as the task body starts: the cache
+    loads a task's model before its body runs, so this is False only if that broke."""
+    return model in current_cache().resident()
+
+
+def _register_tasks(app: Celery) -> None:
+    @app.task(name=SPEECH_TASK, bind=True, shared=False, compass_model="silero-vad")
+    def speech(self: Any, audio: str) -> dict[str, Any]:
+        """Base64 16-bit PCM at 8 kHz -> the speech segments, in seconds."""
+        resident = _resident("silero-vad")
+        return {"segments": pm.speech_segments(get_model("silero-vad"), audio),
+                "resident": resident}
+
+    @app.task(name=EMBED_TASK, bind=True, shared=False, compass_model="minilm")
+    def embed(self: Any, texts: Sequence[str], model: str = "minilm") -> dict[str, Any]:
+        """Texts -> unit-length embeddings (384 floats each), in one batch."""
+        resident = _resident(model)
+        return {"vectors": pm.embed(get_model(model), texts), "resident": resident}
+
+    @app.task(name=RANK_TASK, bind=True, shared=False, compass_exec_ms=1)
+    def rank(self: Any, inputs: Sequence[Any], lines: Sequence[Mapping[str, Any]]
+             ) -> dict[str, Any]:
+        """Join of (speech segments, query embedding, line embeddings) -> the ranking."""
+        speech, query, lines_out = inputs
+        ranked = rank_lines(speech["segments"], query["vectors"][0], lines_out["vectors"],
+                            lines)
+        return {**ranked, "models_were_resident": all(
+            x["resident"] for x in (speech, query, lines_out))}
+
+    @app.task(name=INFER_TASK, bind=True, shared=False)
+    def infer(self: Any, model: str, exec_ms: float | None, data: Any = None) -> dict:
+        """A workload node on real compute: the model's canned forward pass."""
+        return _node(self, model, data)
+
+    @app.task(name=STEP_TASK, bind=True, shared=False)
+    def step(self: Any, inputs: Any, model: str, exec_ms: float | None) -> dict:
+        """A workload node after others, on real compute (its inputs only order it)."""
+        return _node(self, model, None)
+
+
+def _node(task: Any, model: str, data: Any) -> dict[str, Any]:
+    """Run a workload node's canned forward pass, counted in the benchmark's ledger."""
+    count_execution(task, keys.BENCH_STARTS)
+    out = _canned(model, data)
+    count_execution(task, keys.BENCH_EXECS)
+    return {"model": model, "worker": _worker(task), "out": out}
+
+
+def voice_search(app: Celery, query: str, audio: str | None = None,
+                 lines: Sequence[Mapping[str, Any]] = EXAMPLE_LINES,
+                 embedder: str = "minilm") -> Dag:
+    """A four-node job: find speech (VAD) | embed the query | embed the transcript lines
+    -> rank the spoken lines against the query. ``audio`` defaults to the example clip."""
+    dag = Dag(app, "voice_search")
+    speech = dag.node("speech", app.signature(SPEECH_TASK, args=(audio or _clip(),)))
+    q = dag.node("query", app.signature(EMBED_TASK, args=([query],),
+                                        kwargs={"model": embedder}), model=embedder)
+    v = dag.node("lines", app.signature(EMBED_TASK, args=([ln["text"] for ln in lines],),
+                                        kwargs={"model": embedder}), model=embedder)
+    dag.node("rank", app.signature(RANK_TASK, kwargs={"lines": [dict(x) for x in lines]}),
+             after=[speech, q, v])
+    return dag
