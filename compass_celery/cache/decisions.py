@@ -132,7 +132,12 @@ class CacheDecider:
         queued: Sequence[str | None],
         allow_needed: bool,
     ) -> list[Evict] | None:
-        """Evictions that free ``size`` MB, or None if impossible (state untouched)."""
+        """Evictions that free ``size`` MB, or None if impossible (state untouched).
+
+        Victims are taken in eviction order until there is room; then any taken earlier
+        that the room no longer needs (a small model ahead of the big one that made room)
+        is spared, the most valuable first, so no model is unloaded for nothing; never
+        one no queued task needs while a needed one goes instead."""
         free = self.free_mb()
         out: list[Evict] = []
         for victim in self._victims(protected, queued, allow_needed):
@@ -140,7 +145,18 @@ class CacheDecider:
                 break
             free += self.resident[victim]
             out.append(Evict(victim))
-        return out if free >= size else None
+        if free < size:
+            return None
+        needed = set(queued)
+        for k in range(len(out) - 2, -1, -1):
+            e = out[k]
+            # never keep a model no queued task needs at the cost of one that is needed
+            later_needed = any(x.name in needed for x in out[k + 1:])
+            if (e.name in needed or not later_needed) and \
+                    free - self.resident[e.name] >= size:
+                free -= self.resident[e.name]
+                del out[k]
+        return out
 
     def _apply(self, actions: list[Action], now: float) -> list[Action]:
         for a in actions:

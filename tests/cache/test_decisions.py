@@ -118,3 +118,19 @@ def test_bad_arguments() -> None:
         CacheDecider(100, "mru")
     with pytest.raises(ValueError, match="capacity"):
         CacheDecider(0)
+
+
+@pytest.mark.parametrize("policy", ["lru", "lookahead"])
+def test_a_victim_that_frees_too_little_is_spared_once_a_later_one_makes_room(policy) -> None:
+    # 100 MB: small s (10) oldest, then a (45) and b (45); d (45) needs 45 of the 0 free.
+    # s comes first in eviction order but alone frees too little; once b (or a) is
+    # evicted there is room without evicting s, so s stays resident.
+    sizes = {"s": 10.0, "a": 45.0, "b": 45.0, "d": 45.0}
+    d = CacheDecider(100, policy, sizes)
+    for t, m in enumerate(("s", "a", "b")):
+        for act in d.on_need(m, now=t):
+            if isinstance(act, Load):
+                d.on_loaded(act.name, now=t)
+    acts = d.on_need("d", now=10)
+    assert evicted(acts) == ["a"], acts
+    assert "s" in d.resident
