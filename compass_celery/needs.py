@@ -45,6 +45,16 @@ def profile_key(task: str, model: str | None) -> str:
     return f"{task}|{model or ''}"
 
 
+#: Task part of a learned load time's field in the profiles table (no task is named so).
+LOAD_PROFILE = "compass.load"
+
+
+def learned_loads(profiles: Mapping[str, float]) -> dict[str, float]:
+    """Model -> learned load time (ms, storage to device), from the profiles table."""
+    prefix = f"{LOAD_PROFILE}|"
+    return {k[len(prefix):]: ms for k, ms in profiles.items() if k.startswith(prefix)}
+
+
 def _number(value: Any, what: str, task: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TaskDeclarationError(f"task {task!r}: {what} must be a finite number, "

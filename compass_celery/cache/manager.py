@@ -245,6 +245,7 @@ class ModelCache:
 
     def _load(self, a: Load, queued: Sequence[str | None], retry: bool) -> None:
         spec = self.registry.get(a.name) if a.name in self.registry else None
+        from_host = a.name in self.backend.host_resident()
         t0 = time.monotonic()
         self._cond.release()
         try:
@@ -284,6 +285,7 @@ class ModelCache:
             size_mb=mb,
             declared_mb=a.size_mb,
             ms=1000 * (time.monotonic() - t0),
+            from_host=from_host,
         )
         self._changed()
 

@@ -42,6 +42,8 @@ class Node:
     exec_ms: float
     output_kb: float
     preds: list[str] = field(default_factory=list)
+    #: Whether nobody declared its run time: submission then takes the learned one.
+    learn: bool = False
 
 
 class Dag:
@@ -93,7 +95,8 @@ class Dag:
                 f"{DECLARE_MODEL}")
         node = Node(name, sig, needs.model if needs else None,
                     needs.exec_ms if needs else c.settings["default_exec_ms"],
-                    needs.output_kb if needs else 0.0)
+                    needs.output_kb if needs else 0.0,
+                    learn=needs is None or needs.exec_source == "default")
         self.nodes[name] = node
         for pred in preds:
             self.edge(pred, name)
@@ -146,7 +149,8 @@ class Dag:
             out[name] = {"task": sig.task, "args": list(sig.args or ()),
                          "kwargs": dict(sig.kwargs or {}), "model": node.model,
                          "exec_ms": node.exec_ms, "output_kb": node.output_kb,
-                         "preds": list(node.preds), "succs": spec.succs(name)}
+                         "preds": list(node.preds), "succs": spec.succs(name),
+                         "learn": node.learn}
         return out
 
     def apply_async(self, *, timeout_s: float | None = None) -> JobHandle | EagerJobHandle:
@@ -165,10 +169,12 @@ class Dag:
 
     @classmethod
     def from_spec(cls, app: Celery, spec: DagSpec, *, task: str, step_task: str,
-                  args: Mapping[str, Any] | None = None) -> Dag:
+                  args: Mapping[str, Any] | None = None, declare_exec_ms: bool = True
+                  ) -> Dag:
         """A Dag of a workload template (the benchmark's, a workload file's): sources run
         ``task(model, exec_ms, data)``, other nodes ``step_task(inputs, model, exec_ms)``;
-        both are task names of ``app``."""
+        both are task names of ``app``. With ``declare_exec_ms`` off the template's run
+        times are not declared to the planner, which learns them from measured runs."""
         dag = cls(app, spec.name)
         for name in spec.topological_order():
             t = spec.nodes[name]
@@ -176,8 +182,8 @@ class Dag:
                 sig = app.signature(step_task, args=(t.model, t.exec_ms))
             else:
                 sig = app.signature(task, args=(t.model, t.exec_ms, (args or {}).get(name)))
-            dag.node(name, sig, after=spec.preds(name), model=t.model, exec_ms=t.exec_ms,
-                     output_kb=t.output_kb)
+            dag.node(name, sig, after=spec.preds(name), model=t.model,
+                     exec_ms=t.exec_ms if declare_exec_ms else None, output_kb=t.output_kb)
         return dag
 
     @classmethod

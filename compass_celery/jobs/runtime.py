@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..errors import JobError, JobTimeout
+from ..needs import learned_loads
 from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.demand import cluster_demand
@@ -226,7 +227,8 @@ class JobRuntime:
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
                 planned_worker,
                 lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
-                                       demand=cluster_demand(workers)),
+                                       demand=cluster_demand(workers),
+                                       load_ms=learned_loads(snapshot.profiles)),
                 where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
                 adjusts=c.policy.adjusts, planned=record)
         if better is not None:

@@ -17,6 +17,7 @@ with its keys; its counters, backlog or pending, are never left charged for it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -24,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..needs import learned_loads, profile_key
 from ..placement import Decision
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
@@ -79,6 +81,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     job_id = uuid.uuid4().hex
     job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
+    spec = _learned(c, spec, nodes)
     plan = _plan(c, spec)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
@@ -92,6 +95,24 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     for worker, ms in pending.values():
         c.reader.note_charge(worker, ms, pending=True)
     return handle
+
+
+def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]) -> DagSpec:
+    """Nodes whose run time nobody declared take the one learned from measured runs of
+    the same task and model (as a plain task's routing does); their records say so too,
+    for successor re-placement. Without state, or nothing learned, the spec is as given."""
+    try:
+        profiles = c.reader.get().profiles
+    except StateUnavailable:
+        return spec
+    changed = {}
+    for name, node in nodes.items():
+        ms = profiles.get(profile_key(node["task"], node["model"])) if node.get("learn") \
+            else None
+        if ms is not None:
+            node["exec_ms"] = float(ms)
+            changed[name] = dataclasses.replace(spec.nodes[name], exec_ms=float(ms))
+    return dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec
 
 
 def _plan(c: CompassContext, spec: DagSpec) -> dict[str, Placement]:
@@ -112,7 +133,8 @@ def _plan(c: CompassContext, spec: DagSpec) -> dict[str, Placement]:
                 f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
-    cluster = ClusterView.of(live, sizes, snapshot.taken_at, demand=cluster_demand(live))
+    cluster = ClusterView.of(live, sizes, snapshot.taken_at, demand=cluster_demand(live),
+                             load_ms=learned_loads(snapshot.profiles))
     full = c.policy.plan(spec, cluster)
     if c.settings["validate"]:
         check_plan(full, spec, cluster)

@@ -51,6 +51,8 @@ class WorkerArrays:
     resident: np.ndarray  # bool (workers, models): model in GPU memory
     host_resident: np.ndarray  # bool (workers, models): model in host RAM
     host_models: list[bool]  # per model: in host RAM anywhere at all
+    #: Learned storage-to-device load ms per model (``ClusterView.load_ms``).
+    learned_load_ms: Mapping[str, float] = field(default_factory=dict)
 
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -73,10 +75,10 @@ class WorkerArrays:
         cols = self._fetch.get(model)
         if cols is None:
             j = self.models[model]
-            per_mb = self.ms_per_mb
+            learned = self.learned_load_ms.get(model)
+            fetch = size_mb * self.ms_per_mb if learned is None else np.full(len(self), learned)
             if self.host_models[j]:
-                per_mb = np.where(self.host_resident[:, j], self.host_ms_per_mb, per_mb)
-            fetch = size_mb * per_mb
+                fetch = np.where(self.host_resident[:, j], size_mb * self.host_ms_per_mb, fetch)
             fit = np.where(self.resident[:, j], 0.0, fetch)
             cols = (fit, fit * EVICTION_PENALTY)
             self._fetch[model] = cols
@@ -152,6 +154,7 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         resident=resident,
         host_resident=host,
         host_models=host.any(axis=0).tolist(),
+        learned_load_ms=dict(cluster.load_ms),
         ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
         ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
         host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],

@@ -150,15 +150,19 @@ class ClusterView:
     model_sizes_mb: Mapping[str, float] = field(default_factory=dict)
     now: float = 0.0
     demand: Mapping[str, ModelDemand] = field(default_factory=dict)
+    #: Learned load time per model (ms, storage to device), from measured loads; a model
+    #: not in it is estimated as its size over the worker's load bandwidth.
+    load_ms: Mapping[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(
         cls, workers: Iterable[WorkerView], model_sizes_mb: Mapping[str, float], now: float = 0.0,
         demand: Mapping[str, ModelDemand] | None = None,
+        load_ms: Mapping[str, float] | None = None,
     ) -> ClusterView:
         """A snapshot with workers sorted by name, so equal states give equal views."""
         return cls(tuple(sorted(workers, key=lambda w: w.name)), dict(model_sizes_mb), now,
-                   dict(demand or {}))
+                   dict(demand or {}), dict(load_ms or {}))
 
 
 @dataclass(frozen=True)

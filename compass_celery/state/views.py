@@ -14,6 +14,7 @@ from dataclasses import replace
 from itertools import compress, count
 from operator import is_not
 
+from ..needs import learned_loads
 from ..planner.cost import evolve, remember_arrays, with_rows, worker_arrays
 from ..planner.demand import DemandSum
 from ..planner.types import ClusterView, WorkerView
@@ -42,15 +43,19 @@ class ViewCache:
         self.carried = self.built = 0
 
     def get(self, workers: tuple[WorkerView, ...], model_sizes_mb: Mapping[str, float],
-            now: float) -> ClusterView:
+            now: float, load_ms: Mapping[str, float] | None = None) -> ClusterView:
         """A view of ``workers`` equal to ``ClusterView.of(workers, model_sizes_mb, now,
-        demand=cluster_demand(workers))`` (the demand up to float rounding)."""
+        demand=cluster_demand(workers), load_ms=load_ms)`` (the demand up to float
+        rounding). A change of learned load times (after a load) builds afresh."""
         with self._lock:
             last = self._last
-        carried = self._carry(last, workers, model_sizes_mb, now) if last is not None else None
+        carried = None
+        if last is not None and last[2].load_ms == (load_ms or {}):
+            carried = self._carry(last, workers, model_sizes_mb, now)
         if carried is None:
             sums = DemandSum(workers)
-            view = ClusterView.of(workers, model_sizes_mb, now, demand=sums.demand)
+            view = ClusterView.of(workers, model_sizes_mb, now, demand=sums.demand,
+                                  load_ms=load_ms)
             self.built += 1
         else:
             view, sums = carried
@@ -101,4 +106,5 @@ _VIEWS = ViewCache()
 def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> ClusterView:
     """The planner's view of ``snapshot``, with the cluster's demand (the sum of the live
     workers' ``served``), carried over from the last one this process built."""
-    return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at)
+    return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at,
+                      learned_loads(snapshot.profiles))

@@ -24,6 +24,7 @@ from redis import RedisError
 from ..broker.kombu_redis import RedisLayout, message_headers, peek
 from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
+from ..needs import LOAD_PROFILE
 from ..placement import Decision
 from ..planner.types import ClusterView
 from ..state.connection import StateUnavailable
@@ -297,9 +298,24 @@ class WorkerRuntime:
     def _on_cache_event(self, kind: str, fields: dict) -> None:
         from .. import signals
 
+        if kind == "model_loaded" and not fields.get("from_host"):
+            self._learn_load(fields["model"], float(fields["ms"]))
         sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
         if kind in sig:
-            sig[kind].send(sender=self.name, **fields)
+            sig[kind].send(sender=self.name, **{k: v for k, v in fields.items()
+                                                if k != "from_host"})
+
+    def _learn_load(self, model: str, real_ms: float) -> None:
+        """Fold a measured load from storage into the model's learned load time, which
+        placement counts instead of size over bandwidth (a real load also builds the
+        module and warms it up, which no bandwidth says)."""
+        try:
+            self.compass.store.record_run(f"{LOAD_PROFILE}|{model}",
+                                          real_ms / self.cfg["time_scale"] if
+                                          self.cfg["time_scale"] else real_ms,
+                                          self.cfg["ewma_alpha"])
+        except (StateUnavailable, RedisError, OSError) as exc:
+            logger.warning("compass: load time of %s not learned: %s", model, exc)
 
 
 def peek_queue(client: Any, queue: str, limit: int = -1) -> list[Decision]:

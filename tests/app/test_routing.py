@@ -70,7 +70,8 @@ def test_busy_worker_loses_once_backlog_outweighs_load_time(two_workers):
     assert [p.wait_ms for p in placements[:6]] == [0, 120, 240, 360, 480, 600]
     # ... and once the wait (720 ms) outweighs the load time, the idle worker wins
     assert workers[6] == "det@test"
-    assert placements[6].load_ms == pytest.approx(633.3, abs=1)
+    # learned from cap@test's preload of the same model: the 633 ms sleep plus a little
+    assert placements[6].load_ms == pytest.approx(633.3, rel=0.03)
     ran = [r.get(timeout=30)["worker"] for r in results]
     assert ran == workers
 

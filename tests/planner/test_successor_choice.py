@@ -70,7 +70,7 @@ def runtime_choice(sim: Simulation, job: Job, node: str, factor: float,
     monkeypatch.setattr(job_runtime, "publish_node", publish)
     compass = SimpleNamespace(
         reader=SimpleNamespace(get=lambda ahead_s=None: SimpleNamespace(
-            workers=list(snap.workers), taken_at=snap.now)),
+            workers=list(snap.workers), taken_at=snap.now, profiles={})),
         model_sizes=lambda: dict(snap.model_sizes_mb),
         settings={"move_factor": factor, "snapshot_refresh_ahead_s": 0.05},
         policy=SimpleNamespace(adjusts=True),

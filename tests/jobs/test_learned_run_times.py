@@ -1,0 +1,60 @@
+"""A Dag node whose run time nobody declared is planned with the one learned from
+measured runs, as a plain task's routing is (real worker, real Redis)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from compass_celery.emulated import make_app
+from compass_celery.jobs.dag import Dag
+from compass_celery.local import wait_until
+from compass_celery.testing import worker_logs
+
+pytestmark = pytest.mark.redis
+
+
+def test_an_undeclared_node_is_planned_with_its_learned_run_time(compass_redis_url,
+                                                                 compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_MODELS": json.dumps({"m": 100})}
+    w = compass_workers("compass_celery.emulated_app", "g0@learn", "--compass-emulate-gpu-mb",
+                        "1000", "--compass-preload", "m", env=env)
+    app = make_app(compass_redis_url, compass_models={"m": 100}, compass_snapshot_ttl_s=0)
+    try:
+        wait_until(lambda: app.compass.store.snapshot(time.time(), 5.0).workers or None, 30,
+                   "the worker's record")
+    except TimeoutError:
+        raise AssertionError(worker_logs([w])) from None
+
+    def planned_run_ms() -> float:
+        dag = Dag(app, "learn")
+        # the body sleeps 300 ms; the planner is told nothing of it
+        dag.node("n", app.signature("emulated.infer", args=("m", 300, None)), model="m")
+        job = dag.apply_async()
+        job.get(timeout=30)
+        return json.loads(app.compass.store.client.hget(job.keys.job, "plan"))["n"]["run_ms"]
+
+    first = planned_run_ms()
+    assert first == app.compass.settings["default_exec_ms"]  # nothing learned yet
+    second = planned_run_ms()
+    assert 250 <= second <= 450, (second, worker_logs([w]))  # the measured run, not 100
+
+
+def test_a_declared_run_time_still_wins_over_the_learned_one(compass_redis_url,
+                                                             compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_MODELS": json.dumps({"m": 100})}
+    compass_workers("compass_celery.emulated_app", "g0@declared", "--compass-emulate-gpu-mb",
+                    "1000", "--compass-preload", "m", env=env)
+    app = make_app(compass_redis_url, compass_models={"m": 100}, compass_snapshot_ttl_s=0)
+    wait_until(lambda: app.compass.store.snapshot(time.time(), 5.0).workers or None, 30,
+               "the worker's record")
+    for _ in range(2):
+        dag = Dag(app, "declared")
+        dag.node("n", app.signature("emulated.infer", args=("m", 200, None)), model="m",
+                 exec_ms=40)
+        job = dag.apply_async()
+        job.get(timeout=30)
+        plan = json.loads(app.compass.store.client.hget(job.keys.job, "plan"))
+        assert plan["n"]["run_ms"] == 40
