@@ -19,6 +19,7 @@ from .eager import install_task_class, refuse_bound_tasks
 from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
+from .planner.priority import broker_priority
 from .router import CompassRouter
 from .state.connection import connect
 from .state.reader import SnapshotReader
@@ -181,6 +182,22 @@ class Compass:
             for made in ("reader", "queues"):
                 self.__dict__.pop(made, None)
 
+    @property
+    def amqp_broker(self) -> bool:
+        """Whether the broker is RabbitMQ (AMQP), where priorities live in the queue."""
+        from .broker.amqp import is_amqp
+
+        return is_amqp(self.app.conf.broker_url)
+
+    def priority_queues(self) -> None:
+        """On RabbitMQ, declare every compass queue (own and shared) as a priority queue
+        (``x-max-priority``), wherever it is first named: producer, worker or drain."""
+        if self.amqp_broker:
+            from .broker.amqp import declare_with_priority
+
+            declare_with_priority(self.app.amqp.queues, self.settings["queue_prefix"],
+                                  self.shared_queue)
+
     def destination(self, queue: str) -> Any:
         """What to hand Celery as ``queue=``: the name, or, where Celery would refuse a queue
         it does not list (``task_create_missing_queues=False``), its full declaration. A
@@ -188,6 +205,7 @@ class Compass:
         Decided once per queue (the hot path: two setting reads cost more than a decision)."""
         known = self._destinations.get(queue)
         if known is None:
+            self.priority_queues()
             queues = self.app.amqp.queues
             known = queue if queue in queues or self.app.conf.task_create_missing_queues \
                 else queues.new_missing(queue)
@@ -233,7 +251,7 @@ class Compass:
             self.router.charges = None
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
-                        body: Any = None, **kw: Any) -> None:
+                        body: Any = None, properties: dict | None = None, **kw: Any) -> None:
         from .flower import annotate_headers
 
         decision = self.router.take_pending(sender or "")
@@ -243,6 +261,12 @@ class Compass:
             headers["compass"] = decision.as_header()
             if headers.get("id"):
                 self.remember(headers["id"], decision)
+        placed = headers.get("compass")
+        if properties is not None and isinstance(placed, dict) \
+                and placed.get("priority") is not None:
+            # one meaning on every broker: the level (9 most urgent) as this broker reads it
+            properties["priority"] = broker_priority(int(placed["priority"]),
+                                                     redis=not self.amqp_broker)
         # Routed tasks and the successors workers send (their compass header is set by
         # publish_node) alike: the placement rides on argsrepr and kwargsrepr into Flower.
         args = body[0] if isinstance(body, (list, tuple)) and body else None

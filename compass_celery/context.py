@@ -61,6 +61,13 @@ class CompassContext(Protocol):
     def follow_mode(self, eager: bool | None = None) -> None:
         """Switch the store if ``task_always_eager`` changed since it was made."""
 
+    @property
+    def amqp_broker(self) -> bool:
+        """Whether the broker is RabbitMQ (AMQP)."""
+
+    def priority_queues(self) -> None:
+        """Declare compass's queues as priority queues where the broker needs it."""
+
     def destination(self, queue: str) -> Any:
         """``queue`` as Celery takes it (a declaration where it would not create one)."""
 

@@ -73,6 +73,7 @@ def configured_app(name: str, default_models: dict[str, float], broker: str | No
         compass_state_refresh_s=float(env.get("COMPASS_STATE_REFRESH_S", "0.1")),
         compass_heartbeat_timeout_s=float(env.get("COMPASS_HEARTBEAT_TIMEOUT_S", "3.0")),
         compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
+        compass_priority_age_s=float(env.get("COMPASS_PRIORITY_AGE_S", "10.0")),
         compass_validate=env.get("COMPASS_VALIDATE", "") == "1",
         result_expires=3600,
         broker_transport_options=_transport_options(env),

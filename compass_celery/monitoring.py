@@ -211,9 +211,10 @@ def register_state_collector(redis_url: str | None, prefix: str = "compass",
 
 def register_app_state_collector(app: Any, registry: Any = None) -> bool:
     """:func:`register_state_collector` with a Compass app's own state Redis, key prefix and
-    heartbeat timeout; False when ``app`` has no Compass (nothing registered)."""
+    heartbeat timeout; False when nothing was registered: ``app`` has no Compass, or no
+    state Redis (an eager app), so the caller can fall back to its environment."""
     compass = getattr(app, "compass", None)
-    if compass is None:
+    if compass is None or not compass.redis_url:
         return False
     register_state_collector(compass.redis_url, prefix=compass.settings["key_prefix"],
                              heartbeat_timeout_s=compass.settings["heartbeat_timeout_s"],

@@ -9,7 +9,7 @@ model, a model no GPU can hold) raises :class:`PlacementError`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from .errors import CompassInputError
@@ -17,6 +17,7 @@ from .needs import DECLARE_MODEL, TaskNeeds
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
+from .planner.priority import for_priority
 from .planner.types import SHARED, DagSpec
 from .state.store import Snapshot
 from .state.views import cluster_view
@@ -42,6 +43,11 @@ class Decision:
     run_ms: float = 0.0
     reason: str = ""
     fallback: bool = False
+    #: Priority level 0..9 (9 most urgent, whatever the broker); None: sent before
+    #: compass knew priorities.
+    priority: int | None = None
+    #: When it was placed (the sender's clock): the ageing rule's start.
+    queued_at: float = 0.0
 
     def as_header(self) -> dict[str, Any]:
         """The decision as a plain dict, for the message's ``compass`` header."""
@@ -67,13 +73,17 @@ def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Deci
 
 def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
-           validate: bool = False) -> Decision:
-    """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``."""
+           validate: bool = False, priority: int | None = None) -> Decision:
+    """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``; a task of
+    ``priority`` waits only for work in flight and queued at its level or above."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
+    workers = for_priority(snapshot.workers, priority)
+    if workers is not snapshot.workers:
+        snapshot = replace(snapshot, workers=workers)
     cluster = cluster_view(snapshot, model_sizes_mb)
     try:
         dag = DagSpec.single(needs.spec())

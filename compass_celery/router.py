@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .needs import resolve_needs
 from .placement import Decision, decide, fallback
+from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
 from .state.connection import StateUnavailable
+from .state.keys import queued_field
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -30,7 +34,11 @@ def charge_backlog(c: CompassContext, decision: Decision, sign: int) -> None:
     in the store and in this process's snapshot, so the next decision sees it at once."""
     if decision.charge_ms:
         c.store.charge(decision.worker, sign * decision.charge_ms)
-        c.reader.note_charge(decision.worker, sign * decision.charge_ms)
+        if decision.priority is not None:
+            c.store.charge(queued_field(decision.worker, decision.priority),
+                           sign * decision.charge_ms)
+        c.reader.note_charge(decision.worker, sign * decision.charge_ms,
+                             level=decision.priority)
 
 
 def announce(c: CompassContext, decision: Decision) -> None:
@@ -65,6 +73,7 @@ class CompassRouter:
         needs = resolve_needs(name, task, options, {}, default_ms)
         if needs is None:
             return None  # not ours: nothing read, nothing started
+        level = self._level(options)
         try:
             snapshot = c.reader.get()
         except StateUnavailable as exc:
@@ -76,36 +85,48 @@ class CompassRouter:
             decision = self._fallback(needs, why)
         else:
             decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                              c.settings["validate"])
+                              c.settings["validate"], priority=level)
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
                 try:
-                    self._charge(decision)
+                    self._charge(decision, level)
                 except StateUnavailable as exc:
                     decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:
             self._warned.clear()  # healthy again: warn afresh on the next outage
+        # the level rides in the compass header; the publish hook maps it for the broker
+        decision = replace(decision, priority=level, queued_at=time.time())
         self._local.pending = decision
         announce(c, decision)
         return {"queue": c.destination(decision.queue)}
 
-    def _charge(self, decision: Decision) -> None:
-        """Charge the chosen worker: at once in this process's snapshot; in Redis through
-        the batcher, off the enqueue path (in-process stores directly)."""
+    def _charge(self, decision: Decision, level: int) -> None:
+        """Charge the chosen worker, in total and as queued work of ``level``: at once in
+        this process's snapshot; in Redis through the batcher, off the enqueue path
+        (in-process stores directly)."""
         c = self.compass
         if not decision.charge_ms:
             return
         if c.store.client is None:
-            charge_backlog(c, decision, +1)
+            charge_backlog(c, replace(decision, priority=level), +1)
             return
         if self.charges is None:
             self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
             # this process's charges are in Redis before the reader reads there, and
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
-        c.reader.note_charge(decision.worker, decision.charge_ms)
+        c.reader.note_charge(decision.worker, decision.charge_ms, level=level)
         self.charges.add(decision.worker, decision.charge_ms)
+        self.charges.add(queued_field(decision.worker, level), decision.charge_ms)
+
+    def _level(self, options: dict[str, Any]) -> int:
+        """The task's priority level: the caller's ``priority=`` (a level or a class), or,
+        for a re-send built from a request (a retry), the broker's value mapped back."""
+        c, raw = self.compass, options.get("priority")
+        if "origin" in options and isinstance(raw, int) and not isinstance(raw, bool):
+            return user_priority(raw, redis=not c.amqp_broker)
+        return resolve_priority(raw, c.settings["priority_classes"])
 
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:
         queue = options.get("queue")

@@ -113,9 +113,18 @@ OPTIONS: dict[str, Option] = {
     "job_ttl_s": Option(3600, (int, float), "expiry of job records and outputs", "s", 1.0),
     "job_timeout_s": Option(600, (int, float), "a job not finished by then fails", "s", 0.01),
     "max_dag_nodes": Option(1000, int, "largest DAG accepted", "", 1),
-    "max_output_kb": Option(16384, (int, float), "largest task output stored for a job",
-                            "KB", 0.0),
+    "max_input_kb": Option(16384, (int, float), "largest input (a node's own arguments, as "
+                           "JSON) a job accepts; checked at submission", "KB", 0.0),
+    "max_output_kb": Option(16384, (int, float), "largest task output stored for a job; "
+                            "checked once the task returns, and against a node's declared "
+                            "output_kb at submission", "KB", 0.0),
     "validate": Option(False, bool, "check every plan's invariants (costly; on in tests)"),
+    "priority_classes": Option({}, dict, "named priority levels for priority=, added to "
+                               "{'interactive': 9, 'batch': 0}; levels run 0 (lowest, the "
+                               "default) to 9 (most urgent) on every broker"),
+    "priority_age_s": Option(10.0, (int, float), "ageing rule: a task waiting this long is "
+                             "promoted one priority level per period, so batch work is never "
+                             "starved (0: off; Redis broker)", "s", 0.0),
 }
 
 
@@ -145,6 +154,10 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
         out["queue_prefix"] = f"{out['key_prefix']}.w."
     if out["shared_queue"] is None:
         out["shared_queue"] = f"{out['key_prefix']}.shared"
+    for cls, level in out["priority_classes"].items():
+        if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
+            raise SettingsError(f"compass_priority_classes[{cls!r}] must be a level 0..9 "
+                                f"(9 most urgent), got {level!r}")
     for model, size in out["models"].items():
         if not isinstance(size, (int, float)) or isinstance(size, bool) or not size > 0:
             raise SettingsError(f"compass_models[{model!r}] must be a size in MB > 0, "

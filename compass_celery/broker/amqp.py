@@ -55,6 +55,32 @@ KEPT_PROPERTIES = ("delivery_mode", "priority", "correlation_id", "reply_to", "e
 CONFIRM_TIMEOUT_S = 30.0
 
 
+#: ``x-max-priority`` of compass queues on RabbitMQ: levels 0..9, 9 served first.
+MAX_PRIORITY = 9
+
+
+def declare_with_priority(queues: Any, prefix: str, shared: str) -> None:
+    """Make Celery's queue table (``app.amqp.queues``) declare compass's queues, each
+    worker's (``prefix``...) and ``shared``, as RabbitMQ priority queues. Every path that
+    names a queue (a publish, a worker's consume, a drain) goes through its
+    ``new_missing``, so all declare it alike (RabbitMQ refuses a redeclaration with other
+    arguments). A queue declared before without it must be deleted once."""
+    if getattr(queues, "compass_priority", False):
+        return
+    plain = queues.new_missing
+
+    def new_missing(name: str) -> Any:
+        queue = plain(name)
+        if name == shared or name.startswith(prefix):
+            args = dict(queue.queue_arguments or {})
+            args.setdefault("x-max-priority", MAX_PRIORITY)
+            queue.queue_arguments = args
+        return queue
+
+    queues.new_missing = new_missing
+    queues.compass_priority = True
+
+
 def is_amqp(url: str | None) -> bool:
     """Whether ``url`` is a broker URL kombu serves over AMQP (RabbitMQ)."""
     return bool(url) and str(url).startswith(AMQP_SCHEMES)
@@ -179,6 +205,9 @@ class AmqpQueues:
         """Declare ``queue`` as the app would (durable, its arguments), once per connection."""
         def step() -> None:
             if queue not in self._declared:
+                compass = getattr(self.app, "compass", None)
+                if compass is not None:
+                    compass.priority_queues()
                 self.app.amqp.queues[queue](self._chan()).declare()
                 self._declared.add(queue)
         self._guarded(step)
@@ -314,6 +343,14 @@ class AmqpQueues:
 
     def prune_leases(self, older_than_s: float) -> int:
         """No leases over AMQP."""
+        return 0
+
+    def drop_leases(self, tags: Iterable[str]) -> int:
+        """No leases over AMQP."""
+        return 0
+
+    def age(self, queue: str, now: float, age_s: float) -> int:
+        """Nothing: RabbitMQ cannot move a waiting message within its queue."""
         return 0
 
     def delete(self, queue: str) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..planner.priority import aged, broker_priority
 from ..state import keys
 from ..state.connection import text
 from ..state.scripts import register_script
@@ -205,6 +206,12 @@ class BrokerQueues(Protocol):
     def prune_leases(self, older_than_s: float) -> int:
         """Forget leases not renewed for ``older_than_s``."""
 
+    def drop_leases(self, tags: Iterable[str]) -> int:
+        """Forget the leases of ended tasks."""
+
+    def age(self, queue: str, now: float, age_s: float) -> int:
+        """Apply the ageing rule to ``queue``'s waiting messages; -> how many moved up."""
+
 
 class RedisQueues:
     """Atomic operations on compass queues in the broker's Redis.
@@ -225,6 +232,7 @@ class RedisQueues:
         self._stage = register_script(client, "stage")
         self._move = register_script(client, "move")
         self._lease = register_script(client, "lease")
+        self._promote = register_script(client, "promote")
 
     def staging_key(self, queue: str) -> str:
         """The staging list of messages taken from ``queue`` and not yet re-placed."""
@@ -320,6 +328,36 @@ class RedisQueues:
         """Forget leases not renewed for ``older_than_s`` (on Redis's clock)."""
         now = redis_time(self.client)
         return int(self.client.zremrangebyscore(self.leases_key, "-inf", now - older_than_s))
+
+    def drop_leases(self, tags: Iterable[str]) -> int:
+        """Delete ended tasks' leases (one ZREM): none outlives its task."""
+        tags = list(tags)
+        return int(self.client.zrem(self.leases_key, *tags)) if tags else 0
+
+    def age(self, queue: str, now: float, age_s: float, limit: int = 100) -> int:
+        """The ageing rule, so low-priority work is never starved: each message that has
+        waited (since ``queued_at`` in its compass header, the sender's clock) long enough
+        to climb a level (:func:`~compass_celery.planner.priority.aged`) moves to that
+        level's list, where it is served next. The ``limit`` oldest of each lower list
+        are looked at; -> how many moved."""
+        if age_s <= 0:
+            return 0
+        moved = 0
+        for name in self.layout.lists(queue)[1:]:  # the highest list has nowhere to go
+            for raw in reversed(self.client.lrange(name, -limit, -1)):  # oldest first
+                placed = message_headers(raw).get("compass")
+                if not isinstance(placed, dict) or placed.get("priority") is None:
+                    continue
+                try:
+                    level = int(placed["priority"])
+                    waited = now - float(placed.get("queued_at") or now)
+                except (TypeError, ValueError):
+                    continue
+                target = self.layout.list_for(
+                    queue, broker_priority(aged(level, waited, age_s), redis=True))
+                if target != name and self._promote(keys=[name, target], args=[raw]):
+                    moved += 1
+        return moved
 
 
 def dead_entry(queue: str, raw: bytes | str, reason: str) -> str:

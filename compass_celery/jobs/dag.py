@@ -19,6 +19,7 @@ from celery import Celery
 from celery.canvas import Signature
 
 from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
+from ..planner.priority import PriorityError, resolve_priority
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
 from .validation import DagValidationError, validate_dag
@@ -42,6 +43,8 @@ class Node:
     exec_ms: float
     output_kb: float
     preds: list[str] = field(default_factory=list)
+    #: The name of the Dag it was added to (a node is wired only within its own Dag).
+    dag: str = field(default="", compare=False)
     #: Whether nobody declared its run time: submission then takes the learned one.
     learn: bool = False
 
@@ -66,7 +69,7 @@ class Dag:
         if not isinstance(sig, Signature):
             raise DagValidationError(f"DAG {self.name!r}: node {name!r} needs a Celery "
                                      f"signature (task.s(...)), got {type(sig).__name__}")
-        preds = [p.name if isinstance(p, Node) else p for p in after]
+        preds = [self._own(p, name) for p in after]
         for pred in preds:
             if pred == name:
                 raise DagValidationError(
@@ -95,7 +98,7 @@ class Dag:
                 f"{DECLARE_MODEL}")
         node = Node(name, sig, needs.model if needs else None,
                     needs.exec_ms if needs else c.settings["default_exec_ms"],
-                    needs.output_kb if needs else 0.0,
+                    needs.output_kb if needs else 0.0, dag=self.name,
                     learn=needs is None or needs.exec_source == "default")
         self.nodes[name] = node
         for pred in preds:
@@ -104,8 +107,7 @@ class Dag:
 
     def edge(self, pred: str | Node, succ: str | Node) -> None:
         """Make ``succ`` wait for ``pred``; refuses a missing node or a duplicate edge."""
-        a = pred.name if isinstance(pred, Node) else pred
-        b = succ.name if isinstance(succ, Node) else succ
+        a, b = self._own(pred, "edge"), self._own(succ, "edge")
         for end in (a, b):
             if end not in self.nodes:
                 raise DagValidationError(f"DAG {self.name!r}: edge {a!r} -> {b!r} refers to "
@@ -116,6 +118,19 @@ class Dag:
         if a in self.nodes[b].preds:
             raise DagValidationError(f"DAG {self.name!r}: duplicate edge {a!r} -> {b!r}")
         self.nodes[b].preds.append(a)
+
+    def _own(self, ref: str | Node, wiring: str) -> str:
+        """The name of ``ref``, refused when it is a node of another Dag: wired by name,
+        it would join this Dag's node of the same name and compute from the wrong input."""
+        if not isinstance(ref, Node):
+            return ref
+        if self.nodes.get(ref.name) is not ref:
+            what = "an edge" if wiring == "edge" else f"node {wiring!r}"
+            raise DagValidationError(
+                f"DAG {self.name!r}: {what} refers to node {ref.name!r} of DAG "
+                f"{ref.dag or '?'!r}, not of this DAG; a Dag is wired only to its own "
+                f"nodes (pass this DAG's node, or its name)")
+        return ref.name
 
     def _runs_before(self, first: str, then: str) -> bool:
         """Whether ``first`` is ``then`` or one of its predecessors, however far back."""
@@ -140,22 +155,32 @@ class Dag:
         return validate_dag(spec, known_models=c.model_sizes(),
                             max_nodes=c.settings["max_dag_nodes"])
 
-    def records(self, spec: DagSpec) -> dict[str, dict[str, Any]]:
-        """Each node as plain JSON data (task, arguments, model, estimates, edges): what
-        submission stores and what eager mode runs, so neither needs the Dag itself."""
+    def records(self, spec: DagSpec, priority: Any = None) -> dict[str, dict[str, Any]]:
+        """Each node as plain JSON data (task, arguments, model, estimates, edges, priority
+        level): what submission stores and what eager mode runs, so neither needs the Dag
+        itself. A node's own ``.set(priority=...)`` wins over the job's ``priority``."""
+        classes = self.app.compass.settings["priority_classes"]
         out = {}
         for name, node in self.nodes.items():
             sig = node.signature
+            own = (sig.options or {}).get("priority")
+            try:
+                level = resolve_priority(own if own is not None else priority, classes)
+            except PriorityError as exc:
+                raise DagValidationError(f"DAG {self.name!r}: node {name!r}: {exc}") from None
             out[name] = {"task": sig.task, "args": list(sig.args or ()),
                          "kwargs": dict(sig.kwargs or {}), "model": node.model,
                          "exec_ms": node.exec_ms, "output_kb": node.output_kb,
                          "preds": list(node.preds), "succs": spec.succs(name),
-                         "learn": node.learn}
+                         "learn": node.learn,
+                         "priority": level}
         return out
 
-    def apply_async(self, *, timeout_s: float | None = None) -> JobHandle | EagerJobHandle:
+    def apply_async(self, *, timeout_s: float | None = None, priority: Any = None
+                    ) -> JobHandle | EagerJobHandle:
         """Plan the whole job, send its sources, and return a handle at once; an eager
-        app runs the job inline and returns its finished handle."""
+        app runs the job inline and returns its finished handle. ``priority`` (a level
+        0..9, 9 most urgent, or a class name) is every node's unless it set its own."""
         from .eager import run_eagerly
         from .submit import submit
 
@@ -164,8 +189,8 @@ class Dag:
         eager = c.eager
         c.follow_mode(eager)
         if eager:
-            return run_eagerly(c, spec, self.records(spec))
-        return submit(c, spec, self.records(spec), timeout_s=timeout_s)
+            return run_eagerly(c, spec, self.records(spec, priority))
+        return submit(c, spec, self.records(spec, priority), timeout_s=timeout_s)
 
     @classmethod
     def from_spec(cls, app: Celery, spec: DagSpec, *, task: str, step_task: str,

@@ -5,11 +5,13 @@ Same inputs shape and same results as the Redis runtime; no Redis is opened.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
 from ..errors import JobFailed
 from ..planner.types import ClusterView, DagSpec
+from .limits import check_submission, output_too_large
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -45,7 +47,9 @@ class EagerJobHandle:
 def run_eagerly(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]
                 ) -> EagerJobHandle:
     """Plan the job against in-process state, then run each node inline in order; the
-    first failure ends the job as a failed node ends a real one."""
+    first failure ends the job as a failed node ends a real one, and the same size
+    limits apply (:mod:`compass_celery.jobs.limits`)."""
+    check_submission(c.settings, spec.name, nodes)
     snapshot = c.reader.get()
     plan: dict[str, Any] = {}
     if snapshot.workers:
@@ -63,10 +67,20 @@ def run_eagerly(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any
         res = task.apply(args=args, kwargs=dict(node["kwargs"]),
                          compass={k: v for k, v in (("model", node["model"]),
                                                    ("exec_ms", node["exec_ms"])) if v is not None})
-        if res.failed():
-            exc = res.result
+        exc = res.result if res.failed() else _output_error(c, node["task"], res)
+        if exc is not None:
             return EagerJobHandle(job_id, plan, results, spec.sinks(), {
-                "job": job_id, "node": name, "task": node["task"], "worker": plan.get(name),
-                "exc_type": type(exc).__name__, "exc": str(exc)})
+                "job": job_id, "node": name, "task": node["task"], "task_id": res.id,
+                "worker": plan.get(name), "exc_type": type(exc).__name__, "exc": str(exc)})
         results[name] = res.result
     return EagerJobHandle(job_id, plan, results, spec.sinks(), None)
+
+
+def _output_error(c: CompassContext, task: str, res: Any) -> BaseException | None:
+    """What a worker would fail the node with for this output (not JSON, or over
+    ``compass_max_output_kb``), so an eager run passes only where a real one would."""
+    try:
+        output = json.dumps(res.result)
+    except (TypeError, ValueError) as exc:
+        return exc
+    return output_too_large(c.settings, task, res.id, output)

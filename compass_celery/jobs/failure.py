@@ -33,6 +33,7 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     state = text(state)
     if state != "FAILURE":
         return state
+    forget_deadline(c, job_id)
     logger.warning("compass: job %s failed at %r: %s", job_id, error.get("node"),
                    error.get("exc"))
     plan_raw = client.hget(keys.job, "plan")
@@ -48,6 +49,16 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     if revoke:
         c.app.control.revoke(revoke)
     return state
+
+
+def forget_deadline(c: CompassContext, job_id: str, pipe: Any = None) -> None:
+    """Take an ended job out of the deadline set at once, so the set holds running jobs
+    only (the sweep is then left with the overdue). Not in the script that ends the job:
+    the set is in the cluster state's hash slot, the job's keys in the job's own, so on
+    a Redis Cluster no one script may touch both. Lost (the worker dies first), the
+    entry is swept at its deadline."""
+    (pipe if pipe is not None else c.store.client).zrem(
+        deadlines_key(c.settings["key_prefix"]), job_id)
 
 
 def sweep_overdue(c: CompassContext, now: float, limit: int = 100) -> int:

@@ -113,7 +113,8 @@ class JobHandle:
         times as ISO 8601 in UTC and durations in whole ms, as a JSON API answers)."""
         plan = json.loads(self.client.hget(self.keys.job, "plan") or "{}")
         info = {k.decode(): json.loads(v) for k, v in self.client.hgetall(self.keys.info).items()}
-        nodes = json.loads(self.client.hget(self.keys.job, "nodes") or "{}")
+        names, old = self.client.hmget(self.keys.job, ["names", "nodes"])
+        nodes = json.loads(names or old or "[]")  # "nodes": a job recorded by an older compass
         out = {n: {"planned": (plan.get(n) or {}).get("worker"), **info.get(n, {}),
                    "moved": bool(info.get(n, {}).get("moved_from"))} for n in nodes}
         return {n: readable_timing(w) for n, w in out.items()} if readable else out

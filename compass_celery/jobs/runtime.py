@@ -20,11 +20,14 @@ from ..needs import learned_loads
 from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.demand import cluster_demand
+from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
+from ..state.keys import queued_field
 from ..state.scripts import register_script
-from .failure import fail_job
+from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys
+from .limits import output_too_large
 from .send import publish_node
 
 if TYPE_CHECKING:
@@ -127,27 +130,28 @@ class JobRuntime:
         args[0] = values[preds[0]] if ref.get("single") else [values[p] for p in preds]
 
     def on_success(self, job: dict[str, Any], task_id: str, retval: Any,
-                   timing: dict[str, float], pipe: Any = None, unsettled_ms: float = 0.0
-                   ) -> list[str]:
+                   timing: dict[str, float], pipe: Any = None, unsettled_ms: float = 0.0,
+                   task: str | None = None) -> list[str]:
         """Record the node's output and send the successors it released.
 
         ``pipe`` holds the worker's own bookkeeping for this task; the confirmation
         of the sends rides on it, so a hop costs one round trip fewer. Left unsent
         (nothing released, or the completion was refused), the caller sends it.
         ``unsettled_ms`` is this task's charge, still on this worker's backlog in Redis
-        until that pipeline runs; re-placement takes it off."""
+        until that pipeline runs; re-placement takes it off. ``task`` (the task's name)
+        is named, with ``task_id``, by a failure recorded here."""
         job_id, node = job["id"], job["node"]
         keys = self.keys(job_id)
         cfg = self.c.settings
         try:
             output = json.dumps(retval)
         except (TypeError, ValueError) as exc:
-            self.fail(job, task_id, exc, "output is not JSON-serialisable")
+            self.fail(job, task_id, exc, "output is not JSON-serialisable", task=task)
             return []
-        if len(output) > cfg["max_output_kb"] * 1024:
-            self.fail(job, task_id, ValueError(
-                f"output is {len(output) / 1024:.0f} KB, over compass_max_output_kb="
-                f"{cfg['max_output_kb']}"), "output too large")
+        # its size is known from here on: over the limit, nothing of it is written
+        too_large = output_too_large(cfg, task, task_id, output)
+        if too_large is not None:
+            self.fail(job, task_id, too_large, "output too large", task=task)
             return []
         info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
                 "planned": job.get("planned"), **timing}
@@ -156,8 +160,10 @@ class JobRuntime:
         status = text(result[0])
         released = [tuple(text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
         if status == "expired":
-            self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out")
+            self.fail(job, task_id, JobTimeout("job deadline passed"), "timed out", task=task)
             return []
+        if status == "finished":  # nothing left to time out (see forget_deadline)
+            forget_deadline(self.c, job_id, pipe)
         if status in ("missing", "late") or (status == "duplicate" and not released):
             logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node,
                            status if status != "missing" else "job unknown or expired")
@@ -192,8 +198,12 @@ class JobRuntime:
                 for _, _, decision, planned in sent:
                     if decision.charge_ms:
                         c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
+                        if decision.priority is not None:  # queued at its level
+                            c.store.charge(queued_field(decision.worker, decision.priority),
+                                           decision.charge_ms, pipe=pipe)
                         # the next re-placement here sees it before the next read
-                        c.reader.note_charge(decision.worker, decision.charge_ms)
+                        c.reader.note_charge(decision.worker, decision.charge_ms,
+                                             level=decision.priority)
                     if planned and planned.get("worker") not in (None, SHARED) and not resumed:
                         c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
                                             pipe=pipe)  # no longer pending
@@ -220,6 +230,7 @@ class JobRuntime:
             if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
                 workers = tuple(replace(w, backlog_ms=max(0.0, w.backlog_ms - unsettled_ms))
                                 if w.name == self.name else w for w in workers)
+            workers = for_priority(workers, node.get("priority"))  # what it would overtake
             planned_worker = planned["worker"] if planned else ""
             # its record: a plan that still holds is kept without building the cluster view
             record = next((w for w in workers if w.name == planned_worker), None)

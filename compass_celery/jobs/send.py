@@ -36,7 +36,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                         est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
                         load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
-                        fallback=worker == SHARED)
+                        fallback=worker == SHARED, priority=node.get("priority"),
+                        queued_at=time.time())
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}

@@ -30,13 +30,16 @@ from ..placement import Decision
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
+from ..planner.priority import for_priority
 from ..planner.types import ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
+from ..state.keys import queued_field
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
 from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
+from .limits import check_submission
 from .retry import retry_transient
 from .send import publish_node, queued
 from .validation import DagValidationError
@@ -78,11 +81,12 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     ``nodes`` holds each node's task, arguments, model, estimates and edges as
     :meth:`~compass_celery.jobs.dag.Dag.records` gives them."""
     cfg = c.settings
+    check_submission(cfg, spec.name, nodes)  # before anything is written or sent
     job_id = uuid.uuid4().hex
     job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
     spec = _learned(c, spec, nodes)
-    plan = _plan(c, spec)
+    plan = _plan(c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0))
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
     _record(job, spec, plan, pending, timeout)
@@ -115,9 +119,10 @@ def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]])
     return dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec
 
 
-def _plan(c: CompassContext, spec: DagSpec) -> dict[str, Placement]:
+def _plan(c: CompassContext, spec: DagSpec, level: int = 0) -> dict[str, Placement]:
     """The whole job's placement on the live workers (none known: every node goes to
-    the shared queue); a model larger than every live GPU is refused here."""
+    the shared queue), waiting only for work at priority ``level`` or above and what is
+    in flight; a model larger than every live GPU is refused here."""
     try:
         snapshot = c.reader.get()
     except StateUnavailable:
@@ -133,7 +138,8 @@ def _plan(c: CompassContext, spec: DagSpec) -> dict[str, Placement]:
                 f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
-    cluster = ClusterView.of(live, sizes, snapshot.taken_at, demand=cluster_demand(live),
+    cluster = ClusterView.of(for_priority(live, level), sizes, snapshot.taken_at,
+                             demand=cluster_demand(live),
                              load_ms=learned_loads(snapshot.profiles))
     full = c.policy.plan(spec, cluster)
     if c.settings["validate"]:
@@ -148,11 +154,12 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
     now = time.time()
     plan_json = {k: placement_json(p) for k, p in plan.items()}
     body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
-            "nodes": json.dumps(nodes), "plan": json.dumps(plan_json),
+            "names": json.dumps(list(nodes)), "plan": json.dumps(plan_json),
             "sinks": json.dumps(spec.sinks()),  # what JobHandle.get returns, read in one go
             "created": now, "deadline": now + timeout, "policy": c.policy.name,
-            # per node, for completions that must not read the whole DAG (complete.lua)
-            **{f"n:{n}": json.dumps(v) for n, v in nodes.items()},
+            # per node, for completions that must not read the whole DAG (complete.lua);
+            # each node once, and a source without its input (see _stored)
+            **{f"n:{n}": json.dumps(_stored(v)) for n, v in nodes.items()},
             **{f"p:{n}": json.dumps(v) for n, v in plan_json.items()}}
 
     def record(pipe: Any) -> None:  # the job exists whole or not at all
@@ -171,6 +178,16 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
     # work once; a job recorded is recorded whole, with its start when they share a step
     job.step("recording it", record, start,
              done=lambda: bool(c.store.client.exists(job.keys.job)))
+
+
+def _stored(node: dict[str, Any]) -> dict[str, Any]:
+    """A node as the job record keeps it: a source's arguments (the job's input) travel
+    in its message alone, sent from memory here and re-placed as a message by recovery,
+    so no copy of them stays in Redis for the job's TTL; a later node's own arguments
+    are kept, for the worker that sends it."""
+    if node["preds"]:
+        return node
+    return {k: v for k, v in node.items() if k not in ("args", "kwargs")}
 
 
 def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
@@ -194,7 +211,9 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
         pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
 
     def charge(pipe: Any) -> None:
-        _add_once(c, pipe, f"{job_id}:sources", "b", sources)
+        queued = [(queued_field(d.worker, d.priority), d.charge_ms) for d in sent.values()
+                  if isinstance(d, Decision) and d.charge_ms and d.priority is not None]
+        _add_once(c, pipe, f"{job_id}:sources", "b", sources + queued)
 
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))

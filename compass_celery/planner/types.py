@@ -62,6 +62,9 @@ class WorkerView:
     # cluster's demand is the sum over live workers (``demand.cluster_demand``).
     # Validated where records are decoded; left out of the hash (a dict is unhashable).
     served: Mapping[str, ModelDemand] = field(default_factory=dict, hash=False)
+    # Work routed here and not started yet, in ms per priority level (0..9): a task of
+    # priority p overtakes what waits below p (``planner.priority.ahead_ms``).
+    queued_ms: Mapping[int, float] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

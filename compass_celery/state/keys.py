@@ -32,8 +32,12 @@ WORKER_STATS = "{{{p}}}:worker-stats"
 # run by state/store.py
 BEATS = "{{{p}}}:beats"
 # hash: worker name -> ms queued and running; counter.lua, run by state/store.py (charge,
-# set_backlog), and once.lua, run by jobs/submit.py (a job's sources)
+# set_backlog), and once.lua, run by jobs/submit.py (a job's sources). Its members
+# "<worker>\x1f<level>" (queued_field) hold the ms queued at each priority level and
+# not started yet: charged with the backlog, taken off when the task starts
 BACKLOG = "{{{p}}}:backlog"
+#: Separates a worker's name from a priority level in a BACKLOG member.
+QUEUED_SEP = "\x1f"
 # hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
 # (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
 PENDING = "{{{p}}}:pending"
@@ -68,7 +72,8 @@ AMQP_MOVE = "{p}:amqp-move:{id}"
 
 # -- jobs (state Redis): one job's keys share its id as hash tag; jobs/keys.py's JobKeys
 # fills them, complete.lua expects them in this order ------------------------------------
-# hash: state, plan, nodes, deadline, "n:<node>" spec and "p:<node>" plan ...; HSET by
+# hash: state, plan, names, deadline, "n:<node>" spec (a source's without its input, which
+# only its message carries) and "p:<node>" plan ...; HSET by
 # jobs/submit.py, state changed by complete.lua (jobs/runtime.py) and fail.lua
 # (jobs/failure.py)
 JOB = "{p}:job:{{{id}}}"
@@ -105,3 +110,16 @@ BENCH_EXECS = "{p}:bench:execs"
 def key(template: str, prefix: str, **fields: str) -> str:
     """Fill a template: ``key(WORKERS, "compass")`` -> ``"{compass}:workers"``."""
     return template.format(p=prefix, **fields)
+
+
+def queued_field(worker: str, level: int) -> str:
+    """The BACKLOG member holding ``worker``'s queued work at priority ``level``."""
+    return f"{worker}{QUEUED_SEP}{int(level)}"
+
+
+def split_queued(member: str) -> tuple[str, int | None]:
+    """A BACKLOG member as (worker, level); level None for the worker's own total."""
+    worker, sep, level = member.rpartition(QUEUED_SEP)
+    if not sep or not level.isdigit():
+        return member, None
+    return worker, int(level)

@@ -18,8 +18,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..planner.cost import evolve
+from ..planner.priority import LEVELS
 from ..planner.types import WorkerView
 from .connection import text
+from .keys import queued_field, split_queued
 from .records import dead_reason, decode_ms, judge_record, parse_profile
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
@@ -165,6 +167,7 @@ class StateMirror:
                     table.pop(name, None)
                 else:
                     table[name] = decode_ms(value)
+                name = split_queued(name)[0]  # a level's queued work: its worker's view
             elif kind == "f":
                 profiles = dict(self.profiles) if profiles is None else profiles
                 ms = None if value is None else parse_profile(value)
@@ -196,6 +199,11 @@ class StateMirror:
         self.beats = beats if every else {**old, **beats}
         names = set(old) | set(beats) if every else set(beats)
         return {n for n in names if old.get(n) != beats.get(n)}
+
+    def _queued(self, name: str) -> dict[int, float]:
+        """``name``'s queued work per priority level (levels with none left out)."""
+        got = ((level, self.backlog.get(queued_field(name, level), 0.0)) for level in LEVELS)
+        return {level: ms for level, ms in got if ms > 0}
 
     def _view(self, name: str) -> WorkerView | str:
         """The decoded record of ``name`` (decoded again only when its bytes changed), or
@@ -239,7 +247,8 @@ class StateMirror:
                 else:
                     view = evolve(view, heartbeat=min(now, beat + offset),
                                   backlog_ms=self.backlog.get(name, 0.0),
-                                  pending_ms=self.pending.get(name, 0.0))
+                                  pending_ms=self.pending.get(name, 0.0),
+                                  queued_ms=self._queued(name))
             if view is None:
                 if self.live.pop(name, None) is not None:
                     members_changed = True

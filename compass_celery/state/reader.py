@@ -27,11 +27,12 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..planner.cost import evolve
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
+from .keys import split_queued
 from .store import Snapshot, StateStore
 
 logger = logging.getLogger("compass_celery.state")
@@ -201,9 +202,10 @@ class SnapshotReader:
                     self._refreshing = False
                     self._read_done.notify_all()
 
-    def note_charge(self, worker: str, ms: float, pending: bool = False) -> None:
-        """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work) in
-        this process's snapshot only."""
+    def note_charge(self, worker: str, ms: float, pending: bool = False,
+                    level: int | None = None) -> None:
+        """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work; with
+        ``level``, queued work of that priority too) in this process's snapshot only."""
         with self._lock:
             snap = self._snap
             if snap is None:
@@ -214,7 +216,8 @@ class SnapshotReader:
             i = self._index.get(worker)
             if i is None:
                 return
-            workers = (*workers[:i], _charge(workers[i], ms, pending), *workers[i + 1:])
+            workers = (*workers[:i], _charge(workers[i], ms, pending, level),
+                       *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
 
@@ -244,18 +247,34 @@ class ChargeSource(Protocol):
         not written yet."""
 
 
-def _charge(w: WorkerView, ms: float, pending: bool = False) -> WorkerView:
-    """``w`` with ``ms`` added to its backlog (``pending``: its planned-but-unsent work),
+def _charge(w: WorkerView, ms: float, pending: bool = False,
+            level: int | None = None, total: bool = True) -> WorkerView:
+    """``w`` with ``ms`` added to its backlog (``pending``: its planned-but-unsent work;
+    ``level``: its queued work of that priority, and the total unless ``total`` is off),
     never below zero, as reads of the store's counters clamp them."""
     if pending:
         return evolve(w, pending_ms=max(0.0, w.pending_ms + ms))
-    return evolve(w, backlog_ms=max(0.0, w.backlog_ms + ms))
+    changes: dict[str, Any] = {"backlog_ms": max(0.0, w.backlog_ms + ms)} if total else {}
+    if level is not None:
+        queued = dict(w.queued_ms)
+        queued[level] = max(0.0, queued.get(level, 0.0) + ms)
+        changes["queued_ms"] = queued
+    return evolve(w, **changes)
 
 
 def _charged(snap: Snapshot, charges: dict[str, float]) -> Snapshot:
-    """``snap`` with ``charges`` (worker -> ms) added to the workers' backlogs."""
+    """``snap`` with ``charges`` (backlog member -> ms: a worker's total, or its queued
+    work at one level) added to the workers' views."""
     if not charges:
         return snap
-    workers = tuple(_charge(w, charges[w.name]) if w.name in charges else w
-                    for w in snap.workers)
+    by_worker: dict[str, list[tuple[int | None, float]]] = {}
+    for member, ms in charges.items():
+        worker, level = split_queued(member)
+        by_worker.setdefault(worker, []).append((level, ms))
+
+    def charged(w: WorkerView) -> WorkerView:
+        for level, ms in by_worker[w.name]:
+            w = _charge(w, ms, level=level, total=level is None)
+        return w
+    workers = tuple(charged(w) if w.name in by_worker else w for w in snap.workers)
     return replace(snap, workers=workers)

@@ -66,10 +66,12 @@ class CompassWorker(bootsteps.StartStopStep):
             worker.concurrency = 1
         self.overrides = {k: options.get(f"compass_{k}") for k in WORKER_FLAGS
                           if options.get(f"compass_{k}") is not None}
+        compass.priority_queues()  # before the queues below are named (RabbitMQ)
         queues = worker.app.amqp.queues
         self.own_queue = compass.queue_for(worker.hostname)
-        queues.select_add(self.own_queue)
-        queues.select_add(compass.shared_queue)
+        for name in (self.own_queue, compass.shared_queue):
+            # over RabbitMQ, the declaration compass's queue table makes (a priority queue)
+            queues.select_add(queues[name] if compass.amqp_broker else name)
 
     def start(self, worker: Any) -> None:
         """Build and start this worker's runtime (the consumer starts after)."""

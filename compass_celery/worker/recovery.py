@@ -8,7 +8,9 @@ back to that same queue after the transport's visibility timeout. So:
   leaves its queue name in the dead-queue set, so late arrivals are drained too;
 - each tick, one live worker (the leader, a Redis lock with a short expiry)
   finds workers whose heartbeat lapsed *on Redis's clock*, marks their queues
-  dead, and drains every dead queue (:func:`recover`);
+  dead, and drains every dead queue (:func:`recover`); it also forgets leases
+  nobody renewed for ``PRUNE_AFTER_TIMEOUTS`` lease timeouts (ended tasks' are deleted
+  by their worker at once);
 - a drain never holds a message only in memory: messages are staged in Redis in
   one atomic step, then moved one at a time, atomically, to their new queue or
   to the dead-letter list (:class:`~compass_celery.broker.kombu_redis.RedisQueues`). A
@@ -38,6 +40,7 @@ from ..placement import Decision, PlacementError, decide
 from ..planner.types import SHARED
 from ..state import keys
 from ..state.connection import StateUnavailable, text
+from ..state.keys import queued_field
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -97,6 +100,9 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
                        "clock); draining %s", name, timeout, queue)
         mark_dead(c, queue)
         c.store.remove(name)
+    # every tick, dead queue or not: a lease its runner stopped renewing (a killed
+    # process, whose ended tasks were never dropped) is forgotten in bounded time
+    queues.prune_leases(PRUNE_AFTER_TIMEOUTS * lease_timeout_s(c))
     dead_key = keys.key(keys.DEAD_QUEUES, prefix)
     marked = {text(q): t
               for q, t in client.zrange(dead_key, 0, -1, withscores=True)}
@@ -120,7 +126,6 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
         if not leased and not queues.has_work(queue) \
                 and now - marked[queue] > PRUNE_AFTER_TIMEOUTS * timeout:
             client.zrem(dead_key, queue)
-    queues.prune_leases(PRUNE_AFTER_TIMEOUTS * lease_timeout_s(c))
     return moved
 
 
@@ -168,6 +173,9 @@ def replace_staged(c: CompassContext, queues: BrokerQueues, queue: str,
             if decision is not None and decision.charge_ms:
                 with contextlib.suppress(StateUnavailable):  # reconciled by its worker
                     c.store.charge(decision.worker, decision.charge_ms)
+                    if decision.priority is not None:
+                        c.store.charge(queued_field(decision.worker, decision.priority),
+                                       decision.charge_ms)
     if moved:
         logger.warning("compass: re-placed %d task(s) from %s", moved, queue)
     return moved
@@ -189,7 +197,10 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
             snapshot = replace(snapshot, workers=tuple(w for w in snapshot.workers
                                                        if w.name != exclude))
         needs = TaskNeeds(task, old.model, old.run_ms, 0.0, "declared")
-        decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue)
+        decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+                          priority=old.priority)
+        # it keeps its level and its age (the ageing rule counts from its first placement)
+        decision = replace(decision, priority=old.priority, queued_at=old.queued_at)
     except (StateUnavailable, PlacementError) as exc:
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
     if decision is None or decision.fallback:

@@ -26,8 +26,10 @@ from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
 from ..needs import LOAD_PROFILE
 from ..placement import Decision
+from ..planner.priority import LEVELS
 from ..planner.types import ClusterView
 from ..state.connection import StateUnavailable
+from ..state.keys import queued_field
 from ..state.views import cluster_view
 from .leases import Leases
 from .publisher import RecordPublisher
@@ -224,12 +226,27 @@ class WorkerRuntime:
                 logger.exception("compass: backlog reconciliation failed")
 
     def _reconcile(self) -> None:
-        """Set the backlog from what runs and waits here. A broker that cannot be peeked
-        (AMQP) leaves the charges as they are while its queue holds messages."""
+        """Age what waits here, then set the backlog (in total and queued per priority
+        level) from what runs and waits. A broker that cannot be peeked (AMQP) leaves the
+        charges as they are while its queue holds messages."""
         queues = self.compass.queues
+        if queues is not None and self.cfg["priority_age_s"]:
+            queues.age(self.queue, time.time(), self.cfg["priority_age_s"])
         if queues is not None and not queues.peekable and queues.waiting(self.queue):
             return
-        self.compass.store.set_backlog(self.name, self.queued_backlog_ms())
+        store = self.compass.store
+        waiting = [d for d in self.queued_decisions() if d.worker == self.name]
+        by_level = dict.fromkeys(LEVELS, 0.0)
+        for d in waiting:
+            if d.priority is not None:
+                by_level[d.priority] = by_level.get(d.priority, 0.0) + d.charge_ms
+        pipe = store.client.pipeline(transaction=False) if store.client is not None else None
+        store.set_backlog(self.name, self.tasks.running_charge_ms()
+                          + sum(d.charge_ms for d in waiting), pipe=pipe)
+        for level, ms in by_level.items():
+            store.set_backlog(queued_field(self.name, level), ms, pipe=pipe)
+        if pipe is not None:
+            store.execute(pipe)  # type: ignore[attr-defined]
 
     # -- messages this worker cannot run: kept, never dropped ---------------------------
     def _dead_letter(self, raw: Any, why: str, queue: str | None = None) -> None:

@@ -24,6 +24,7 @@ from ..jobs.retry import retry_transient
 from ..needs import profile_key, resolve_needs
 from ..placement import Decision
 from ..state.connection import StateUnavailable
+from ..state.keys import queued_field
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -142,11 +143,22 @@ class TaskPath:
                 queued = self._queued_models()
                 self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
+        self._started_queued(decision)
         loaded = time.monotonic()
         with self._lock:
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": time.time(),
                                         "load_ms": self._ms(loaded - started)}
+
+    def _started_queued(self, decision: Decision | None) -> None:
+        """A task that starts no longer waits: take it off its level's queued work, which
+        tasks of higher priority skip (best effort: reconciliation corrects it)."""
+        if decision is None or decision.worker != self.name or not decision.charge_ms \
+                or decision.priority is None:
+            return
+        with contextlib.suppress(StateUnavailable):
+            self.compass.store.charge(queued_field(self.name, decision.priority),
+                                      -decision.charge_ms)
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
@@ -188,6 +200,10 @@ class TaskPath:
         if decision is not None and decision.worker == self.name and decision.charge_ms:
             with contextlib.suppress(StateUnavailable):
                 self.compass.store.charge(self.name, -decision.charge_ms)
+            with self._lock:
+                started = request.id in self._running
+            if not started:  # it never ran: it no longer waits either
+                self._started_queued(decision)
 
     # -- job completion -------------------------------------------------------------------
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
@@ -200,7 +216,8 @@ class TaskPath:
             timing = {**timing, "run_ms": run_ms, "finished": time.time(),
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
             self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing,
-                                                           pipe, unsettled_ms))
+                                                           pipe, unsettled_ms,
+                                                           task=request.task))
         elif state == "FAILURE":
             exc = retval if isinstance(retval, BaseException) else RuntimeError(str(retval))
             self._until_done(job, lambda: jobs.fail(job, request.id, exc,

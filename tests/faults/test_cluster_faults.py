@@ -76,7 +76,7 @@ def test_duplicate_completion_is_idempotent(compass_redis_url, compass_workers):
     assert job.get(timeout=20) == {"b": 6}
     # deliver a's message again, as a redelivery would
     keys = JobKeys.of("compass", job.id)
-    nodes = json.loads(app.log.hget(keys.job, "nodes"))
+    nodes = {"a": json.loads(app.log.hget(keys.job, "n:a"))}
     app.send_task("j.src", args=[5], queue=app.compass.queue_for("u1@faults"),
                   headers={"compass_job": {"id": job.id, "node": "a"}})
     wait_until(lambda: Counter(e.decode().rsplit(":", 1)[0]

@@ -35,6 +35,8 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
             "unacked_restore_interval": 1, "unacked_restore_throttle": 1}
     if os.environ.get("COMPASS_JOBAPP_MAX_OUTPUT_KB"):
         app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
+    if os.environ.get("COMPASS_JOBAPP_JOB_TTL_S"):  # short-lived job records (the soak)
+        app.conf.compass_job_ttl_s = float(os.environ["COMPASS_JOBAPP_JOB_TTL_S"])
     if os.environ.get("COMPASS_JOBAPP_NO_MISSING_QUEUES"):  # Celery's own test config
         app.conf.task_create_missing_queues = False
     app.conf.update(conf)

@@ -1,0 +1,61 @@
+"""Size limits on what a job puts in Redis: each node's input, checked at submission, and
+each node's output, checked as soon as its size is known.
+
+An input travels in its node's message (and, for a node after others, in the job record
+until the job expires); an output is kept in the job record for the job's TTL. Neither
+is bounded by anything else, so one large job could fill Redis: both are refused with
+an error naming the node, the size and the setting. The same checks run in eager mode.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .validation import DagValidationError
+
+#: What to do about data over the limits, said with every refusal.
+PASS_A_REFERENCE = ("pass a reference instead (a URL, an object-store key or a path the "
+                    "workers can read)")
+
+
+class JobInputTooLarge(DagValidationError):
+    """A node's arguments (its input) are over ``compass_max_input_kb``."""
+
+
+def input_bytes(node: Mapping[str, Any]) -> int:
+    """The size of a node's own arguments as its message carries them (JSON)."""
+    return len(json.dumps([node["args"], node["kwargs"]]))
+
+
+def check_submission(settings: Mapping[str, Any], dag: str,
+                     nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse a job, before anything is written or sent, whose node input is over
+    ``compass_max_input_kb`` or whose node declares an output over ``compass_max_output_kb``
+    (it would fail once run: refused while the size is known for free)."""
+    max_in, max_out = settings["max_input_kb"], settings["max_output_kb"]
+    for name, node in nodes.items():
+        size = input_bytes(node)
+        if size > max_in * 1024:
+            raise JobInputTooLarge(
+                f"DAG {dag!r}: node {name!r} input ({node['task']} arguments) is "
+                f"{size / 1024:.0f} KB, over compass_max_input_kb={max_in:g}: "
+                f"{PASS_A_REFERENCE}")
+        declared = float(node.get("output_kb") or 0.0)
+        if declared > max_out:
+            raise DagValidationError(
+                f"DAG {dag!r}: node {name!r} ({node['task']}) declares an output of "
+                f"{declared:.0f} KB, over compass_max_output_kb={max_out:g}: "
+                f"{PASS_A_REFERENCE}")
+
+
+def output_too_large(settings: Mapping[str, Any], task: str | None, task_id: str,
+                     output: str) -> ValueError | None:
+    """The error for ``output`` (a node's result as JSON) over ``compass_max_output_kb``,
+    naming the task and its id; None when it fits."""
+    limit = settings["max_output_kb"]
+    if len(output) <= limit * 1024:
+        return None
+    return ValueError(f"task {task}[{task_id}] output is {len(output) / 1024:.0f} KB, "
+                      f"over compass_max_output_kb={limit:g}: {PASS_A_REFERENCE}")

@@ -1,0 +1,101 @@
+"""Task priorities, one meaning on every broker: 0 (lowest) to 9 (most urgent).
+
+Celery's ``priority=`` means opposite things on its two main brokers: RabbitMQ
+serves 9 first, kombu's Redis transport serves 0 first (and 0 is its default, so
+an urgent task only helps once everything else is demoted). Compass fixes the
+RabbitMQ direction for every task it places, maps it to what each broker needs at
+publish time, and accepts named classes (``compass_priority_classes``).
+
+The planner counts, for a task of priority ``p``, only the work that will run
+before it: what is in flight plus what waits at ``p`` or above
+(:func:`ahead_ms`). Waiting lower-priority work is skipped, so it could starve:
+a task that has waited ``compass_priority_age_s`` is promoted one level per such
+period (:func:`aged`), which bounds how long any task can be overtaken.
+
+Pure: no I/O, no Celery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from .cost import evolve
+from .types import WorkerView
+
+LOWEST, HIGHEST = 0, 9
+#: A task sent without a priority is batch work: the lowest, as RabbitMQ treats it.
+DEFAULT_PRIORITY = LOWEST
+LEVELS = tuple(range(LOWEST, HIGHEST + 1))
+DEFAULT_CLASSES: dict[str, int] = {"interactive": HIGHEST, "batch": LOWEST}
+
+
+class PriorityError(ValueError):
+    """A priority that is neither a level 0..9 nor a known class name."""
+
+
+def resolve_priority(value: Any, classes: Mapping[str, int] | None = None,
+                     default: int = DEFAULT_PRIORITY) -> int:
+    """A user's ``priority=`` (a level, a class name, or None) as a level 0..9.
+
+    A number outside 0..9 is clamped, as both brokers do; an unknown name raises
+    :class:`PriorityError` naming the classes (a typo must not silently mean batch).
+    """
+    if value is None:
+        return default
+    if isinstance(value, str) and not value.strip().lstrip("-").isdigit():
+        table = {**DEFAULT_CLASSES, **(classes or {})}
+        if value not in table:
+            raise PriorityError(f"unknown priority class {value!r}; known: "
+                                f"{', '.join(sorted(table))} (or a level 0..9, 9 most urgent)")
+        value = table[value]
+    if isinstance(value, bool):
+        raise PriorityError(f"priority must be a level 0..9 or a class name, got {value!r}")
+    try:
+        level = int(value)
+    except (TypeError, ValueError):
+        raise PriorityError(f"priority must be a level 0..9 or a class name, "
+                            f"got {value!r}") from None
+    return max(LOWEST, min(HIGHEST, level))
+
+
+def broker_priority(level: int, redis: bool) -> int:
+    """What to put in the message's ``priority`` property: kombu's Redis transport serves
+    0 first, so it gets the mirror image; RabbitMQ serves the highest first."""
+    return HIGHEST - level if redis else level
+
+
+def user_priority(broker_value: Any, redis: bool) -> int:
+    """A message's ``priority`` property read back as a level (the inverse of
+    :func:`broker_priority`); absent means the default."""
+    if broker_value is None:
+        return DEFAULT_PRIORITY
+    try:
+        value = max(LOWEST, min(HIGHEST, int(broker_value)))
+    except (TypeError, ValueError):
+        return DEFAULT_PRIORITY
+    return HIGHEST - value if redis else value
+
+
+def aged(level: int, waited_s: float, age_s: float) -> int:
+    """The ageing rule: one level up per ``age_s`` waited (0 turns it off), at most 9."""
+    if age_s <= 0 or waited_s <= 0:
+        return level
+    return min(HIGHEST, level + int(waited_s // age_s))
+
+
+def ahead_ms(worker: WorkerView, level: int) -> float:
+    """The work a task of ``level`` waits for on ``worker``: its backlog (in flight and
+    queued) less what waits queued below ``level``, which this task overtakes."""
+    below = sum(ms for q, ms in worker.queued_ms.items() if q < level)
+    return max(0.0, worker.backlog_ms - below)
+
+
+def for_priority(workers: Iterable[WorkerView], level: int | None) -> tuple[WorkerView, ...]:
+    """``workers`` as a task of ``level`` sees them (backlog = :func:`ahead_ms`); the same
+    objects when nothing below ``level`` waits anywhere (no view to rebuild)."""
+    workers = tuple(workers)
+    if level is None or level <= LOWEST or not any(
+            ms for w in workers for q, ms in w.queued_ms.items() if q < level):
+        return workers
+    return tuple(evolve(w, backlog_ms=ahead_ms(w, level)) for w in workers)

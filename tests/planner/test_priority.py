@@ -1,0 +1,73 @@
+"""Priority rules, pure: levels and classes, the broker mapping, what a task waits for,
+and the ageing rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from compass_celery.needs import TaskNeeds
+from compass_celery.placement import decide
+from compass_celery.planner import get_policy
+from compass_celery.planner.priority import (
+    PriorityError,
+    aged,
+    ahead_ms,
+    broker_priority,
+    for_priority,
+    resolve_priority,
+    user_priority,
+)
+from compass_celery.planner.types import WorkerView
+from compass_celery.state.store import Snapshot
+
+
+def _w(name: str, backlog: float, queued: dict[int, float]) -> WorkerView:
+    return WorkerView(name=name, queue=f"compass.w.{name}", gpu_total_mb=1000,
+                      gpu_free_mb=500, resident=frozenset({"m"}), backlog_ms=backlog,
+                      heartbeat=1.0, queued_ms=queued)
+
+
+def test_levels_classes_and_the_default() -> None:
+    assert resolve_priority(None) == 0  # unset is batch, the lowest, as on RabbitMQ
+    assert resolve_priority("interactive") == 9 and resolve_priority("batch") == 0
+    assert resolve_priority("urgent", {"urgent": 7}) == 7
+    assert resolve_priority(42) == 9 and resolve_priority(-1) == 0 and resolve_priority("3") == 3
+    with pytest.raises(PriorityError, match="unknown priority class 'interactve'"):
+        resolve_priority("interactve")
+
+
+def test_one_direction_on_both_brokers() -> None:
+    # kombu's Redis transport serves 0 first: level 9 must become 0 there
+    assert broker_priority(9, redis=True) == 0 and broker_priority(0, redis=True) == 9
+    assert broker_priority(9, redis=False) == 9
+    for level in range(10):
+        for redis in (True, False):
+            assert user_priority(broker_priority(level, redis), redis) == level
+
+
+def test_a_task_waits_for_work_in_flight_and_at_its_level_or_above() -> None:
+    # 3 s of backlog: 2 s of batch waiting, 0.5 s of urgent waiting, 0.5 s running
+    w = _w("a", 3000.0, {0: 2000.0, 9: 500.0})
+    assert ahead_ms(w, 0) == 3000.0
+    assert ahead_ms(w, 5) == 1000.0
+    assert ahead_ms(w, 9) == 1000.0
+    same = (w,)
+    assert for_priority(same, 0) is same and for_priority(same, None) is same
+
+
+def test_placement_of_an_urgent_task_skips_the_batch_flood() -> None:
+    # a: long batch queue, short in flight; b: no batch but longer urgent work queued
+    a = _w("a", 5000.0, {0: 4800.0})
+    b = _w("b", 1000.0, {9: 800.0})
+    snap = Snapshot(workers=(a, b), taken_at=1.0)
+    needs = TaskNeeds("t", "m", 50.0, 0.0, "call")
+    policy = get_policy("compass")
+    urgent = decide(needs, snap, policy, {"m": 100.0}, "shared", priority=9)
+    batch = decide(needs, snap, policy, {"m": 100.0}, "shared", priority=0)
+    assert urgent.worker == "a" and urgent.wait_ms == pytest.approx(200.0)
+    assert batch.worker == "b"
+
+
+def test_ageing_climbs_one_level_per_period() -> None:
+    assert aged(0, 0.5, 1.0) == 0 and aged(0, 3.2, 1.0) == 3 and aged(0, 99, 1.0) == 9
+    assert aged(2, 99, 0.0) == 2  # 0 turns it off
