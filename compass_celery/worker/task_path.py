@@ -125,7 +125,7 @@ class TaskPath:
         """Resolve a job node's inputs, load its model (prefetching queued ones), start timing."""
         decision = Decision.from_header(getattr(request, "compass", None))
         model = _task_model(task, decision)
-        started = time.monotonic()
+        started, picked = time.monotonic(), time.time()  # picked: queue wait ends here
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
             try:
@@ -147,7 +147,7 @@ class TaskPath:
         loaded = time.monotonic()
         with self._lock:
             self._running[request.id] = (decision, model, held, loaded)
-            self._timing[request.id] = {"started": time.time(),
+            self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
 
     def _started_queued(self, decision: Decision | None) -> None:
