@@ -67,6 +67,13 @@ class DemandTracker:
                 d[k] *= f
         self._t = now_s
 
+    def open(self, now_s: float) -> None:
+        """Open the window at ``now_s`` unless it is open: a worker, which adds a task as it
+        ends, opens it as its first task starts, as the simulator's opens at the first
+        arrival, so that its rates come of age as early."""
+        if self._t is None:
+            self._t = self._t0 = now_s
+
     def add(self, model: str, exec_ms: float, now_s: float, count: float = 1.0) -> None:
         """Record ``count`` tasks needing ``model`` for ``exec_ms`` each, arriving at ``now_s``."""
         self._decay_to(now_s)
@@ -79,15 +86,18 @@ class DemandTracker:
             if task.model is not None:
                 self.add(task.model, task.exec_ms, now_s)
 
+    def ready(self, now_s: float) -> bool:
+        """Whether :meth:`rates` reports at ``now_s``: a task seen, ``min_age_s`` ago or more."""
+        return self._t is not None and self._t0 is not None \
+            and max(now_s, self._t) - self._t0 >= self.min_age_s
+
     def rates(self, now_s: float) -> dict[str, ModelDemand]:
         """Per model, the current rate estimates (bias-corrected while younger than tau);
         empty while the tracker is younger than ``min_age_s``."""
-        if self._t is None or self._t0 is None:
+        if self._t is None or self._t0 is None or not self.ready(now_s):
             return {}
         t = max(now_s, self._t)
         age = t - self._t0
-        if age < self.min_age_s:
-            return {}
         f = math.exp(-(t - self._t) / self.tau_s)
         # A window that opened at t0 has seen only 1 - exp(-age/tau) of a full one.
         seen = -math.expm1(-age / self.tau_s) if age > 0 else 0.0

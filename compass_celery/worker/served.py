@@ -75,10 +75,16 @@ class ServedDemand:
         self._lock = threading.Lock()
         self._published: dict[str, ModelDemand] = {}
         self._computed_at: float | None = None
+        self._of_age = False  # the tracker was old enough to report at a recomputation
 
     def now_s(self) -> float:
         """Workload seconds on this worker's monotonic clock."""
         return self.clock() / self.time_scale
+
+    def serving(self) -> None:
+        """A task starts here: the first one opens the tracker's window."""
+        with self._lock:
+            self.tracker.open(self.now_s())
 
     def ran(self, model: str, run_ms: float) -> None:
         """A task needing ``model`` ran for ``run_ms`` workload ms on this worker."""
@@ -87,12 +93,20 @@ class ServedDemand:
 
     def published(self) -> Mapping[str, ModelDemand]:
         """The coarse rates to publish now: the same dict object until a recomputation
-        finds a model came or went or a rate moved by more than ``tolerance``."""
+        finds a model came or went or a rate moved by more than ``tolerance``.
+
+        Recomputed every ``publish_every_s``, and also at once when the tracker comes of
+        age: the first rates would otherwise wait for the next recomputation, up to
+        ``publish_every_s`` after the simulator's producer has them, each worker at its own
+        moment, and meanwhile the planner protects no replica and loads more."""
         with self._lock:
             now = self.now_s()
-            if self._computed_at is not None and now - self._computed_at < self.publish_every_s:
+            came_of_age = not self._of_age and self.tracker.ready(now)
+            if not came_of_age and self._computed_at is not None \
+                    and now - self._computed_at < self.publish_every_s:
                 return self._published
             self._computed_at = now
+            self._of_age = self._of_age or came_of_age
             fresh = coarse_rates(self.tracker.rates(now))
             if _moved(self._published, fresh, self.tolerance):
                 self._published = fresh

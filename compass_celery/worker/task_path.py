@@ -132,6 +132,8 @@ class TaskPath:
                 self.jobs.resolve_inputs(job, args)
             except JobError as exc:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
+        if model is not None:  # the worker's served rates are judged from its first start
+            self.served.serving()
         # a model declared by size only is the task's own code's to load: not acquired here,
         # but its run is learned and served under its name all the same
         held = model is not None and self.cache.loadable(model)
