@@ -43,6 +43,19 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
     """A Compass app with the pretrained models registered and their tasks defined."""
     sizes = pm.register_pretrained(default_registry)
     app = configured_app("compass_pretrained", sizes, broker, state_url=state_url, **conf)
+    return add_pretrained(app)
+
+
+def add_pretrained(app: Celery) -> Celery:
+    """Register the packaged models (loaders, measured sizes) and define their tasks on
+    ``app``, a Compass app you already have (a Django or Flask project's): its workers
+    then run :func:`voice_search` jobs. Idempotent."""
+    if getattr(app, "_compass_pretrained", False):
+        return app
+    app._compass_pretrained = True  # type: ignore[attr-defined]
+    sizes = pm.register_pretrained(default_registry)
+    models = dict(app.conf.get("compass_models") or {})
+    app.conf.compass_models = {**sizes, **models}
     _register_tasks(app)
     signals.worker_init.connect(_prepare_worker, weak=False)
     return app
@@ -64,8 +77,11 @@ def _worker(task: Any) -> str:
     return task.request.hostname or socket.gethostname()
 
 
-def _canned(model: str, data: Any) -> Any:
-    """The benchmark's input for ``model``: ``data`` texts (a count) or the example clip."""
+def _canned(model: str | None, data: Any) -> Any:
+    """The benchmark's input for ``model``: ``data`` texts (a count) or the example clip;
+    a node without a model (a join) only passes on."""
+    if model is None:
+        return None
     if pm.CATALOGUE[model].kind == "vad":
         return pm.speech_segments(get_model(model), _clip())
     n = int(data) if isinstance(data, (int, float)) and data > 0 else 2
@@ -112,17 +128,18 @@ def _register_tasks(app: Celery) -> None:
             x["resident"] for x in (speech, query, lines_out))}
 
     @app.task(name=INFER_TASK, bind=True, shared=False)
-    def infer(self: Any, model: str, exec_ms: float | None, data: Any = None) -> dict:
+    def infer(self: Any, model: str | None, exec_ms: float | None, data: Any = None
+              ) -> dict:
         """A workload node on real compute: the model's canned forward pass."""
         return _node(self, model, data)
 
     @app.task(name=STEP_TASK, bind=True, shared=False)
-    def step(self: Any, inputs: Any, model: str, exec_ms: float | None) -> dict:
+    def step(self: Any, inputs: Any, model: str | None, exec_ms: float | None) -> dict:
         """A workload node after others, on real compute (its inputs only order it)."""
         return _node(self, model, None)
 
 
-def _node(task: Any, model: str, data: Any) -> dict[str, Any]:
+def _node(task: Any, model: str | None, data: Any) -> dict[str, Any]:
     """Run a workload node's canned forward pass, counted in the benchmark's ledger."""
     count_execution(task, keys.BENCH_STARTS)
     out = _canned(model, data)

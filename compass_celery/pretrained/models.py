@@ -61,6 +61,7 @@ def _minilm_dir() -> Path:
 def load_minilm() -> Any:
     """all-MiniLM-L6-v2 as a SentenceTransformer on the CPU (the worker moves it)."""
     st = _need("sentence_transformers")
+    _need("transformers").logging.disable_progress_bar()  # no bars in worker logs
     return st.SentenceTransformer(str(_minilm_dir()), device="cpu")
 
 
@@ -168,12 +169,20 @@ def speech_segments(model: Any, audio: str, min_silence_ms: int = 300
     import torch
 
     utils = _need("silero_vad.utils_vad")
-    samples = torch.from_numpy(from_pcm16(audio))
+    samples = torch.from_numpy(from_pcm16(audio)).to(_device_of(model))
     with torch.inference_mode():
         found = utils.get_speech_timestamps(samples, model, sampling_rate=SAMPLE_RATE,
                                             min_silence_duration_ms=min_silence_ms,
                                             return_seconds=True)
     return [{"start": float(s["start"]), "end": float(s["end"])} for s in found]
+
+
+def _device_of(model: Any) -> Any:
+    """Where a module's weights are (its inputs must go there too)."""
+    import torch
+
+    first = next(iter(model.parameters()), None)
+    return first.device if first is not None else torch.device("cpu")
 
 
 def warm_imports() -> None:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from celery import Celery
 
 from compass_celery import Compass
@@ -26,6 +27,42 @@ CAT = "https://example.com/cat.jpg"
 CAT_FR = "un photo de un vélo et un personne"
 DOG = "https://example.com/dog.png"
 DOG_DE = "ein Foto von ein Auto und ein Hund"
+# the voice search (real models) on the built-in clip: the answer known for this query
+SEARCH_QUERY = "when is the budget meeting"
+TOP_HIT = "the quarterly budget review"
+NOT_SPOKEN = "thanks for watching, please subscribe"
+SEARCH_NODES = {"speech", "query", "lines", "rank"}
+#: Bodies that ``POST /search/`` refuses with 400, and a part of each error message.
+BAD_SEARCHES: list[tuple[Any, str]] = [
+    ({}, "query (a non-empty string) is required"),
+    ({"query": ""}, "query (a non-empty string) is required"),
+    ({"query": "   "}, "query (a non-empty string) is required"),
+    ({"query": 7}, "query (a non-empty string) is required"),
+    ({"query": "x" * 501}, "query is 501 characters: at most 500"),
+    (["budget"], "the body must be a JSON object"),
+    ({"query": "budget", "audio": "AAAA"}, "audio is not taken here"),
+    ({"query": "budget", "lines": []}, "lines must be a list of 1 to 100"),
+    ({"query": "budget", "lines": "the budget"}, "lines must be a list"),
+    ({"query": "budget", "lines": ["the budget"]}, "lines[0] must be an object"),
+    ({"query": "budget", "lines": [{"start": 0, "end": 1, "text": "a"},
+                                   {"end": 1, "text": "b"}]}, "lines[1].start must be a number"),
+    ({"query": "budget", "lines": [{"start": 0, "end": "1", "text": "a"}]},
+     "lines[0].end must be a number"),
+    ({"query": "budget", "lines": [{"start": -1, "end": 1, "text": "a"}]},
+     "lines[0].start must be a number of seconds, 0 or more"),
+    ({"query": "budget", "lines": [{"start": 2, "end": 1, "text": "a"}]},
+     "lines[0].end must be after its start"),
+    ({"query": "budget", "lines": [{"start": 0, "end": 1, "text": ""}]},
+     "lines[0].text must be a non-empty string"),
+    ({"query": "budget", "lines": [{"start": 0, "end": 1, "text": "a" * 501}]},
+     "lines[0].text is 501 characters"),
+]
+
+
+def needs_real_models() -> None:
+    """Skip the calling test unless the real models' packages are installed."""
+    for module in ("sentence_transformers", "silero_vad"):
+        pytest.importorskip(module, reason=f"needs {module}: pip install -e '.[examples,real]'")
 
 
 def pythonpath(*dirs: Path) -> str:

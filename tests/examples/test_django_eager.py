@@ -33,8 +33,9 @@ def celery_app() -> Any:
         sys.path.insert(0, str(DJANGO_DIR))
     env = {"DJANGO_SETTINGS_MODULE": "proj.settings", "CELERY_TASK_ALWAYS_EAGER": "1",
            "CELERY_BROKER_URL": DEAD_REDIS, "CELERY_RESULT_BACKEND": DEAD_REDIS}
-    saved = {k: os.environ.get(k) for k in env}
+    saved = {k: os.environ.get(k) for k in [*env, "COMPASS_EXAMPLE_MODELS"]}
     os.environ.update(env)
+    os.environ.pop("COMPASS_EXAMPLE_MODELS", None)  # the default: the emulated models
     try:
         django.setup()
         from proj.celery import app
@@ -112,6 +113,17 @@ def test_bad_requests_are_refused(client: Any, body: Any, message: str) -> None:
     res = client.post("/jobs/", body, content_type="application/json")
     assert res.status_code == 400
     assert message in res.json()["error"]
+
+
+def test_the_default_project_has_no_search(celery_app: Any, client: Any) -> None:
+    """The emulated models are the default: /search/ (real models) says how to switch."""
+    from django.conf import settings
+
+    assert settings.COMPASS_EXAMPLE_MODELS == "emulated"
+    res = client.post("/search/", {"query": "budget"}, content_type="application/json")
+    assert res.status_code == 404
+    assert "COMPASS_EXAMPLE_MODELS=real" in res.json()["error"]
+    assert "pretrained.speech" not in celery_app.tasks
 
 
 def test_unknown_job_and_wrong_methods(client: Any) -> None:

@@ -114,6 +114,15 @@ def test_unknown_job_and_wrong_methods(eager_app: Any) -> None:
                        ).status_code == 400
 
 
+def test_the_default_app_has_no_search(eager_app: Any) -> None:
+    """The emulated models are the default: /search/ (real models) says how to switch."""
+    assert eager_app.config["COMPASS_EXAMPLE_MODELS"] == "emulated"
+    res = eager_app.test_client().post("/search/", json={"query": "budget"})
+    assert res.status_code == 404
+    assert "FLASK_COMPASS_EXAMPLE_MODELS=real" in res.json["error"]
+    assert "pretrained.speech" not in eager_app.extensions["celery"].tasks
+
+
 @pytest.mark.redis
 def test_job_from_a_flask_view_runs_on_real_workers(compass_redis_url: str,
                                                    compass_workers: Any) -> None:

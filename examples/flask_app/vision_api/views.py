@@ -3,7 +3,9 @@
 ``POST /jobs/`` with ``{"image_url": ..., "lang": "fr"}`` answers 202 with the job id.
 ``GET /jobs/<id>/`` answers its status (RUNNING, SUCCESS or FAILURE), the results by
 node once it succeeded (the error once it failed) and, per node, the worker Compass
-planned and the worker it ran on.
+planned and the worker it ran on. ``POST /search/`` with ``{"query": ...}`` starts a
+voice search on the real models when ``COMPASS_EXAMPLE_MODELS`` is "real" (otherwise it
+answers 404, saying how to switch); the same status view reports it.
 """
 
 from collections import OrderedDict
@@ -12,12 +14,20 @@ from typing import Any
 from celery import Celery
 from flask import Blueprint, current_app, request, url_for
 
+from compass_celery import Dag
 from compass_celery.jobs import JobHandle
 
+from .search import BadSearch, parse_search, search_job
 from .tasks import LANGUAGES, caption_job
 
 bp = Blueprint("jobs", __name__)
 _EAGER_KEEP = 1000
+
+#: What ``POST /search/`` answers while the app runs the emulated models.
+SWITCH_TO_REAL = ("/search/ runs the real models and this app runs the emulated ones: "
+                  "pip install -e '.[examples,real]', then set "
+                  "FLASK_COMPASS_EXAMPLE_MODELS=real (the COMPASS_EXAMPLE_MODELS config "
+                  "key) for the web app and its workers")
 
 Response = tuple[dict[str, Any], int]
 
@@ -43,9 +53,25 @@ def submit() -> Response:
         return {"error": "image_url (a non-empty string) is required"}, 400
     if lang not in LANGUAGES:
         return {"error": f"lang must be one of {', '.join(LANGUAGES)}"}, 400
-    celery_app = _celery()
-    job = caption_job(celery_app, image_url, lang).apply_async()
-    if celery_app.conf.task_always_eager:
+    return _start(caption_job(_celery(), image_url, lang))
+
+
+@bp.post("/search/")
+def search() -> Response:
+    """Rank the example clip's spoken transcript lines against the query (real models)."""
+    if current_app.config.get("COMPASS_EXAMPLE_MODELS") != "real":
+        return {"error": SWITCH_TO_REAL}, 404
+    try:
+        query, lines = parse_search(request.get_json(silent=True))
+    except BadSearch as exc:
+        return {"error": str(exc)}, 400
+    return _start(search_job(_celery(), query, lines))
+
+
+def _start(dag: Dag) -> Response:
+    """Submit the job and answer 202 with its id and status URL."""
+    job = dag.apply_async()
+    if _celery().conf.task_always_eager:
         jobs = _eager_jobs()
         jobs[job.id] = job
         while len(jobs) > _EAGER_KEEP:
