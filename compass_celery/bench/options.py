@@ -43,6 +43,9 @@ class BenchOptions:
     settle_s: float = 1.0
     # Workers' eviction policy; None = LRU for celery-default (plain Celery), else lookahead.
     cache_policy: str | None = None
+    # Real models (compass_celery.pretrained) instead of emulated GPUs, on this device.
+    real: bool = False
+    device: str = "cpu"
     progress: bool = True
     log_dir: str | None = None
     extra_env: dict[str, str] = field(default_factory=dict)

@@ -33,8 +33,10 @@ from ..state.urls import masked
 from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .faults import live_workers, schedule_faults
+from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
+from .terms import job_rows, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
 CLOCKSKEW_DIR = str(Path(__file__).resolve().parent / "clockskew")
@@ -75,11 +77,9 @@ class _Waiter(threading.Thread):
                 outcome.failed = popped[1] == b"FAILURE"
 
 
-def _worker_args(spec: WorkerSpec, scale: float) -> list[str]:
-    return ["--compass-emulate-gpu-mb", str(spec.gpu_mem_mb),
-            "--compass-load-mb-per-s", str(spec.load_mb_per_s),
-            "--compass-speed", str(spec.speed), "--compass-time-scale", str(scale),
-            "--compass-emulate-host-mb", str(spec.host_mem_mb)]
+def worker_kind(opts: BenchOptions) -> WorkerKind:
+    """Real models on the CPU, or emulated GPUs."""
+    return REAL if opts.real else EMULATED
 
 
 def effective_visibility_s(opts: BenchOptions) -> float:
@@ -96,9 +96,9 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     """One policy, one fresh cluster, the whole job stream."""
     import redis as redis_lib
 
-    from ..emulated import INFER_TASK, STEP_TASK
     from ..jobs.dag import Dag
 
+    kind = worker_kind(opts)
     if server is not None and restart is None:
         restart = server.restart
     prefix = f"compass-bench-{policy}"
@@ -124,7 +124,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                        f"{len(workers)} {policy} workers")
         except TimeoutError:
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
-        dags = {name: Dag.from_spec(app, spec, task=INFER_TASK, step_task=STEP_TASK)
+        dags = {name: Dag.from_spec(app, spec, task=kind.infer_task, step_task=kind.step_task,
+                                    declare_exec_ms=kind.declare_exec_ms)
                 for name, spec in workload.dags.items()}
         stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
         if opts.long_task_s is not None:  # first, so that it is warm-up for the latencies
@@ -162,10 +163,8 @@ def _forget_previous_run(client: Any, ledger: Any, prefix: str) -> None:
 def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_url: str,
                opts: BenchOptions, names: list[str]) -> Any:
     """The submitting side's Celery app, configured as the workers are."""
-    from ..emulated import make_app
-
     amqp = is_amqp(broker)
-    app = make_app(broker, state_url=redis_url if amqp else None,
+    app = worker_kind(opts).app(broker, state_url=redis_url if amqp else None,
                    compass_policy=policy, compass_key_prefix=prefix,
                    compass_shared_queue=f"{prefix}.shared",
                    compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
@@ -192,12 +191,14 @@ def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis
             # kombu sweeps expired unacked messages every 1 s, not every 100 s, so plain
             # Celery's redelivery after the visibility timeout shows within a run
             "COMPASS_RESTORE_INTERVAL_S": "1",
-            "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)), **opts.extra_env}
+            "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)),
+            **worker_kind(opts).worker_env(), **opts.extra_env}
 
 
 def _worker_processes(specs: Sequence[WorkerSpec], policy: str, env: dict[str, str],
                       opts: BenchOptions, log_dir: str) -> list[WorkerProcess]:
-    """One emulated-GPU worker process per spec (not started)."""
+    """One worker process per spec (not started)."""
+    kind = worker_kind(opts)
     workers = []
     for i, s in enumerate(specs):
         wenv = dict(env)
@@ -205,8 +206,9 @@ def _worker_processes(specs: Sequence[WorkerSpec], policy: str, env: dict[str, s
             wenv["PYTHONPATH"] = os.pathsep.join(
                 [CLOCKSKEW_DIR, os.getcwd(), *filter(None, [os.environ.get("PYTHONPATH")])])
             wenv["COMPASS_CLOCK_SKEW_S"] = str(opts.skew_clock_s)
-        workers.append(WorkerProcess("compass_celery.emulated_app", f"{s.name}@{policy}",
-                                     _worker_args(s, opts.time_scale), env=wenv,
+        workers.append(WorkerProcess(kind.module, f"{s.name}@{policy}",
+                                     kind.worker_args(s, opts.time_scale, opts.device),
+                                     env=wenv,
                                      log_path=os.path.join(log_dir, f"{policy}-{s.name}.log")))
     return workers
 
@@ -282,6 +284,7 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
     result["loads_after_warmup"] = loads - sent.loads_at_warmup
     result["load_fraction"] = round((loads - sent.loads_at_warmup) / max(1, late_tasks), 4)
     result["breakdown_ms"] = _breakdown(sent.handles, opts.warmup_frac, len(stream))
+    result.update(_predicted_vs_measured(sent, opts))
     result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3) for o in sent.outcomes
                               if o.end_ms is not None and not o.failed
                               and o.index >= int(len(sent.outcomes) * opts.warmup_frac)]
@@ -383,6 +386,31 @@ def _breakdown(handles: list[tuple[JobOutcome, Any]], warmup_frac: float,
     return {k: round(v / n, 3) if n else 0.0 for k, v in sums.items()}
 
 
+def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
+    """Each term the plan predicted against what the workers measured, after warm-up:
+    per node (queue wait, load, run, finish) and per job (finish)."""
+    rows: list[dict[str, Any]] = []
+    jobs: list[tuple[float, float]] = []
+    for outcome, handle in sent.handles:
+        if outcome.index < sent.skip or outcome.failed or outcome.end_ms is None:
+            continue
+        try:
+            job = {k.decode(): v for k, v in handle.client.hgetall(handle.keys.job).items()}
+            plan = json.loads(job.get("plan") or "{}")
+            nodes = {k[2:]: json.loads(v) for k, v in job.items() if k.startswith("n:")}
+            info = {k.decode(): json.loads(v)
+                    for k, v in handle.client.hgetall(handle.keys.info).items()}
+        except Exception:
+            continue
+        rows += node_rows(plan, info, float(job.get("created") or 0.0), nodes,
+                          opts.time_scale)
+        if plan:
+            jobs.append((max(float(p["finish_ms"]) for p in plan.values()),
+                         outcome.end_ms - outcome.arrival_ms))
+    return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs)},
+            "prediction_rows": rows}
+
+
 def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> RedisServer:
     return stack.enter_context(RedisServer(args=args))
 
@@ -425,7 +453,9 @@ def run_bench(workload: Workload, opts: BenchOptions,
             ledger_url = url
         results = {}
         for policy in opts.policies:
-            echo(f"policy {policy}: starting {len(workload.cluster.workers) if opts.workers is None else opts.workers} emulated-GPU workers")  # noqa: E501
+            n = len(workload.cluster.workers) if opts.workers is None else opts.workers
+            what = "real-model cpu" if opts.real else "emulated-GPU"
+            echo(f"policy {policy}: starting {n} {what} workers")
             results[policy] = run_policy(workload, policy, url, opts, echo, server=server,
                                          ledger_url=ledger_url)
             r = results[policy]
@@ -433,7 +463,8 @@ def run_bench(workload: Workload, opts: BenchOptions,
             echo(f"  mean {lat['mean']:.1f} ms, p99 {lat['p99']:.1f} ms, "
                  f"completed {r['completed']}/{r['jobs']}, duplicates {r['duplicates']}, "
                  f"stranded {r['stranded']}")
-    return {"workload": workload.name, "time_scale": opts.time_scale, "emulated_gpu": True,
+    return {"workload": workload.name, "time_scale": opts.time_scale,
+            "emulated_gpu": worker_kind(opts).emulated_gpu,
             "broker": "amqp" if is_amqp(opts.broker_url) else "redis",
             "rate_per_s": opts.rate or workload.arrivals.rate_per_s,
             "heartbeat_timeout_s": opts.heartbeat_timeout_s,

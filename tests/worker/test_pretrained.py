@@ -17,6 +17,7 @@ pytest.importorskip("silero_vad", reason="needs the real extra")
 from compass_celery.local import wait_until  # noqa: E402
 from compass_celery.pretrained import models as pm  # noqa: E402
 from compass_celery.pretrained.app import make_app, voice_search  # noqa: E402
+from compass_celery.pretrained.search import example_clip  # noqa: E402
 from compass_celery.testing import worker_logs  # noqa: E402
 
 pytestmark = pytest.mark.redis
@@ -106,3 +107,28 @@ def test_voice_search_in_eager_mode_runs_the_real_models_without_redis():
     # the best match for the query was "heard" in the hiss: set aside, not ranked
     assert [x["text"] for x in out["not_spoken"]] == ["thanks for watching, please subscribe"]
     assert len(out["hits"]) == 2 and all(h["score"] < 0.5 for h in out["hits"])
+
+
+def test_a_measured_load_is_learned_per_model_and_planned_with(compass_redis_url,
+                                                               compass_workers):
+    """Silero VAD is 2 MB: size over bandwidth says a load takes a few ms, but reading
+    the TorchScript file, building and warming it takes far longer. After one load the
+    planner counts what was measured."""
+    from compass_celery.state.views import cluster_view
+
+    app, workers = _cluster(compass_workers, compass_redis_url, n=1)
+    res = app.tasks["pretrained.speech"].delay(example_clip())
+    assert len(res.get(timeout=60)["segments"]) == 2
+    predicted = app.compass.placement(res.id).load_ms  # the decision: size over bandwidth
+    snap = app.compass.store.snapshot(time.time(), 5.0)
+    learned = cluster_view(snap, app.compass.model_sizes()).load_ms
+    by_size = 2.181 / app.compass.settings["load_mb_per_s"] * 1000
+    assert predicted == pytest.approx(by_size, rel=0.01)
+    assert 20 < learned.get("silero-vad", 0) < 10_000, (learned, by_size)
+    assert learned["silero-vad"] > 5 * by_size  # what the next placement counts
+    # and it does: the next decision for the model on a worker without it counts it
+    later = app.tasks["pretrained.speech"].apply_async((example_clip(),), compass={
+        "model": "minilm"})  # another model: the 91 MB embedder, not yet loaded
+    later.get(timeout=60)
+    assert app.compass.placement(later.id).load_ms == pytest.approx(
+        90.861 / app.compass.settings["load_mb_per_s"] * 1000, rel=0.01)  # not learned yet

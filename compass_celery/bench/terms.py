@@ -1,0 +1,100 @@
+"""Predicted against measured, term by term: how right the planner's cost model was.
+
+For every node that ran where its job's plan put it, the plan (made at submission)
+predicted a queue wait, a model load, a run time and a finish (ms after submission);
+the worker measured the same four. Pure: rows in, statistics out, so the benchmark
+and a test compute them alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+#: The terms compared, in the order reported: (plan field, measured field).
+TERMS = {"wait": ("wait_ms", "queued_ms"), "load": ("load_ms", "load_ms"),
+         "run": ("run_ms", "run_ms"), "finish": ("finish_ms", "finish_ms")}
+
+
+def node_rows(plan: Mapping[str, Mapping[str, Any]], info: Mapping[str, Mapping[str, Any]],
+              created_s: float, nodes: Mapping[str, Mapping[str, Any]],
+              time_scale: float = 1.0) -> list[dict[str, Any]]:
+    """One row per node that ran on its planned worker: predicted and measured terms,
+    all in workload ms (measured real ms divided by ``time_scale``)."""
+    rows = []
+    for name, p in plan.items():
+        m = info.get(name)
+        if not m or "run_ms" not in m or m.get("worker") != p.get("worker"):
+            continue  # not finished, or moved at re-placement (planned elsewhere)
+        preds: Sequence[str] = (nodes.get(name) or {}).get("preds") or ()
+        ready = max((float(plan[q]["finish_ms"]) for q in preds if q in plan), default=0.0)
+        predicted = {"wait_ms": float(p.get("wait_ms", p["start_ms"] - ready)),
+                     "load_ms": float(p["load_ms"]), "run_ms": float(p["run_ms"]),
+                     "finish_ms": float(p["finish_ms"])}
+        measured = {"queued_ms": float(m.get("queued_ms", 0.0)),
+                    "load_ms": float(m.get("load_ms", 0.0)), "run_ms": float(m["run_ms"]),
+                    "finish_ms": (float(m["finished"]) - created_s) * 1000.0 / time_scale}
+        rows.append({"node": name, "worker": p.get("worker"),
+                     "model": (nodes.get(name) or {}).get("model"),
+                     **{f"pred_{t}": predicted[pf] for t, (pf, _) in TERMS.items()},
+                     **{f"meas_{t}": measured[mf] for t, (_, mf) in TERMS.items()}})
+    return rows
+
+
+def _stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, float]:
+    err = meas - pred
+    rel = np.abs(err) / np.maximum(np.abs(meas), 1.0)  # share of what was measured
+    return {"n": int(len(pred)), "pred_median_ms": round(float(np.median(pred)), 2),
+            "meas_median_ms": round(float(np.median(meas)), 2),
+            "abs_err_median_ms": round(float(np.median(np.abs(err))), 2),
+            "abs_err_p95_ms": round(float(np.percentile(np.abs(err), 95)), 2),
+            "bias_median_ms": round(float(np.median(err)), 2),
+            "rel_err_median": round(float(np.median(rel)), 3),
+            "rel_err_p95": round(float(np.percentile(rel, 95)), 3)}
+
+
+#: A measured "load" under this is a resident model's bookkeeping, not a load.
+LOAD_MS = 10.0
+
+
+def term_errors(rows: Iterable[Mapping[str, Any]], *, min_ms: float = 1.0
+                ) -> dict[str, dict[str, float]]:
+    """Per term: medians, absolute error (median, p95, ms), bias and relative error.
+
+    The load term counts only tasks that loaded or were predicted to (over
+    :data:`LOAD_MS`: a resident model's zero against a millisecond says nothing). The
+    relative error divides by the measured value; a term under ``min_ms`` on both sides
+    in most rows (a wait on an idle worker) is reported in ms only, since a ratio of
+    near-zeros says nothing."""
+    rows = list(rows)
+    out: dict[str, dict[str, float]] = {}
+    for term in TERMS:
+        some = [r for r in rows if term != "load"
+                or max(r["pred_load"], r["meas_load"]) >= LOAD_MS]  # loads only
+        pred = np.array([float(r[f"pred_{term}"]) for r in some])
+        meas = np.array([float(r[f"meas_{term}"]) for r in some])
+        if not len(pred):
+            continue
+        stats = _stats(pred, meas)
+        if np.median(np.maximum(pred, meas)) < min_ms:
+            stats["rel_err_median"] = stats["rel_err_p95"] = float("nan")
+        out[term] = stats
+    return out
+
+
+def by_model(rows: Iterable[Mapping[str, Any]], term: str) -> dict[str, dict[str, float]]:
+    """One term's errors per model: which model's estimate is off."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(str(r.get("model")), []).append(r)
+    return {m: term_errors(rs)[term] for m, rs in sorted(groups.items())}
+
+
+def job_rows(plans: Iterable[tuple[float, float]]) -> dict[str, float]:
+    """Jobs' predicted finish (the plan's last node) against their measured latency."""
+    pairs = list(plans)
+    if not pairs:
+        return {}
+    return _stats(np.array([p for p, _ in pairs]), np.array([m for _, m in pairs]))

@@ -1,0 +1,64 @@
+"""Predicted against measured: the rows, the statistics, and the measured workload."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compass_celery.bench.measured import measured_workload, medians
+from compass_celery.bench.terms import job_rows, node_rows, term_errors
+from compass_celery.workload import load_workload
+
+PLAN = {"a": {"worker": "w0", "start_ms": 0.0, "finish_ms": 110.0, "load_ms": 100.0,
+              "run_ms": 10.0},
+        "b": {"worker": "w1", "start_ms": 110.0, "finish_ms": 140.0, "load_ms": 0.0,
+              "run_ms": 30.0},
+        "c": {"worker": "w1", "start_ms": 140.0, "finish_ms": 150.0, "load_ms": 0.0,
+              "run_ms": 10.0}}
+NODES = {"a": {"model": "m", "preds": []}, "b": {"model": "n", "preds": ["a"]},
+         "c": {"model": "n", "preds": ["b"]}}
+INFO = {"a": {"worker": "w0", "queued_ms": 5.0, "load_ms": 200.0, "run_ms": 12.0,
+              "finished": 100.25},
+        "b": {"worker": "w1", "queued_ms": 40.0, "load_ms": 0.0, "run_ms": 30.0,
+              "finished": 100.30},
+        "c": {"worker": "w0", "queued_ms": 0.0, "load_ms": 0.0, "run_ms": 9.0,
+              "finished": 100.31}}  # moved at re-placement: no row
+
+
+def test_rows_pair_each_term_and_skip_moved_nodes():
+    rows = node_rows(PLAN, INFO, 100.0, NODES)
+    assert [r["node"] for r in rows] == ["a", "b"]
+    a, b = rows
+    assert (a["pred_load"], a["meas_load"]) == (100.0, 200.0)
+    assert a["meas_finish"] == pytest.approx(250.0)
+    assert b["pred_wait"] == 0.0  # planned to start as its input was ready
+    assert b["meas_wait"] == 40.0 and b["model"] == "n"
+
+
+def test_errors_per_term_and_per_job():
+    rows = node_rows(PLAN, INFO, 100.0, NODES)
+    errs = term_errors(rows)
+    assert errs["load"]["n"] == 1  # only the node that loaded
+    assert errs["load"]["abs_err_median_ms"] == 100.0
+    assert errs["load"]["rel_err_median"] == pytest.approx(0.5)
+    assert errs["run"]["n"] == 2
+    assert "load" not in term_errors([r for r in rows if r["node"] == "b"])  # none loaded
+    idle = term_errors([{**r, "pred_wait": 0.0, "meas_wait": 0.2} for r in rows])
+    assert math.isnan(idle["wait"]["rel_err_median"])  # near-zeros: reported in ms only
+    jobs = job_rows([(150.0, 300.0), (100.0, 100.0)])
+    assert jobs["n"] == 2 and jobs["bias_median_ms"] == pytest.approx(75.0)
+
+
+def test_the_simulator_is_fed_what_was_measured():
+    w = load_workload("dags/voice-real.json")
+    rows = [{"model": "minilm-a", "meas_run": 20.0, "meas_load": 250.0},
+            {"model": "minilm-a", "meas_run": 40.0, "meas_load": 0.0},
+            {"model": "silero-vad", "meas_run": 150.0, "meas_load": 0.0}]
+    assert medians(rows, "run") == {"minilm-a": 30.0, "silero-vad": 150.0}
+    fed = measured_workload(w, rows)
+    node = fed.dags["search-a"].nodes
+    assert node["query"].exec_ms == 30.0 and node["speech"].exec_ms == 150.0
+    assert node["rank"].exec_ms == w.dags["search-a"].nodes["rank"].exec_ms  # no model
+    # 90.861 MB loaded in 250 ms: the simulator's workers load at 363 MB/s
+    assert fed.cluster.workers[0].load_mb_per_s == pytest.approx(363.4, abs=0.1)
