@@ -196,7 +196,7 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
     their workers once; -> (worker, ms) charged."""
     c, job_id = job.c, job.job_id
     sent = {}
-    for name in spec.sources():
+    for name in _in_planned_order(spec.sources(), plan):
         task_id = f"{job_id}.{name}"
         sent[name] = retry_transient(
             f"job {job_id}: sending {name!r}",
@@ -218,6 +218,15 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))
     return sources
+
+
+def _in_planned_order(sources: list[str], plan: dict[str, Placement]) -> list[str]:
+    """Sources in the order the plan starts them: two on one worker's queue run in the
+    order they are sent, and the plan's waits (and its successors' starts) assumed its
+    own order, the longest path first."""
+    far = float("inf")
+    return sorted(sources, key=lambda n: (plan[n].start_ms if n in plan else far,
+                                          sources.index(n)))
 
 
 def _transaction(client: Any, *steps: Callable[[Any], None]) -> None:
