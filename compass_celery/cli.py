@@ -299,20 +299,30 @@ def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                 for row in r.get("prediction_rows", [])]
         workload = measured_workload(workload, rows)
         result["simulated_workload"] = workload.description
-    simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
-                        jobs=n_jobs, warmup_frac=warmup_frac)
-    result["simulated"] = simulated["policies"]
-    result["real_over_sim"] = real_over_sim(result["policies"], simulated["policies"])
-    click.echo("\nreal cluster against the simulator (same arrivals, zero hop overhead), "
-               "workload ms")
-    click.echo(text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
+    hops = [r["hop_ms"] for r in result["policies"].values() if r.get("hop_ms")]
+    hop = round(sorted(hops)[len(hops) // 2], 1) if hops else 0.0
+    for label, key, hop_ms in (("zero hop overhead", "", 0.0),
+                               (f"the measured per-task hop, {hop} ms", "_hop", hop)):
+        if key and not hop:
+            continue
+        simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
+                            jobs=n_jobs, warmup_frac=warmup_frac, hop_ms=hop_ms)
+        result[f"simulated{key}"] = simulated["policies"]
+        result[f"real_over_sim{key}"] = ratios = real_over_sim(result["policies"],
+                                                               simulated["policies"])
+        click.echo(f"\nreal cluster against the simulator (same arrivals, {label}), "
+                   "workload ms")
+        click.echo(_real_sim_table(ratios))
+    click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
+
+
+def _real_sim_table(ratios: dict[str, Any]) -> str:
+    return text_table([[name, f"{r['real_mean']:.1f}", f"{r['sim_mean']:.1f}",
                         f"{r['mean']:.2f}x", f"{r['real_p99']:.1f}", f"{r['sim_p99']:.1f}",
                         f"{r['p99']:.2f}x", _pct(r["real_load_fraction"]),
-                        _pct(r["sim_load_fraction"])]
-                       for name, r in result["real_over_sim"].items()],
+                        _pct(r["sim_load_fraction"])] for name, r in ratios.items()],
                       ["policy", "real mean", "sim mean", "real/sim", "real p99",
-                       "sim p99", "real/sim", "real loads", "sim loads"]))
-    click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
+                       "sim p99", "real/sim", "real loads", "sim loads"])
 
 
 def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, Any]:

@@ -164,7 +164,33 @@ run compass-celery bench --workload dags/edge-vision.json --jobs 200 \
 rabbitmqctl delete_vhost "$vhost" >/dev/null
 }
 
+real() {
+# 13. real compute: the packaged pretrained models on the CPU (needs the real extra), every
+# term the planner predicted against what the workers measured, the simulator fed the
+# measured costs; then the prepared device check on the cpu device
+run compass-celery bench --real --workload dags/voice-real.json \
+    --policies celery-default,jsq,compass --compare-sim --quiet \
+    --json "$out/voice-real.json" | tee "$out/voice-real.txt"
+run compass-celery device-check --device cpu --jobs 0 --json "$out/device-cpu.json" \
+    | tee "$out/device-cpu.txt"
+}
+
+realsim() {
+# 14. the emulated cluster against its simulator: compass on every shipped workload and two
+# generated many-model ones (80% load), 300 jobs, time scales 1.0 and 0.5
+local wl ts
+for ts in 1.0 0.5; do
+  for wl in edge-vision caption-translate vision-fanout multi-model generated-9m-s3 \
+            generated-9m-s13; do
+    run compass-celery bench --workload "dags/$wl.json" --policies compass --jobs 300 \
+        --time-scale "$ts" --compare-sim --quiet --json "$out/realsim-$wl-$ts.json" \
+        | tee "$out/realsim-$wl-$ts.txt"
+  done
+done
+}
+
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
-((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress)
+((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress
+                                 real realsim)
 for section in "${sections[@]}"; do "$section"; done

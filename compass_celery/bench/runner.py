@@ -36,7 +36,7 @@ from .faults import live_workers, schedule_faults
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
-from .terms import job_rows, node_rows, term_errors
+from .terms import hop_ms, job_rows, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
 CLOCKSKEW_DIR = str(Path(__file__).resolve().parent / "clockskew")
@@ -391,6 +391,7 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
     per node (queue wait, load, run, finish) and per job (finish)."""
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[float, float]] = []
+    infos: list[dict[str, Any]] = []
     for outcome, handle in sent.handles:
         if outcome.index < sent.skip or outcome.failed or outcome.end_ms is None:
             continue
@@ -402,13 +403,14 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
                     for k, v in handle.client.hgetall(handle.keys.info).items()}
         except Exception:
             continue
+        infos.append(info)
         rows += node_rows(plan, info, float(job.get("created") or 0.0), nodes,
                           opts.time_scale)
         if plan:
             jobs.append((max(float(p["finish_ms"]) for p in plan.values()),
                          outcome.end_ms - outcome.arrival_ms))
     return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs)},
-            "prediction_rows": rows}
+            "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale)}
 
 
 def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> RedisServer:

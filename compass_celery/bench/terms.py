@@ -8,6 +8,7 @@ and a test compute them alike.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -98,3 +99,24 @@ def job_rows(plans: Iterable[tuple[float, float]]) -> dict[str, float]:
     if not pairs:
         return {}
     return _stats(np.array([p for p, _ in pairs]), np.array([m for _, m in pairs]))
+
+
+def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float = 1.0
+           ) -> float | None:
+    """The median per-task hop a busy worker paid (workload ms): from one node's recorded
+    end to the next node's pick on the same worker, when the next was already waiting.
+    It is bookkeeping, result store, ack, the next message's fetch and receipt: real
+    cost the planner and the simulator (at ``--hop-ms 0``) leave out."""
+    by_worker: dict[str, list[tuple[float, float, float]]] = {}
+    for info in infos:
+        for m in info.values():
+            if all(k in m for k in ("worker", "sent", "started", "finished")):
+                by_worker.setdefault(m["worker"], []).append(
+                    (float(m["started"]), float(m["finished"]), float(m["sent"])))
+    gaps = []
+    for nodes in by_worker.values():
+        nodes.sort()
+        for (_, end, _), (pick, _, sent) in zip(nodes, nodes[1:], strict=False):
+            if sent <= end <= pick:  # it waited while the previous one finished
+                gaps.append((pick - end) * 1000.0 / time_scale)
+    return round(statistics.median(gaps), 2) if gaps else None

@@ -215,7 +215,7 @@ class TaskPath:
         assert jobs is not None
         if state == "SUCCESS":
             sent = float(job.get("sent") or timing.get("started", 0.0))
-            timing = {**timing, "run_ms": run_ms, "finished": time.time(),
+            timing = {**timing, "run_ms": run_ms, "finished": time.time(), "sent": sent,
                       "queued_ms": self._ms(max(0.0, timing.get("started", sent) - sent))}
             self._until_done(job, lambda: jobs.on_success(job, request.id, retval, timing,
                                                            pipe, unsettled_ms,

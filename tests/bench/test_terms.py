@@ -62,3 +62,17 @@ def test_the_simulator_is_fed_what_was_measured():
     assert node["rank"].exec_ms == w.dags["search-a"].nodes["rank"].exec_ms  # no model
     # 90.861 MB loaded in 250 ms: the simulator's workers load at 363 MB/s
     assert fed.cluster.workers[0].load_mb_per_s == pytest.approx(363.4, abs=0.1)
+
+
+def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
+    from compass_celery.bench.terms import hop_ms
+
+    job1 = {"a": {"worker": "w0", "sent": 0.0, "started": 0.0, "finished": 0.100},
+            "b": {"worker": "w0", "sent": 0.05, "started": 0.120, "finished": 0.200}}
+    job2 = {"c": {"worker": "w0", "sent": 0.15, "started": 0.230, "finished": 0.300},
+            # it arrived after w0 went idle: its wait is not a hop
+            "d": {"worker": "w0", "sent": 0.9, "started": 0.905, "finished": 1.0},
+            "e": {"worker": "w1", "sent": 0.0, "started": 0.0}}  # unfinished: ignored
+    assert hop_ms([job1, job2]) == pytest.approx(25.0)  # gaps of 20 and 30 ms
+    assert hop_ms([job1, job2], time_scale=0.5) == pytest.approx(50.0)
+    assert hop_ms([{"x": job2["d"]}]) is None
