@@ -148,10 +148,12 @@ def _node(task: Any, model: str | None, data: Any) -> dict[str, Any]:
 
 
 def voice_search(app: Celery, query: str, audio: str | None = None,
-                 lines: Sequence[Mapping[str, Any]] = EXAMPLE_LINES,
+                 lines: Sequence[Mapping[str, Any]] | None = None,
                  embedder: str = "minilm") -> Dag:
     """A four-node job: find speech (VAD) | embed the query | embed the transcript lines
-    -> rank the spoken lines against the query. ``audio`` defaults to the example clip."""
+    -> rank the spoken lines against the query. ``audio`` and ``lines`` default to the
+    example clip and its transcript."""
+    lines = EXAMPLE_LINES if lines is None else lines
     dag = Dag(app, "voice_search")
     speech = dag.node("speech", app.signature(SPEECH_TASK, args=(audio or _clip(),)))
     q = dag.node("query", app.signature(EMBED_TASK, args=([query],),

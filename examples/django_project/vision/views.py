@@ -20,8 +20,9 @@ from proj.celery import app as celery_app
 
 from compass_celery import Dag
 from compass_celery.jobs import JobHandle
+from compass_celery.pretrained.app import voice_search
+from compass_celery.pretrained.web import BadSearch, parse_search
 
-from .search import BadSearch, parse_search, search_job
 from .tasks import LANGUAGES, caption_job
 
 # Eager mode (tests, local development) runs a job inline and keeps no record in Redis:
@@ -86,7 +87,7 @@ def search(request: HttpRequest) -> JsonResponse:
         query, lines = parse_search(body)
     except BadSearch as exc:
         return _bad_request(str(exc))
-    return _start(search_job(celery_app, query, lines))
+    return _start(voice_search(celery_app, query, lines=lines))
 
 
 @require_GET

@@ -16,8 +16,9 @@ from flask import Blueprint, current_app, request, url_for
 
 from compass_celery import Dag
 from compass_celery.jobs import JobHandle
+from compass_celery.pretrained.app import voice_search
+from compass_celery.pretrained.web import BadSearch, parse_search
 
-from .search import BadSearch, parse_search, search_job
 from .tasks import LANGUAGES, caption_job
 
 bp = Blueprint("jobs", __name__)
@@ -65,7 +66,7 @@ def search() -> Response:
         query, lines = parse_search(request.get_json(silent=True))
     except BadSearch as exc:
         return {"error": str(exc)}, 400
-    return _start(search_job(_celery(), query, lines))
+    return _start(voice_search(_celery(), query, lines=lines))
 
 
 def _start(dag: Dag) -> Response:
