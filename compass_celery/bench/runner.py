@@ -36,7 +36,7 @@ from .faults import live_workers, schedule_faults
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
-from .terms import hop_ms, job_rows, node_rows, term_errors
+from .terms import hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
 CLOCKSKEW_DIR = str(Path(__file__).resolve().parent / "clockskew")
@@ -409,7 +409,8 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
         if plan:
             jobs.append((max(float(p["finish_ms"]) for p in plan.values()),
                          outcome.end_ms - outcome.arrival_ms))
-    return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs)},
+    return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs),
+                           "loads": load_outcomes(rows)},
             "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale)}
 
 

@@ -49,6 +49,9 @@ def _stats(pred: np.ndarray, meas: np.ndarray) -> dict[str, float]:
     rel = np.abs(err) / np.maximum(np.abs(meas), 1.0)  # share of what was measured
     return {"n": int(len(pred)), "pred_median_ms": round(float(np.median(pred)), 2),
             "meas_median_ms": round(float(np.median(meas)), 2),
+            # the typical error against the typical value: robust where many are near 0
+            "abs_err_over_meas": round(float(np.median(np.abs(err))
+                                             / max(float(np.median(np.abs(meas))), 1.0)), 3),
             "abs_err_median_ms": round(float(np.median(np.abs(err))), 2),
             "abs_err_p95_ms": round(float(np.percentile(np.abs(err), 95)), 2),
             "bias_median_ms": round(float(np.median(err)), 2),
@@ -120,3 +123,20 @@ def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float =
             if sent <= end <= pick:  # it waited while the previous one finished
                 gaps.append((pick - end) * 1000.0 / time_scale)
     return round(statistics.median(gaps), 2) if gaps else None
+
+
+def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0
+                  ) -> dict[str, Any]:
+    """What became of the loads the plan predicted: how many the task really waited for
+    (and the error of those), how many a prefetch had already done while the task
+    queued, and how many came unpredicted. A load is one over ``real_ms`` either side."""
+    rows = list(rows)
+    both = [r for r in rows if r["pred_load"] >= real_ms and r["meas_load"] >= real_ms]
+    hidden = sum(1 for r in rows if r["pred_load"] >= real_ms and r["meas_load"] < LOAD_MS)
+    unpredicted = sum(1 for r in rows if r["meas_load"] >= real_ms and r["pred_load"] < LOAD_MS)
+    out: dict[str, Any] = {"predicted_and_waited_for": len(both),
+                           "done_by_prefetch_first": hidden, "unpredicted": unpredicted}
+    if both:
+        out["when_waited_for"] = _stats(np.array([r["pred_load"] for r in both]),
+                                        np.array([r["meas_load"] for r in both]))
+    return out

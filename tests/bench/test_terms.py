@@ -76,3 +76,17 @@ def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
     assert hop_ms([job1, job2]) == pytest.approx(25.0)  # gaps of 20 and 30 ms
     assert hop_ms([job1, job2], time_scale=0.5) == pytest.approx(50.0)
     assert hop_ms([{"x": job2["d"]}]) is None
+
+
+def test_a_predicted_load_a_prefetch_already_did_is_told_apart():
+    from compass_celery.bench.terms import load_outcomes
+
+    rows = [{"pred_load": 500.0, "meas_load": 600.0}, {"pred_load": 500.0, "meas_load": 0.5},
+            {"pred_load": 0.0, "meas_load": 700.0}, {"pred_load": 0.0, "meas_load": 0.4}]
+    out = load_outcomes(rows)
+    assert (out["predicted_and_waited_for"], out["done_by_prefetch_first"],
+            out["unpredicted"]) == (1, 1, 1)
+    assert out["when_waited_for"]["abs_err_median_ms"] == 100.0
+    full = {f"{w}_{t}": 1.0 for w in ("pred", "meas") for t in ("wait", "run", "finish")}
+    errs = term_errors([{**full, **rows[0]}])
+    assert errs["load"]["abs_err_over_meas"] == pytest.approx(100 / 600, abs=1e-3)
