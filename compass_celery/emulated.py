@@ -14,6 +14,8 @@ import json
 import logging
 import os
 import socket
+import threading
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -49,6 +51,24 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
                          **conf)
     _register_tasks(app)
     return app
+
+
+def lazy_app(module: str, factory: Callable[[], Celery]) -> Callable[[str], Any]:
+    """A module ``__getattr__`` for a ``celery -A module`` entry point: ``app`` is built by
+    ``factory`` the first time it is asked for (as ``celery -A`` does), never merely by
+    importing the module, and once per process."""
+    built: dict[str, Celery] = {}
+    lock = threading.Lock()
+
+    def getattr_(name: str) -> Any:
+        if name != "app":
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        with lock:
+            if "app" not in built:
+                built["app"] = factory()
+            return built["app"]
+
+    return getattr_
 
 
 def configured_app(name: str, default_models: dict[str, float], broker: str | None = None,

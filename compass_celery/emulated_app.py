@@ -8,19 +8,6 @@ workers from this module. The app is built the first time ``app`` is asked for (
 
 from __future__ import annotations
 
-import threading
-from typing import Any
+from .emulated import lazy_app, make_app
 
-from .emulated import make_app
-
-_built: dict[str, Any] = {}
-_lock = threading.Lock()
-
-
-def __getattr__(name: str) -> Any:
-    if name != "app":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    with _lock:
-        if "app" not in _built:
-            _built["app"] = make_app()
-        return _built["app"]
+__getattr__ = lazy_app(__name__, make_app)

@@ -7,19 +7,7 @@ Settings come from ``COMPASS_*`` environment variables (see
 
 from __future__ import annotations
 
-import threading
-from typing import Any
-
+from ..emulated import lazy_app
 from .app import make_app
 
-_built: dict[str, Any] = {}
-_lock = threading.Lock()
-
-
-def __getattr__(name: str) -> Any:
-    if name != "app":
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    with _lock:
-        if "app" not in _built:
-            _built["app"] = make_app()
-        return _built["app"]
+__getattr__ = lazy_app(__name__, make_app)
