@@ -17,7 +17,8 @@ _EXPORTS = {"Compass": "app", "Dag": "jobs", "JobHandle": "jobs", "get_model": "
             "Decision": "placement", "CompassInputError": "errors",
             "DagValidationError": "jobs", "PlacementError": "placement",
             "JobError": "errors", "JobFailed": "errors", "JobTimeout": "errors",
-            "RetriesExhausted": "errors", "SendFailed": "errors"}
+            "RetriesExhausted": "errors", "SendFailed": "errors", "Rejected": "errors",
+            "DeadlineMissed": "errors"}
 __all__ = list(_EXPORTS)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from celery import Celery, signals
 
 from . import settings as settings_mod
+from .admission import earliest_expiry
 from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
 from .eager import install_task_class, refuse_bound_tasks
 from .placement import Decision
@@ -262,6 +263,11 @@ class Compass:
             if headers.get("id"):
                 self.remember(headers["id"], decision)
         placed = headers.get("compass")
+        if isinstance(placed, dict) and placed.get("expires_at"):
+            # past this, starting it cannot meet its deadline: Celery's own expiry drops
+            # it unrun (a header only: an AMQP message TTL would drop it unseen)
+            headers["expires"] = earliest_expiry(headers.get("expires"),
+                                                 float(placed["expires_at"]))
         if properties is not None and isinstance(placed, dict) \
                 and placed.get("priority") is not None:
             # one meaning on every broker: the level (9 most urgent) as this broker reads it

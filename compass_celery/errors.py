@@ -41,8 +41,34 @@ class JobFailed(JobError):
                          f"{info.get('exc_type')}: {info.get('exc')}")
 
 
+class Rejected(JobError):
+    """Admission refused a job (or task) before anything was written or sent: the plan
+    says it would miss its deadline, or every queue holds more work than the bound.
+    ``retry_after_s`` says when the capacity it lacks frees up (HTTP ``Retry-After``)."""
+
+    def __init__(self, what: str, reason: str, *, retry_after_s: float = 0.0,
+                 predicted_ms: float | None = None, deadline_ms: float | None = None,
+                 miss_ms: float = 0.0, slo: str = "") -> None:
+        self.what, self.reason, self.retry_after_s = what, reason, retry_after_s
+        self.predicted_ms, self.deadline_ms, self.miss_ms, self.slo = (
+            predicted_ms, deadline_ms, miss_ms, slo)
+        cls = f" (SLO class {slo!r})" if slo else ""
+        super().__init__(f"{what} rejected{cls}: {reason}; capacity frees up in about "
+                         f"{retry_after_s:.2f} s, retry after that")
+
+    @property
+    def retry_after(self) -> int:
+        """Whole seconds for an HTTP ``Retry-After`` header (at least 1)."""
+        return max(1, int(-(-self.retry_after_s // 1)))
+
+
 class JobTimeout(JobError, TimeoutError):
     """The job did not finish in time."""
+
+
+class DeadlineMissed(JobFailed):
+    """A job was dropped (shed) before its next node ran: starting it then could no
+    longer meet the job's deadline. Nothing more was spent on it."""
 
 
 class RetriesExhausted(JobError):

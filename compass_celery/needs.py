@@ -55,6 +55,17 @@ def learned_loads(profiles: Mapping[str, float]) -> dict[str, float]:
     return {k[len(prefix):]: ms for k, ms in profiles.items() if k.startswith(prefix)}
 
 
+#: Call options that say when the answer is wanted, not what the task needs
+#: (``compass={"deadline_ms": 400}`` or ``compass={"slo": "interactive"}``).
+SLO_OPTIONS = ("deadline_ms", "slo", "on_miss")
+
+
+def call_slo(call_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The SLO part of a call's ``compass`` options (empty when it has none)."""
+    call = (call_options or {}).get("compass") or {}
+    return {k: call[k] for k in SLO_OPTIONS if k in call} if isinstance(call, Mapping) else {}
+
+
 def _number(value: Any, what: str, task: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TaskDeclarationError(f"task {task!r}: {what} must be a finite number, "
@@ -79,13 +90,15 @@ def resolve_needs(name: str, task: Any, call_options: Mapping[str, Any] | None,
     """What the task needs, or None when it carries no compass options at all."""
     decl = declared(task)
     call = dict((call_options or {}).get("compass") or {})
-    unknown = set(call) - {"model", "exec_ms", "output_kb"}
+    unknown = set(call) - {"model", "exec_ms", "output_kb", *SLO_OPTIONS}
     if unknown:
         raise TaskDeclarationError(f"task {name!r}: unknown compass call option(s) "
-                                   f"{sorted(unknown)}; use model, exec_ms, output_kb")
+                                   f"{sorted(unknown)}; use model, exec_ms, output_kb, "
+                                   f"{', '.join(SLO_OPTIONS)}")
+    slo = {k: call.pop(k) for k in SLO_OPTIONS if k in call}
     merged = {**decl, **call}
-    if "model" not in merged and "exec_ms" not in merged:
-        return None
+    if "model" not in merged and "exec_ms" not in merged and not slo:
+        return None  # a deadline alone makes it compass's to place (and admit)
     model = merged.get("model")
     if model is not None and (not isinstance(model, str) or not model):
         raise TaskDeclarationError(f"task {name!r}: model must be a non-empty string, "

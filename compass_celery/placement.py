@@ -48,6 +48,14 @@ class Decision:
     priority: int | None = None
     #: When it was placed (the sender's clock): the ageing rule's start.
     queued_at: float = 0.0
+    #: Its SLO class ('' none), and when its answer is due (epoch s; 0: no deadline).
+    slo: str = ""
+    due: float = 0.0
+    #: After this (epoch s; 0: never) starting it cannot meet the deadline: the message
+    #: carries it as Celery's ``expires``, so a worker drops it unrun.
+    expires_at: float = 0.0
+    #: Admitted although the plan said it would miss its deadline.
+    late: bool = False
 
     def as_header(self) -> dict[str, Any]:
         """The decision as a plain dict, for the message's ``compass`` header."""

@@ -15,8 +15,10 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from .needs import resolve_needs
+from .admission import admit, due_at, slo_of_call
+from .needs import call_slo, resolve_needs
 from .placement import Decision, decide, fallback
+from .planner.admission import Slo, latest_start
 from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
@@ -73,7 +75,8 @@ class CompassRouter:
         needs = resolve_needs(name, task, options, {}, default_ms)
         if needs is None:
             return None  # not ours: nothing read, nothing started
-        level = self._level(options)
+        slo = slo_of_call(c, call_slo(options))
+        level = self._level(options, slo)
         try:
             snapshot = c.reader.get()
         except StateUnavailable as exc:
@@ -89,6 +92,7 @@ class CompassRouter:
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
+                decision = self._admit(decision, slo)  # a refusal raises: nothing charged
                 try:
                     self._charge(decision, level)
                 except StateUnavailable as exc:
@@ -120,12 +124,33 @@ class CompassRouter:
         self.charges.add(decision.worker, decision.charge_ms)
         self.charges.add(queued_field(decision.worker, level), decision.charge_ms)
 
-    def _level(self, options: dict[str, Any]) -> int:
-        """The task's priority level: the caller's ``priority=`` (a level or a class), or,
-        for a re-send built from a request (a retry), the broker's value mapped back."""
+    def _admit(self, decision: Decision, slo: Slo | None) -> Decision:
+        """Judge the placement against the task's deadline and the queue bound; refused,
+        :class:`~compass_celery.errors.Rejected` is raised before anything is written.
+        Admitted with a deadline that sheds, the decision carries the latest start that
+        can still meet it (the message's ``expires``)."""
+        c = self.compass
+        verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
+                        decision.wait_ms)
+        if slo is None:
+            return decision
+        due = due_at(c, slo)
+        expires = 0.0
+        if due and slo.sheds:
+            tail = max(0.0, decision.est_finish_ms - decision.wait_ms)
+            expires = latest_start(due, tail, c.settings["time_scale"])
+        return replace(decision, slo=slo.name, due=due, expires_at=expires,
+                       late=verdict.late)
+
+    def _level(self, options: dict[str, Any], slo: Slo | None = None) -> int:
+        """The task's priority level: the caller's ``priority=`` (a level or a class), else
+        its SLO class's; for a re-send built from a request (a retry), the broker's value
+        mapped back."""
         c, raw = self.compass, options.get("priority")
         if "origin" in options and isinstance(raw, int) and not isinstance(raw, bool):
             return user_priority(raw, redis=not c.amqp_broker)
+        if raw is None and slo is not None:
+            raw = slo.priority
         return resolve_priority(raw, c.settings["priority_classes"])
 
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from typing import Any
 
 from .errors import CompassInputError
 from .planner.adjust import DEFAULT_MOVE_FACTOR
+from .planner.admission import SloError, slo_class
 from .planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S, DEFAULT_NET_MB_PER_S
 from .state.urls import masked
 
@@ -125,6 +126,16 @@ OPTIONS: dict[str, Option] = {
     "priority_age_s": Option(10.0, (int, float), "ageing rule: a task waiting this long is "
                              "promoted one priority level per period, so batch work is never "
                              "starved (0: off; Redis broker)", "s", 0.0),
+    "slo_classes": Option({}, dict, "named service objectives for slo=: class -> "
+                          "{deadline_ms, on_miss ('reject', 'late' or 'degrade'), priority}, "
+                          "added to {'interactive': 400 ms, reject, priority 9; 'batch': no "
+                          "deadline, priority 0}"),
+    "admission": Option(True, bool, "refuse at submission a job the plan says will miss its "
+                        "deadline (off: take it and mark it late)"),
+    "max_queue_ms": Option(None, (int, float, type(None)), "refuse a job or task whose "
+                           "best worker has more than this much work queued ahead of it "
+                           "(a queue bound in time, not messages; None: unbounded)", "ms",
+                           0.0),
 }
 
 
@@ -158,6 +169,11 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
             raise SettingsError(f"compass_priority_classes[{cls!r}] must be a level 0..9 "
                                 f"(9 most urgent), got {level!r}")
+    for cls, body in out["slo_classes"].items():
+        try:
+            slo_class(cls, body)
+        except SloError as exc:
+            raise SettingsError(f"compass_slo_classes: {exc}") from None
     for model, size in out["models"].items():
         if not isinstance(size, (int, float)) or isinstance(size, bool) or not size > 0:
             raise SettingsError(f"compass_models[{model!r}] must be a size in MB > 0, "

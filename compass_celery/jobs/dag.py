@@ -176,21 +176,46 @@ class Dag:
                          "priority": level}
         return out
 
-    def apply_async(self, *, timeout_s: float | None = None, priority: Any = None
+    def apply_async(self, *, timeout_s: float | None = None, priority: Any = None,
+                    deadline_ms: float | None = None, slo: str | None = None,
+                    on_miss: str | None = None, alternative: Dag | None = None
                     ) -> JobHandle | EagerJobHandle:
         """Plan the whole job, send its sources, and return a handle at once; an eager
-        app runs the job inline and returns its finished handle. ``priority`` (a level
-        0..9, 9 most urgent, or a class name) is every node's unless it set its own."""
+        app runs the job inline and returns its finished handle.
+
+        ``priority`` (a level 0..9, 9 most urgent, or a class name) is every node's unless
+        it set its own. ``deadline_ms`` (from now) or ``slo`` (a class of
+        ``compass_slo_classes``: deadline, what to do on a miss, priority) give the job a
+        deadline: a job the plan says will miss it raises
+        :class:`~compass_celery.errors.Rejected` before anything is written or sent
+        (``on_miss='late'``: it is taken and marked late; ``'degrade'``: ``alternative``,
+        a cheaper Dag, is tried in its place). Once admitted, a job that falls behind is
+        dropped before its next node runs (``JobHandle.get`` raises
+        :class:`~compass_celery.errors.DeadlineMissed`). Eager mode runs every job."""
+        from ..admission import slo_of
+        from ..errors import Rejected
+        from ..planner.admission import DEGRADE, REJECT
         from .eager import run_eagerly
         from .submit import submit
 
         spec = self.spec()
         c = self.app.compass
+        job_slo = slo_of(c, slo, deadline_ms, on_miss)
+        if priority is None and job_slo is not None:
+            priority = job_slo.priority
         eager = c.eager
         c.follow_mode(eager)
         if eager:
             return run_eagerly(c, spec, self.records(spec, priority))
-        return submit(c, spec, self.records(spec, priority), timeout_s=timeout_s)
+        try:
+            return submit(c, spec, self.records(spec, priority), timeout_s=timeout_s,
+                          slo=job_slo)
+        except Rejected:
+            if alternative is None or job_slo is None or job_slo.on_miss != DEGRADE:
+                raise
+        return alternative.apply_async(timeout_s=timeout_s, priority=priority,
+                                       deadline_ms=job_slo.deadline_ms, slo=slo,
+                                       on_miss=REJECT)
 
     @classmethod
     def from_spec(cls, app: Celery, spec: DagSpec, *, task: str, step_task: str,

@@ -7,7 +7,7 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import JobError, JobFailed, JobTimeout
+from ..errors import DeadlineMissed, JobError, JobFailed, JobTimeout
 from .failure import fail_job
 from .keys import JobKeys
 
@@ -90,7 +90,8 @@ class JobHandle:
         if state == "FAILURE":
             error = json.loads(error_raw or "{}")
             if propagate:
-                raise JobFailed(error)
+                raise (DeadlineMissed if error.get("exc_type") == "DeadlineMissed"
+                       else JobFailed)(error)
             return {}
         if sinks_raw is not None:
             sinks = json.loads(sinks_raw)

@@ -19,6 +19,7 @@ from ..errors import JobError, JobTimeout
 from ..needs import learned_loads
 from ..placement import Decision
 from ..planner.adjust import choose_successor
+from ..planner.admission import should_shed
 from ..planner.demand import cluster_demand
 from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
@@ -164,6 +165,7 @@ class JobRuntime:
             return []
         if status == "finished":  # nothing left to time out (see forget_deadline)
             forget_deadline(self.c, job_id, pipe)
+            self._deadline_outcome(job, float(timing.get("finished") or time.time()))
         if status in ("missing", "late") or (status == "duplicate" and not released):
             logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node,
                            status if status != "missing" else "job unknown or expired")
@@ -175,6 +177,10 @@ class JobRuntime:
             self.outputs.put(job_id, node, retval, len(output))
             if released:  # still running: its successors were just released
                 self._saw_running(job_id)
+        late = self._too_late(released) if status != "duplicate" else None
+        if late is not None:  # shed before spending: none of them would meet the deadline
+            self.shed(job, task_id, task=task, node=late, released=released)
+            return []
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
                                    pipe=pipe, unsettled_ms=unsettled_ms)
 
@@ -252,6 +258,49 @@ class JobRuntime:
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
         return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
                             planned=(planned or {}).get("worker"))
+
+    def _too_late(self, released: list[tuple[str, ...]]) -> str | None:
+        """The first released successor that, started now, cannot meet its job's deadline
+        (its record carries the due time and its planned time to the job's end)."""
+        now = time.time()
+        for succ, _, spec, _, _ in released:
+            node = json.loads(spec)
+            if node.get("tail_ms") is not None and should_shed(
+                    now, node.get("due"), float(node["tail_ms"]), self.c.settings["time_scale"]):
+                return succ
+        return None
+
+    def shed(self, job: dict[str, Any], task_id: str, task: str | None = None,
+             node: str | None = None, released: list[tuple[str, ...]] = ()) -> str:
+        """Fail a job that can no longer meet its deadline, before its next node runs:
+        ``released`` successors are not sent, and their planned work is given back."""
+        from ..signals import task_shed
+
+        where = node or job["node"]
+        state = fail_job(self.c, job["id"], {
+            "job": job["id"], "node": where, "task": task, "task_id": task_id,
+            "worker": self.name, "exc_type": "DeadlineMissed",
+            "exc": f"shed before node {where!r} ran: starting it now could no longer meet "
+                   f"the job's deadline", "why": "deadline"})
+        self._seen_running.pop(job["id"], None)
+        for _, _, _, plan, _ in released:  # released, so fail_job does not count them
+            planned = json.loads(plan) if plan else None
+            if planned and planned.get("worker") not in (None, SHARED):
+                self.c.store.add_pending(planned["worker"], -float(planned["run_ms"]))
+        if state == "FAILURE":
+            task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
+                           slo=job.get("slo") or "")
+        return state
+
+    def _deadline_outcome(self, job: dict[str, Any], finished: float) -> None:
+        """Say whether a job with a deadline, which just ended here, met it."""
+        if not job.get("due"):
+            return
+        from ..signals import job_deadline_outcome
+
+        late_ms = 1000 * (finished - float(job["due"])) / self.c.settings["time_scale"]
+        job_deadline_outcome.send(sender=self.c, job_id=job["id"], slo=job.get("slo") or "",
+                                  met=late_ms <= 0, late_ms=late_ms)
 
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker.kombu_redis import message_headers
 from ..placement import Decision
+from ..planner.admission import latest_start
 from ..planner.types import SHARED, Placement
 from .keys import JOB_HEADER, placement_json
 
@@ -37,10 +38,13 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                         load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
                         fallback=worker == SHARED, priority=node.get("priority"),
-                        queued_at=time.time())
+                        queued_at=time.time(), slo=node.get("slo") or "",
+                        due=float(node.get("due") or 0.0), expires_at=_expires_at(c, node))
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}
+    if node.get("due"):  # whoever finishes the job says whether it met its deadline
+        header.update(slo=node.get("slo") or "", due=node["due"])
     # The job record keeps each node's output; Celery's result backend would be a
     # second write (and a read) per hop that nobody reads.
     c.app.send_task(node["task"], args=args, kwargs=node["kwargs"],
@@ -49,6 +53,14 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                     headers={"compass": decision.as_header(), JOB_HEADER: header})
     c.remember(task_id, decision)
     return decision
+
+
+def _expires_at(c: CompassContext, node: dict[str, Any]) -> float:
+    """When starting ``node`` can no longer meet its job's deadline (0: never), from its
+    planned time to the job's end."""
+    if not node.get("due") or node.get("tail_ms") is None:
+        return 0.0
+    return latest_start(float(node["due"]), float(node["tail_ms"]), c.settings["time_scale"])
 
 
 def queued(c: CompassContext, task_id: str) -> bool:

@@ -25,8 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..admission import admit, due_at
 from ..needs import learned_loads, profile_key
 from ..placement import Decision
+from ..planner.admission import Slo, job_finish_ms, job_wait_ms, tails_ms
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
@@ -75,11 +77,13 @@ class _Submission:
 
 
 def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *,
-           timeout_s: float | None = None) -> JobHandle:
-    """Plan a validated job and start it: record it whole, send its sources, confirm.
+           timeout_s: float | None = None, slo: Slo | None = None) -> JobHandle:
+    """Plan a validated job, admit it, and start it: record it whole, send its sources,
+    confirm.
 
     ``nodes`` holds each node's task, arguments, model, estimates and edges as
-    :meth:`~compass_celery.jobs.dag.Dag.records` gives them."""
+    :meth:`~compass_celery.jobs.dag.Dag.records` gives them. A job refused by admission
+    (``slo``'s deadline, the queue bound) raises before anything is written or sent."""
     cfg = c.settings
     check_submission(cfg, spec.name, nodes)  # before anything is written or sent
     job_id = uuid.uuid4().hex
@@ -87,9 +91,11 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
     spec = _learned(c, spec, nodes)
     plan = _plan(c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0))
+    verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan))
+    _stamp_deadline(c, nodes, plan, slo)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
-    _record(job, spec, plan, pending, timeout)
+    _record(job, spec, plan, pending, timeout, verdict.late)
     handle = JobHandle(c, job_id)
     sources = _send_sources(job, spec, plan)
     # the next job this process plans sees this one at once, as the router's bursts do,
@@ -99,6 +105,21 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     for worker, ms in pending.values():
         c.reader.note_charge(worker, ms, pending=True)
     return handle
+
+
+def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
+                    plan: dict[str, Placement], slo: Slo | None) -> None:
+    """Give each node its job's SLO class and due time and, when the job sheds, its
+    planned time to the job's end: what its worker needs to drop it unrun once it can no
+    longer meet the deadline, and to say whether the job met it."""
+    due = due_at(c, slo)
+    if not due or slo is None:
+        return
+    tails = tails_ms(plan) if slo.sheds else {}
+    for name, node in nodes.items():
+        node["slo"], node["due"] = slo.name, due
+        if name in tails:
+            node["tail_ms"] = tails[name]
 
 
 def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]) -> DagSpec:
@@ -148,7 +169,8 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0) -> dict[str, Placeme
 
 
 def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
-            pending: dict[str, tuple[str, float]], timeout: float) -> None:
+            pending: dict[str, tuple[str, float]], timeout: float, late: bool = False
+            ) -> None:
     """Record the job whole, then start its clock and count its planned work (once)."""
     c, nodes, ttl = job.c, job.nodes, int(job.c.settings["job_ttl_s"])
     now = time.time()
@@ -157,6 +179,7 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
             "names": json.dumps(list(nodes)), "plan": json.dumps(plan_json),
             "sinks": json.dumps(spec.sinks()),  # what JobHandle.get returns, read in one go
             "created": now, "deadline": now + timeout, "policy": c.policy.name,
+            **_slo_fields(nodes, late),
             # per node, for completions that must not read the whole DAG (complete.lua);
             # each node once, and a source without its input (see _stored)
             **{f"n:{n}": json.dumps(_stored(v)) for n, v in nodes.items()},
@@ -178,6 +201,15 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
     # work once; a job recorded is recorded whole, with its start when they share a step
     job.step("recording it", record, start,
              done=lambda: bool(c.store.client.exists(job.keys.job)))
+
+
+def _slo_fields(nodes: dict[str, dict[str, Any]], late: bool) -> dict[str, Any]:
+    """The job record's SLO fields: its class, when it is due, whether admission took it
+    knowing it would be late (none without a deadline)."""
+    first = next(iter(nodes.values()), {})
+    if not first.get("due"):
+        return {}
+    return {"slo": first.get("slo", ""), "due": first["due"], "late": int(late)}
 
 
 def _stored(node: dict[str, Any]) -> dict[str, Any]:

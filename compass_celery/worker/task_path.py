@@ -96,10 +96,14 @@ class TaskPath:
             decision = Decision.from_header(getattr(task.request, "compass", None))
             self.task_finished(task, task.request, decision, state, retval)
 
-    def on_revoked(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
-        """``task_revoked``: take its charge off this worker's backlog."""
+    def on_revoked(self, sender: Any = None, request: Any = None, expired: bool = False,
+                   **kw: Any) -> None:
+        """``task_revoked``: take its charge off this worker's backlog; one that expired
+        (past the latest start that met its deadline) is shed: its job fails at once."""
         if request is not None and (self._ours(sender) or sender is None):
             self.task_revoked(request)
+            if expired:
+                self.task_expired(request)
 
     # -- the path -------------------------------------------------------------------------
     def task_received(self, request: Any) -> None:
@@ -196,9 +200,7 @@ class TaskPath:
 
     def task_revoked(self, request: Any) -> None:
         """Take a revoked task's charge off this worker's backlog."""
-        decision = Decision.from_header(getattr(request, "compass", None)
-                                        or (getattr(request, "_request_dict", {}) or {}).get(
-                                            "compass"))
+        decision = Decision.from_header(_header(request, "compass"))
         if decision is not None and decision.worker == self.name and decision.charge_ms:
             with contextlib.suppress(StateUnavailable):
                 self.compass.store.charge(self.name, -decision.charge_ms)
@@ -206,6 +208,22 @@ class TaskPath:
                 started = request.id in self._running
             if not started:  # it never ran: it no longer waits either
                 self._started_queued(decision)
+
+    def task_expired(self, request: Any) -> None:
+        """A task Celery dropped unrun because it expired: compass set its expiry to the
+        latest start that could meet its deadline, so its job is failed now (not at its
+        timeout), and the rest of its work revoked."""
+        decision = Decision.from_header(_header(request, "compass"))
+        job = _header(request, JOB_HEADER)
+        job_id = job.get("id") if isinstance(job, dict) else None
+        from ..signals import task_shed
+
+        task_shed.send(sender=self.compass, job_id=job_id,
+                       node=job.get("node") if job_id else None, task_id=request.id,
+                       slo=decision.slo if decision else "")
+        if job_id and self.jobs is not None:
+            with contextlib.suppress(StateUnavailable, RedisError):
+                self.jobs.shed(job, request.id, task=getattr(request, "task", None))
 
     # -- job completion -------------------------------------------------------------------
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
@@ -268,6 +286,14 @@ class TaskPath:
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""
         return 1000 * seconds / self.cfg["time_scale"]
+
+
+def _header(request: Any, name: str) -> Any:
+    """A message header as a revoked request carries it (its context, or the raw dict)."""
+    value = getattr(request, name, None)
+    if value is None:
+        value = (getattr(request, "_request_dict", None) or {}).get(name)
+    return value
 
 
 def _task_model(task: Any, decision: Decision | None) -> str | None:

@@ -1,0 +1,80 @@
+"""Admission at the edge: a task's or job's SLO read from the call, judged on its plan.
+
+The judgement is the planner's (:func:`compass_celery.planner.admission.judge`, pure,
+shared with the simulator); this module reads the settings, turns a refusal into
+:class:`~compass_celery.errors.Rejected` before anything is written or sent, and
+tells ``admission_decided`` listeners (metrics, the benchmark) either way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .errors import CompassInputError, Rejected
+from .planner.admission import Slo, SloError, Verdict, judge, resolve_slo, retry_after_s
+from .signals import admission_decided
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+
+
+class SloInputError(CompassInputError):
+    """A call's ``slo=`` or ``deadline_ms=`` is not one compass knows."""
+
+
+def slo_of(c: CompassContext, slo: str | None, deadline_ms: Any = None,
+           on_miss: str | None = None) -> Slo | None:
+    """The caller's SLO class and deadline as one :class:`Slo` (None: no deadline);
+    a bad one raises :class:`SloInputError` naming it."""
+    try:
+        return resolve_slo(slo, deadline_ms, c.settings["slo_classes"], on_miss)
+    except SloError as exc:
+        raise SloInputError(str(exc)) from None
+
+
+def slo_of_call(c: CompassContext, call: Mapping[str, Any]) -> Slo | None:
+    """:func:`slo_of` for a task call's ``compass={...}`` SLO options."""
+    return slo_of(c, call.get("slo"), call.get("deadline_ms"), call.get("on_miss"))
+
+
+def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
+          wait_ms: float) -> Verdict:
+    """Judge a plan; a refusal raises :class:`Rejected` (nothing was written or sent)."""
+    cfg = c.settings
+    verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg["max_queue_ms"],
+                    admission=cfg["admission"])
+    admission_decided.send(sender=c, what=what, slo=slo, verdict=verdict)
+    if not verdict.admitted:
+        raise Rejected(what, verdict.reason,
+                       retry_after_s=retry_after_s(verdict, cfg["time_scale"]),
+                       predicted_ms=verdict.predicted_ms, deadline_ms=verdict.deadline_ms,
+                       miss_ms=verdict.miss_ms, slo=slo.name if slo else "")
+    return verdict
+
+
+def due_at(c: CompassContext, slo: Slo | None, now: float | None = None) -> float:
+    """When an answer sent now is due (epoch s), or 0 without a deadline."""
+    if slo is None or slo.deadline_ms is None:
+        return 0.0
+    now = time.time() if now is None else now
+    return now + slo.deadline_ms * c.settings["time_scale"] / 1000.0
+
+
+def earliest_expiry(current: Any, expires_at: float) -> str:
+    """A message's ``expires`` header (ISO 8601, as Celery writes it): the latest start
+    that meets the deadline, or the caller's own ``expires=`` when that comes first."""
+    ours = datetime.fromtimestamp(expires_at, tz=UTC)
+    if isinstance(current, str):
+        try:
+            theirs = datetime.fromisoformat(current)
+        except ValueError:
+            theirs = None
+        if theirs is not None:
+            if theirs.tzinfo is None:
+                theirs = theirs.replace(tzinfo=UTC)
+            if theirs < ours:
+                return current
+    return ours.isoformat()

@@ -1,0 +1,195 @@
+"""Deadlines, SLO classes and admission: whether a job is taken, and until when it is
+worth starting.
+
+The planner predicts every node's finish, so a job's fate is known at submission:
+its predicted finish against its deadline. :func:`judge` turns that into a
+:class:`Verdict` (admit, admit late, or reject, saying by how much and when
+capacity frees up), the same function for the router, a Dag submission, the
+benchmark and the simulator. A job that is admitted may still fall behind (a
+prediction is not a promise); :func:`latest_start` gives each node the time after
+which starting it cannot meet the deadline, so a worker drops it before spending
+anything on it (:func:`should_shed`).
+
+Pure: no I/O, no Celery. Times are workload milliseconds, as everywhere in the
+planner; ``time_scale`` (real seconds per workload second) converts to wall time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .types import SHARED, Placement
+
+#: What happens to a job predicted to miss its deadline.
+REJECT, LATE, DEGRADE = "reject", "late", "degrade"
+ON_MISS = (REJECT, LATE, DEGRADE)
+
+#: The classes every app knows (``compass_slo_classes`` adds to or overrides them):
+#: a click waits at most 400 ms or is refused at once; batch work has no deadline.
+DEFAULT_SLO_CLASSES: dict[str, dict[str, Any]] = {
+    "interactive": {"deadline_ms": 400.0, "on_miss": REJECT, "priority": "interactive"},
+    "batch": {"deadline_ms": None, "on_miss": LATE, "priority": "batch"},
+}
+
+
+class SloError(ValueError):
+    """An SLO class or deadline that makes no sense; the message names it."""
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A job's service objective: its deadline from submission, what to do when the
+    plan says it will be missed, and the priority its nodes take by default."""
+
+    name: str = ""
+    deadline_ms: float | None = None
+    on_miss: str = REJECT
+    priority: int | str | None = None
+
+    @property
+    def sheds(self) -> bool:
+        """Whether work that can no longer meet the deadline is dropped (a late job is
+        run to the end: its caller asked for the answer however late)."""
+        return self.deadline_ms is not None and self.on_miss != LATE
+
+
+def slo_class(name: str, body: Any) -> Slo:
+    """One entry of ``compass_slo_classes`` as an :class:`Slo`; a bad field raises
+    :class:`SloError` naming the class and the field."""
+    if not isinstance(body, Mapping):
+        raise SloError(f"SLO class {name!r} must be a mapping with deadline_ms, on_miss "
+                       f"and priority, got {body!r}")
+    unknown = set(body) - {"deadline_ms", "on_miss", "priority"}
+    if unknown:
+        raise SloError(f"SLO class {name!r}: unknown fields {sorted(unknown)}; it may set "
+                       "deadline_ms, on_miss and priority")
+    return Slo(name, check_deadline(body.get("deadline_ms"), f"SLO class {name!r}"),
+               check_on_miss(body.get("on_miss", REJECT), f"SLO class {name!r}"),
+               body.get("priority"))
+
+
+def check_deadline(value: Any, what: str) -> float | None:
+    """A deadline in ms (> 0) or None; anything else raises :class:`SloError`."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise SloError(f"{what}: deadline_ms must be a number of milliseconds > 0, "
+                       f"got {value!r}")
+    return float(value)
+
+
+def check_on_miss(value: Any, what: str) -> str:
+    """One of :data:`ON_MISS`; anything else raises :class:`SloError`."""
+    if value not in ON_MISS:
+        raise SloError(f"{what}: on_miss must be one of {', '.join(ON_MISS)}, got {value!r}")
+    return str(value)
+
+
+def resolve_slo(slo: str | None, deadline_ms: Any, classes: Mapping[str, Any],
+                on_miss: str | None = None) -> Slo | None:
+    """A caller's ``slo=`` (a class name) and ``deadline_ms=`` as one :class:`Slo`: the
+    class's, with an explicit deadline (and ``on_miss``) winning; None when neither is
+    given (no deadline: admission has nothing to judge)."""
+    if slo is None and deadline_ms is None:
+        return None
+    base = Slo()
+    if slo is not None:
+        table = {**DEFAULT_SLO_CLASSES, **classes}
+        if slo not in table:
+            raise SloError(f"unknown SLO class {slo!r}; known: {', '.join(sorted(table))} "
+                           "(compass_slo_classes adds more)")
+        base = slo_class(slo, table[slo])
+    deadline = check_deadline(deadline_ms, "deadline") if deadline_ms is not None \
+        else base.deadline_ms
+    miss = check_on_miss(on_miss, "on_miss") if on_miss is not None else base.on_miss
+    return Slo(base.name, deadline, miss, base.priority)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Admission's answer for one job (or task): taken or not, and why, with the numbers
+    a caller (or an HTTP 429) needs."""
+
+    admitted: bool
+    #: Taken although the plan says it will miss its deadline (``on_miss='late'``, or
+    #: admission turned off).
+    late: bool = False
+    predicted_ms: float = math.nan
+    deadline_ms: float | None = None
+    #: By how much the predicted finish misses the deadline (0 when it does not).
+    miss_ms: float = 0.0
+    #: How long until the capacity it lacks frees up (the backlog drains by ``miss_ms``).
+    retry_after_ms: float = 0.0
+    reason: str = ""
+
+
+def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
+          max_queue_ms: float | None = None, admission: bool = True) -> Verdict:
+    """Admit, admit late, or reject a job whose plan finishes at ``predicted_ms`` (from
+    now; NaN when it could not be planned) and starts after ``wait_ms`` of queued work.
+
+    A queue bound (``max_queue_ms``, seconds of work ahead rather than messages) applies
+    to every job; a deadline, only to jobs that have one. A job the plan cannot predict
+    (no live worker) is admitted: nothing says it will miss."""
+    deadline = slo.deadline_ms if slo is not None else None
+    if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
+        return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
+                       retry_after_ms=wait_ms - max_queue_ms,
+                       reason=f"queue full: {wait_ms:.0f} ms of work ahead, over the "
+                              f"bound of {max_queue_ms:.0f} ms")
+    if deadline is None or math.isnan(predicted_ms):
+        return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
+    miss = predicted_ms - deadline
+    if miss <= 0:
+        return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
+    why = (f"predicted to finish in {predicted_ms:.0f} ms, {miss:.0f} ms past its "
+           f"{deadline:.0f} ms deadline")
+    if not admission or slo is None or slo.on_miss == LATE:
+        return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
+                       miss_ms=miss, reason=why)
+    return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
+                   retry_after_ms=miss, reason=why)
+
+
+def job_finish_ms(plan: Mapping[str, Placement]) -> float:
+    """When a planned job finishes, from now (its last node's finish); NaN when any node
+    went to the shared queue or nothing was planned (no live worker: no prediction)."""
+    if not plan or any(p.worker == SHARED for p in plan.values()):
+        return math.nan
+    return max(p.finish_ms for p in plan.values())
+
+
+def job_wait_ms(plan: Mapping[str, Placement]) -> float:
+    """The queued work a planned job waits for before its first node starts (a later
+    node's own wait counts from its inputs, so the first start is the job's wait)."""
+    return min((p.start_ms for p in plan.values()), default=0.0)
+
+
+def tails_ms(plan: Mapping[str, Placement]) -> dict[str, float]:
+    """Per node, the planned time from its start to the job's end: a node started later
+    than ``deadline - tail`` cannot meet the deadline (if the rest goes as planned)."""
+    end = job_finish_ms(plan)
+    if math.isnan(end):
+        return {}
+    return {n: max(0.0, end - p.start_ms) for n, p in plan.items()}
+
+
+def latest_start(due_s: float, tail_ms: float, time_scale: float = 1.0) -> float:
+    """The wall-clock time (epoch s) after which a node ``tail_ms`` from its job's end
+    cannot meet a deadline at ``due_s``."""
+    return due_s - tail_ms * time_scale / 1000.0
+
+
+def should_shed(now_s: float, due_s: float | None, tail_ms: float,
+                time_scale: float = 1.0) -> bool:
+    """Whether a node starting at ``now_s`` can no longer meet its job's deadline."""
+    return due_s is not None and now_s > latest_start(due_s, tail_ms, time_scale)
+
+
+def retry_after_s(verdict: Verdict, time_scale: float = 1.0) -> float:
+    """A rejection's retry-after in wall seconds."""
+    return verdict.retry_after_ms * time_scale / 1000.0

@@ -1,0 +1,155 @@
+"""Deadlines with real workers: refused at once when the plan says a job will miss,
+taken late when asked, dropped unrun once it falls behind, and never lost.
+
+One emulated worker; "liars" are tasks that declare a short run time and sleep long,
+so an admitted job falls behind its plan the way a real one does under a surprise.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from celery.exceptions import TaskRevokedError
+
+from compass_celery import Dag
+from compass_celery.emulated import make_app
+from compass_celery.errors import DeadlineMissed, Rejected
+from compass_celery.local import wait_until
+from compass_celery.state import keys
+from compass_celery.testing import worker_logs
+
+pytestmark = pytest.mark.redis
+GPU = ["--compass-emulate-gpu-mb", "1600", "--compass-preload", "captioner"]
+M = "captioner"
+
+
+@pytest.fixture
+def one(compass_redis_url, compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
+           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0",
+           "COMPASS_BENCH_LEDGER_URL": compass_redis_url}  # counts each task's starts
+    ws = [compass_workers("compass_celery.emulated_app", "adm@one", *GPU, env=env)]
+    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0)
+    try:
+        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
+                   40, "a live worker")
+    except TimeoutError:
+        raise AssertionError(worker_logs(ws)) from None
+    app.log = redis.Redis.from_url(compass_redis_url)
+    app.workers = ws
+    yield app
+    app.compass.close()
+
+
+def _infer(app, run_ms: float, declared_ms: float | None = None, **options):
+    """emulated.infer that sleeps ``run_ms`` and tells the planner ``declared_ms``."""
+    compass = {"model": M, "exec_ms": declared_ms if declared_ms is not None else run_ms,
+               **options.pop("compass", {})}
+    return app.tasks["emulated.infer"].apply_async((M, run_ms, 0), compass=compass,
+                                                   **options)
+
+
+def _chain(app, name: str, first_ms: float, declared_ms: float) -> Dag:
+    dag = Dag(app, name)
+    infer, step = app.tasks["emulated.infer"], app.tasks["emulated.step"]
+    a = dag.node("a", infer.s(M, first_ms, 0), model=M, exec_ms=declared_ms)
+    dag.node("b", step.s(M, 50.0), after=[a], model=M, exec_ms=50.0)
+    return dag
+
+
+def _started(app, task_id: str) -> int:
+    return int(app.log.hget(keys.key(keys.BENCH_STARTS, "compass"), task_id) or 0)
+
+
+def _job_keys(app) -> int:
+    return len(app.log.keys("compass:job:*"))
+
+
+def _busy(app, seconds: float) -> None:
+    """Queue ``seconds`` of declared, honest work on the worker (no deadline)."""
+    _infer(app, seconds * 1000)
+    wait_until(lambda: app.compass.store.snapshot(time.time(), 3.0).workers[0].backlog_ms
+               > seconds * 500, 10, "the backlog to be published")
+
+
+def test_a_job_that_would_miss_is_refused_at_once_and_nothing_is_written(one):
+    app = one
+    _busy(app, 3.0)
+    before = _job_keys(app)
+    t0 = time.perf_counter()
+    with pytest.raises(Rejected) as err:
+        _chain(app, "click", 50.0, 50.0).apply_async(deadline_ms=400)
+    took = time.perf_counter() - t0
+    e = err.value
+    assert e.deadline_ms == 400 and e.miss_ms > 1000, e
+    # it frees up when the backlog has drained by the miss, within a second of the truth
+    assert 1.0 < e.retry_after_s < 3.5 and e.retry_after >= 2, e
+    assert "400 ms deadline" in str(e) and "retry after" in str(e)
+    assert took < 0.5
+    assert _job_keys(app) == before  # refused before anything was written
+    with pytest.raises(Rejected, match="task 'emulated.infer'"):  # a plain task too
+        _infer(app, 50, compass={"deadline_ms": 400})
+
+
+def test_a_late_class_is_taken_marked_late_and_run_to_the_end(one):
+    app = one
+    _busy(app, 1.5)
+    job = _chain(app, "report", 50.0, 50.0).apply_async(deadline_ms=300, on_miss="late")
+    assert app.log.hget(f"compass:job:{{{job.id}}}", "late") == b"1"
+    out = job.get(timeout=30)
+    assert set(out) == {"b"}
+
+
+def test_a_job_that_falls_behind_is_shed_before_its_next_node_runs(one):
+    app = one
+    t0 = time.time()
+    # planned 50 + 50 ms against 1,000 ms: admitted; node a then takes 1.5 s
+    job = _chain(app, "surprise", 1500.0, 50.0).apply_async(deadline_ms=1000)
+    with pytest.raises(DeadlineMissed) as err:
+        job.get(timeout=30)
+    assert time.time() - t0 < 5  # at a's end, not at the job timeout
+    assert err.value.info["node"] == "b" and "shed" in err.value.info["exc"]
+    time.sleep(0.5)
+    assert _started(app, f"{job.id}.a") == 1 and _started(app, f"{job.id}.b") == 0
+
+
+def test_a_queued_task_past_its_latest_start_is_dropped_unrun(one):
+    app = one
+    _infer(app, 1500.0, declared_ms=50.0)  # a liar ahead of it: planned 50 ms, runs 1.5 s
+    time.sleep(0.2)
+    late = _infer(app, 50.0, compass={"deadline_ms": 600})  # admitted: ~100 ms planned
+    with pytest.raises(TaskRevokedError, match="expired"):
+        late.get(timeout=20)
+    assert _started(app, late.id) == 0
+    job = _chain(app, "queued", 50.0, 50.0)
+    _infer(app, 1500.0, declared_ms=50.0)
+    time.sleep(0.2)
+    handle = job.apply_async(deadline_ms=600)
+    t0 = time.time()
+    with pytest.raises(DeadlineMissed):
+        handle.get(timeout=30)
+    assert time.time() - t0 < 5  # failed when its worker reached it, not at the timeout
+
+
+def test_degrade_runs_the_cheaper_alternative(one):
+    app = one
+    _busy(app, 1.0)
+    cheap = Dag(app, "cheap")
+    cheap.node("only", app.tasks["emulated.infer"].s(M, 20.0, 0), model=M, exec_ms=20.0)
+    # the full job (400 + 50 ms) cannot make 1,200 ms behind a second of work; the cheap one can
+    full = _chain(app, "full", 400.0, 400.0)
+    job = full.apply_async(deadline_ms=1200, on_miss="degrade", alternative=cheap)
+    assert set(job.get(timeout=30)) == {"only"}
+
+
+def test_a_queue_bound_in_time_refuses_work_without_a_deadline(compass_redis_url, one):
+    app = make_app(compass_redis_url, state_url=compass_redis_url,
+                   compass_snapshot_ttl_s=0.0, compass_max_queue_ms=500)
+    try:
+        _busy(one, 2.0)
+        with pytest.raises(Rejected, match="queue full"):
+            _chain(app, "batch", 50.0, 50.0).apply_async()
+    finally:
+        app.compass.close()

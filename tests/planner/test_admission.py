@@ -1,0 +1,92 @@
+"""The admission rules, pure: what is admitted, late, refused, and when work is shed."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from compass_celery.planner.admission import (
+    DEFAULT_SLO_CLASSES,
+    Slo,
+    SloError,
+    job_finish_ms,
+    job_wait_ms,
+    judge,
+    latest_start,
+    resolve_slo,
+    retry_after_s,
+    should_shed,
+    tails_ms,
+)
+from compass_celery.planner.types import SHARED, Placement
+
+STRICT = Slo("interactive", 400.0, "reject", 9)
+
+
+def test_a_job_that_meets_its_deadline_is_admitted():
+    v = judge(STRICT, 350.0, 100.0)
+    assert v.admitted and not v.late and v.miss_ms == 0
+
+
+def test_a_predicted_miss_is_refused_with_how_much_and_when():
+    v = judge(STRICT, 1000.0, 700.0)
+    assert not v.admitted and v.miss_ms == 600.0 and v.retry_after_ms == 600.0
+    assert "600 ms past its 400 ms deadline" in v.reason
+    assert retry_after_s(v, time_scale=0.5) == pytest.approx(0.3)
+
+
+def test_late_class_and_admission_off_take_the_job_marked_late():
+    late = judge(Slo("report", 400.0, "late"), 1000.0)
+    off = judge(STRICT, 1000.0, admission=False)
+    assert late.admitted and late.late and off.admitted and off.late
+
+
+def test_no_deadline_or_no_prediction_admits():
+    assert judge(None, 10_000.0).admitted
+    assert judge(STRICT, math.nan).admitted  # no live worker: nothing says it will miss
+
+
+def test_the_queue_bound_counts_time_not_messages_and_applies_without_a_deadline():
+    v = judge(None, 5000.0, 3000.0, max_queue_ms=2000.0)
+    assert not v.admitted and v.retry_after_ms == 1000.0 and "queue full" in v.reason
+    assert judge(None, 1500.0, 1000.0, max_queue_ms=2000.0).admitted
+    assert judge(None, 5000.0, 3000.0, max_queue_ms=2000.0, admission=False).admitted
+
+
+def test_classes_resolve_with_explicit_values_winning():
+    assert resolve_slo(None, None, {}) is None
+    s = resolve_slo("interactive", None, {})
+    assert s.deadline_ms == DEFAULT_SLO_CLASSES["interactive"]["deadline_ms"] and s.sheds
+    s = resolve_slo("interactive", 900, {}, on_miss="late")
+    assert s.deadline_ms == 900 and s.on_miss == "late" and not s.sheds
+    s = resolve_slo("gold", None, {"gold": {"deadline_ms": 150, "priority": 8}})
+    assert (s.name, s.deadline_ms, s.priority) == ("gold", 150, 8)
+    assert not resolve_slo("batch", None, {}).sheds  # no deadline: nothing to shed
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("nope", None, {}), "unknown SLO class 'nope'"),
+    ((None, -5, {}), "deadline_ms must be a number of milliseconds > 0"),
+    ((None, 400, {}, "drop"), "on_miss must be one of reject, late, degrade"),
+    (("x", None, {"x": {"deadline": 3}}), "unknown fields ['deadline']"),
+])
+def test_bad_slos_name_the_problem(args, message):
+    with pytest.raises(SloError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        resolve_slo(*args)
+
+
+def _p(worker: str, start: float, finish: float) -> Placement:
+    return Placement("t", worker, f"q.{worker}", start, finish, wait_ms=start)
+
+
+def test_tails_and_latest_starts_follow_the_plan():
+    plan = {"a": _p("w1", 100.0, 200.0), "b": _p("w2", 250.0, 400.0)}
+    assert job_finish_ms(plan) == 400.0 and job_wait_ms(plan) == 100.0
+    assert tails_ms(plan) == {"a": 300.0, "b": 150.0}
+    due = 1000.0
+    assert latest_start(due, 150.0, time_scale=1.0) == pytest.approx(999.85)
+    assert not should_shed(999.8, due, 150.0) and should_shed(999.9, due, 150.0)
+    assert not should_shed(999.9, None, 150.0)
+    # a plan on the shared queue predicts nothing
+    assert math.isnan(job_finish_ms({"a": _p(SHARED, 0.0, 0.0)})) and tails_ms({}) == {}
