@@ -12,7 +12,7 @@ import json
 import math
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import yaml
 
 from .errors import CompassInputError
 from .jobs.validation import DagValidationError, dag_from_dict, describe, name_ok, number
+from .planner.admission import DEFAULT_SLO_CLASSES, Slo, SloError, resolve_slo, slo_class
 from .planner.types import (
     DEFAULT_HOST_LOAD_MB_PER_S,
     DEFAULT_LOAD_MB_PER_S,
@@ -32,7 +33,8 @@ MAX_MODELS = 10_000
 MAX_DAGS = 1_000
 MAX_WORKERS = 100_000
 MAX_JOBS = 10_000_000
-TOP_FIELDS = ("name", "description", "models", "dags", "mix", "cluster", "arrivals", "seed")
+TOP_FIELDS = ("name", "description", "models", "dags", "mix", "cluster", "arrivals", "seed",
+              "slo")
 WORKER_FIELDS = ("name", "count", "gpu_mem_mb", "load_mb_per_s", "net_mb_per_s", "speed",
                  "host_load_mb_per_s", "host_mem_mb")
 ARRIVAL_FIELDS = ("process", "rate_per_s", "jobs", "seed", "on_s", "off_s", "times_ms")
@@ -109,6 +111,15 @@ class Workload:
     cluster: ClusterSpec
     arrivals: ArrivalSpec
     seed: int = 0
+    #: SLO classes the workload defines (as ``compass_slo_classes``), and the class each
+    #: template's jobs are sent with (absent: no deadline).
+    slo_classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    dag_slo: dict[str, str] = field(default_factory=dict)
+
+    def slo(self, template: str) -> Slo | None:
+        """The :class:`Slo` jobs of ``template`` are sent with (None: no deadline)."""
+        name = self.dag_slo.get(template)
+        return resolve_slo(name, None, self.slo_classes) if name else None
 
 
 def _int(value: Any, path: str, lo: int, hi: int) -> int:
@@ -242,6 +253,30 @@ def _mix(raw: Any, dags: Mapping[str, DagSpec]) -> dict[str, float]:
     return {k: v / total for k, v in weights.items()}
 
 
+def _slo(raw: Any, dags: Mapping[str, DagSpec]) -> tuple[dict[str, dict[str, Any]],
+                                                         dict[str, str]]:
+    """``slo``: ``{"classes": {name: {deadline_ms, on_miss, priority}}, "dags": {template:
+    class}}``; the classes add to the defaults (interactive, batch)."""
+    raw = _obj(raw, "slo", ("classes", "dags"))
+    classes = dict(_obj(raw.get("classes", {}), "slo.classes"))
+    for name, body in classes.items():
+        try:
+            slo_class(name, body)
+        except SloError as exc:
+            raise WorkloadError(f"slo.classes.{name}: {exc}") from None
+    known = {**DEFAULT_SLO_CLASSES, **classes}
+    chosen = {}
+    for template, name in _obj(raw.get("dags", {}), "slo.dags").items():
+        if template not in dags:
+            raise WorkloadError(f"slo.dags.{template}: unknown DAG (declared: "
+                                f"{', '.join(dags)})")
+        if name not in known:
+            raise WorkloadError(f"slo.dags.{template}: unknown SLO class {describe(name)} "
+                                f"(known: {', '.join(sorted(known))})")
+        chosen[template] = name
+    return classes, chosen
+
+
 def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
     """Validate a decoded workload document; raises only WorkloadError on bad input."""
     obj = _obj(obj, "workload", TOP_FIELDS)
@@ -278,8 +313,9 @@ def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
     arrivals = _arrivals(obj["arrivals"], seed if "seed" in obj else 0)
     if "seed" not in obj:
         seed = arrivals.seed
+    slo_classes, dag_slo = _slo(obj.get("slo", {}), dags)
     return Workload(name, description, models, dags, _mix(obj.get("mix"), dags), cluster,
-                    arrivals, seed)
+                    arrivals, seed, slo_classes, dag_slo)
 
 
 def load_workload(path: str | Path) -> Workload:
