@@ -17,6 +17,26 @@ class JobOutcome:
     arrival_ms: float
     end_ms: float | None = None
     failed: bool = False
+    #: Its SLO class and deadline (workload ms from arrival; None: no deadline).
+    slo: str = ""
+    deadline_ms: float | None = None
+    #: Refused by admission (``end_ms`` is then when the refusal reached the sender),
+    #: shed (dropped unrun once it could no longer meet its deadline), or admitted
+    #: although predicted to miss it.
+    rejected: bool = False
+    shed: bool = False
+    late: bool = False
+
+    @property
+    def completed(self) -> bool:
+        """Ended with its answer."""
+        return self.end_ms is not None and not (self.failed or self.rejected or self.shed)
+
+    @property
+    def met(self) -> bool:
+        """Answered by its deadline (any answer counts when it has none)."""
+        return self.completed and (self.deadline_ms is None
+                                   or self.end_ms - self.arrival_ms <= self.deadline_ms)
 
 
 def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float]:
@@ -32,8 +52,9 @@ def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float]:
 def policy_result(jobs: Sequence[JobOutcome], warmup_frac: float, hits: int, misses: int,
                   loads: int) -> dict[str, object]:
     """Counts cover every job; latencies leave out the first ``warmup_frac`` as warm-up."""
-    completed = [j for j in jobs if j.end_ms is not None and not j.failed]
+    completed = [j for j in jobs if j.completed]
     failed = sum(1 for j in jobs if j.failed)
+    refused = sum(1 for j in jobs if j.rejected or j.shed)
     skip = int(len(jobs) * warmup_frac)
     lat = [j.end_ms - j.arrival_ms for j in completed if j.index >= skip]  # type: ignore[operator]
     span_s = 0.0
@@ -44,12 +65,47 @@ def policy_result(jobs: Sequence[JobOutcome], warmup_frac: float, hits: int, mis
         "jobs": len(jobs),
         "completed": len(completed),
         "failed": failed,
-        "lost": len(jobs) - len(completed) - failed,
+        "lost": len(jobs) - len(completed) - failed - refused,
         "latency_ms": latency_summary(lat),
         "cache_hit_rate": round(hits / (hits + misses), 4) if hits + misses else 0.0,
         "model_loads": loads,
         "throughput_jobs_per_s": round(len(completed) / span_s, 3) if span_s > 0 else 0.0,
+        **slo_result(jobs, warmup_frac),
     }
+
+
+def slo_result(jobs: Sequence[JobOutcome], warmup_frac: float) -> dict[str, object]:
+    """Deadline outcomes, in all and per SLO class: admitted, rejected, shed, late, met,
+    attainment (met / all jobs), goodput (met per second of the run), the latency of
+    what completed and how fast a refusal reached its sender. Empty when no job had an
+    SLO class. Counts cover every job after warm-up."""
+    skip = int(len(jobs) * warmup_frac)
+    scored = [j for j in jobs if j.index >= skip]
+    if not any(j.slo for j in jobs) or not scored:
+        return {}
+    span_s = (max((j.end_ms or j.arrival_ms) for j in scored)
+              - min(j.arrival_ms for j in scored)) / 1000.0
+    classes = sorted({j.slo for j in scored})
+    return {"slo": {"all": _slo_counts(scored, span_s),
+                    **{c or "none": _slo_counts([j for j in scored if j.slo == c], span_s)
+                       for c in classes}}}
+
+
+def _slo_counts(jobs: Sequence[JobOutcome], span_s: float) -> dict[str, object]:
+    met = sum(j.met for j in jobs)
+    rejected = [j for j in jobs if j.rejected]
+    admitted = len(jobs) - len(rejected)
+    refusal_ms = [j.end_ms - j.arrival_ms for j in rejected  # type: ignore[operator]
+                  if j.end_ms is not None]
+    return {"jobs": len(jobs), "admitted": admitted, "rejected": len(rejected),
+            "shed": sum(j.shed for j in jobs), "late": sum(j.late for j in jobs),
+            "met": met,
+            "attainment": round(met / len(jobs), 4) if jobs else 0.0,
+            "admitted_attainment": round(met / admitted, 4) if admitted else 0.0,
+            "goodput_jobs_per_s": round(met / span_s, 3) if span_s > 0 else 0.0,
+            "latency_ms": latency_summary([j.end_ms - j.arrival_ms  # type: ignore[operator]
+                                           for j in jobs if j.completed]),
+            "rejection_ms": latency_summary(refusal_ms)}
 
 
 def duplicate_count(executions: Mapping[str, int]) -> int:
