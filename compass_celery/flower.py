@@ -4,6 +4,8 @@ Flower shows no extra fields of custom events, but it shows a task's args and kw
 reprs in its task list, task page and REST API. When the message is published, a
 short form (``[gpu0 · captioner · 120ms]``) goes in front of the args, near the front
 of the task list, and the full line with the reason after the kwargs, on the task page;
+a task with a deadline also shows its SLO class and how long it had when placed (or
+``late``, when it was taken although the plan said it would miss);
 a Dag node's args show where its inputs come from instead of the plumbing. Flower
 needs no lookup of its own.
 """
@@ -38,6 +40,23 @@ def _finish(c: Mapping[str, Any]) -> str:
         return "-"
 
 
+def _due_in(c: Mapping[str, Any]) -> str:
+    """How long the task had to its deadline when placed (``380ms``); '' without one."""
+    try:
+        due, placed = float(c.get("due") or 0), float(c.get("queued_at") or 0)
+    except (TypeError, ValueError):
+        return ""
+    return f"{max(0.0, due - placed) * 1000:.0f}ms" if due > 0 and placed > 0 else ""
+
+
+def _due(c: Mapping[str, Any]) -> str:
+    """``due in 380ms``, and ``late`` when admitted although the plan said it would miss;
+    '' without a deadline."""
+    due_in = _due_in(c)
+    return ", ".join([*([f"due in {due_in}"] if due_in else []),
+                      *(["late"] if c.get("late") else [])])
+
+
 def describe_placement(compass: Mapping[str, Any] | None,
                        job: Mapping[str, Any] | None = None) -> str:
     """One short line from a ``compass`` header (and the job header, for moves).
@@ -55,6 +74,12 @@ def describe_placement(compass: Mapping[str, Any] | None,
     parts.append(f"moved_from={j.get('moved_from') or '-'}")
     if c.get("fallback"):
         parts.append("fallback=yes")
+    if c.get("slo"):
+        parts.append(f"slo={c['slo']}")
+    if _due_in(c):
+        parts.append(f"due_in={_due_in(c)}")
+    if c.get("late"):
+        parts.append("late=yes")
     reason = " ".join(str(c.get("reason") or "-").split())
     if len(reason) > REASON_MAX:
         reason = reason[:REASON_MAX - 3] + "..."
@@ -63,9 +88,12 @@ def describe_placement(compass: Mapping[str, Any] | None,
 
 
 def short_placement(compass: Mapping[str, Any] | None) -> str:
-    """``gpu0 · captioner · 120ms``: worker, model and estimated finish, ``-`` if unknown."""
+    """``gpu0 · captioner · 120ms``: worker, model and estimated finish, ``-`` if unknown;
+    with a deadline, its SLO class and how long it had (``· interactive due in 380ms``)."""
     c = compass if isinstance(compass, Mapping) else {}
-    return " · ".join([_worker(c), str(c.get("model") or "-"), _finish(c)])
+    parts = [_worker(c), str(c.get("model") or "-"), _finish(c)]
+    slo = " ".join(p for p in (str(c.get("slo") or ""), _due(c)) if p)
+    return " · ".join([*parts, slo] if slo else parts)
 
 
 def _args_repr(args: Any, original: Any) -> str:

@@ -125,6 +125,8 @@ class Verdict:
     #: How long until the capacity it lacks frees up (the backlog drains by ``miss_ms``).
     retry_after_ms: float = 0.0
     reason: str = ""
+    #: Why it was refused (or marked late): ``deadline`` or ``queue_full``; '' when on time.
+    kind: str = ""
 
 
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
@@ -138,7 +140,7 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     deadline = slo.deadline_ms if slo is not None else None
     if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
         return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
-                       retry_after_ms=wait_ms - max_queue_ms,
+                       retry_after_ms=wait_ms - max_queue_ms, kind="queue_full",
                        reason=f"queue full: {wait_ms:.0f} ms of work ahead, over the "
                               f"bound of {max_queue_ms:.0f} ms")
     if deadline is None or math.isnan(predicted_ms):
@@ -150,9 +152,9 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
            f"{deadline:.0f} ms deadline")
     if not admission or slo is None or slo.on_miss == LATE:
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
-                       miss_ms=miss, reason=why)
+                       miss_ms=miss, reason=why, kind="deadline")
     return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
-                   retry_after_ms=miss, reason=why)
+                   retry_after_ms=miss, reason=why, kind="deadline")
 
 
 def job_finish_ms(plan: Mapping[str, Placement]) -> float:

@@ -121,3 +121,24 @@ def test_a_dag_node_shows_where_its_inputs_come_from_not_the_plumbing() -> None:
     annotate_headers(headers, [ref, 3])
     assert headers["argsrepr"] == "[gpu0 · captioner · 753ms] (<outputs of detect, ocr>, 3)"
     assert "__compass_inputs__" not in headers["argsrepr"]
+
+
+def test_a_task_with_a_deadline_shows_its_class_and_how_long_it_had() -> None:
+    timed = Decision(task="t.caption", model="captioner", worker="gpu0", queue="compass.w.gpu0",
+                     policy="compass", charge_ms=120.0, est_finish_ms=180.0, reason="resident",
+                     queued_at=1000.0, slo="interactive", due=1000.4,
+                     expires_at=1000.22).as_header()
+    line = describe_placement(timed)
+    assert "slo=interactive due_in=400ms reason=resident" in line and "late" not in line
+    headers = {"compass": timed, "argsrepr": "('a cat',)", "kwargsrepr": "{}"}
+    annotate_headers(headers, ["a cat"])
+    assert headers["argsrepr"] == ("[gpu0 · captioner · 180ms · interactive due in 400ms] "
+                                   "('a cat',)")
+    late = {**timed, "late": True, "slo": ""}  # a bare deadline_ms: no class
+    assert "due_in=400ms late=yes" in describe_placement(late)
+    assert "slo=" not in describe_placement(late)
+    annotate_headers(headers, ["a cat"])  # re-annotated: still one short form in front
+    assert headers["argsrepr"].count("[") == 1
+    # no deadline: nothing added; odd fields from an older producer: nothing added
+    assert "due_in" not in describe_placement(HEADER) and "slo=" not in describe_placement(HEADER)
+    assert "due_in" not in describe_placement({**timed, "due": "soon"})

@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 
 from compass_celery import monitoring, signals
 from compass_celery.placement import Decision
-from compass_celery.planner.types import WorkerView
+from compass_celery.planner.admission import Slo, Verdict
+from compass_celery.planner.types import ModelDemand, WorkerView
 from compass_celery.state.connection import StateUnavailable
 from compass_celery.state.store import MemoryStateStore
 
@@ -56,6 +57,37 @@ def test_signals_move_counters_and_histograms(metrics: Any) -> None:
     assert value(metrics, "compass_placement_estimated_finish_seconds_sum") == 0.18
     assert value(metrics, "compass_model_load_seconds_bucket", le="1.0") == 1  # 640 ms
     assert value(metrics, "compass_model_load_seconds_bucket", le="0.5") == 0
+
+
+def test_deadline_signals_count_per_slo_class(metrics: Any) -> None:
+    interactive = Slo("interactive", 400.0)
+    send = signals.admission_decided.send
+    send(sender=None, what="job 'j'", slo=interactive, verdict=Verdict(True, predicted_ms=90.0))
+    send(sender=None, what="job 'j'", slo=Slo("", 50.0, on_miss="late"),  # a bare deadline
+         verdict=Verdict(True, late=True, predicted_ms=90.0, deadline_ms=50.0, miss_ms=40.0))
+    send(sender=None, what="job 'j'", slo=interactive, verdict=Verdict(
+        False, predicted_ms=900.0, deadline_ms=400.0, miss_ms=500.0,
+        reason="predicted to finish in 900 ms, 500 ms past its 400 ms deadline",
+        kind="deadline"))
+    send(sender=None, what="task 't'", slo=None, verdict=Verdict(
+        False, reason="queue full: 9000 ms of work ahead, over the bound of 5000 ms",
+        kind="queue_full"))
+    signals.task_shed.send(sender=None, job_id="j", node="b", task_id="x", slo="interactive")
+    signals.job_deadline_outcome.send(sender=None, job_id="j", slo="interactive", met=True,
+                                      late_ms=-20.0)
+    signals.job_deadline_outcome.send(sender=None, job_id="k", slo="", met=False,
+                                      late_ms=35.0)
+    assert value(metrics, "compass_admission_admitted_total", slo="interactive") == 1
+    assert value(metrics, "compass_admission_admitted_total", slo="none") == 1
+    assert value(metrics, "compass_admission_late_total", slo="none") == 1
+    assert value(metrics, "compass_admission_late_total", slo="interactive") == 0
+    assert value(metrics, "compass_admission_rejected_total", slo="interactive",
+                 reason="deadline") == 1
+    assert value(metrics, "compass_admission_rejected_total", slo="none",
+                 reason="queue_full") == 1
+    assert value(metrics, "compass_tasks_shed_total", slo="interactive") == 1
+    assert value(metrics, "compass_deadline_jobs_total", slo="interactive", outcome="met") == 1
+    assert value(metrics, "compass_deadline_jobs_total", slo="none", outcome="missed") == 1
 
 
 def test_install_is_idempotent_and_disconnect_stops_counting() -> None:
@@ -103,6 +135,32 @@ def test_state_collector_exports_live_workers() -> None:
     assert get("compass_worker_info", {"worker": "gpu0", "queue": "compass.w.gpu0",
                                        "device": "emulated"}) == 1
     assert get("compass_worker_backlog_seconds", {"worker": "old"}) is None
+
+
+def test_state_collector_exports_the_workers_needed() -> None:
+    """Two workers served 1.5 s of captioner work per second: with the default classes
+    (a 400 ms interactive deadline) and 100 ms tasks, each is planned 75% busy, so
+    1.5 / 0.75 = 2 workers; an idle cluster needs none."""
+    now = time.time()
+    store = MemoryStateStore()
+    served = {"captioner": ModelDemand(750.0, 7.5)}
+    store.publish(_view("gpu0", now, served=served))
+    store.publish(_view("gpu1", now, served=served))  # both hold it: no load to add
+    reg = CollectorRegistry()
+    reg.register(monitoring.CompassStateCollector(store, 5.0, clock=lambda: now,
+                                                  model_sizes_mb={"captioner": 950.0}))
+    get = reg.get_sample_value
+    assert get("compass_demand_busy_workers") == pytest.approx(1.5)
+    assert get("compass_capacity_target_utilization") == pytest.approx(0.75)
+    assert get("compass_workers_needed") == 2
+
+    idle = MemoryStateStore()
+    idle.publish(_view("gpu0", now))
+    reg = CollectorRegistry()
+    reg.register(monitoring.CompassStateCollector(idle, 5.0, clock=lambda: now,
+                                                  slo_classes={"tight": {"deadline_ms": 50}}))
+    assert reg.get_sample_value("compass_workers_needed") == 0
+    assert reg.get_sample_value("compass_state_up") == 1
 
 
 def test_state_collector_reports_down_instead_of_failing_the_scrape() -> None:

@@ -67,3 +67,33 @@ def test_job_from_a_django_view_runs_on_the_worker_holding_its_models(
     assert (status, results) == ("SUCCESS", {"translate": CAT_FR})
     assert {n: p["worker"] for n, p in placement.items()} == dict.fromkeys(NODES,
                                                                           "dj0@example")
+
+
+def test_a_busy_worker_answers_429_with_retry_after_and_a_late_job_504(
+        compass_redis_url: str, compass_workers: Any) -> None:
+    """One worker kept busy by a long task (tests.examples.busy): the view refuses at once
+    a job whose deadline the plan says cannot be met (429, Retry-After), and answers 504
+    for one that was taken and then dropped because it fell behind."""
+    url = compass_redis_url
+    env = django_env(url)
+    workers = [compass_workers("proj", "dj0@example", *EMULATED, "--compass-preload",
+                               "detector,captioner,translator", "--include",
+                               "tests.examples.busy", env=env)]
+    wait_live(probe(url), {"dj0@example"}, workers)
+
+    run = subprocess.run([sys.executable, "-m", "tests.examples.django_deadline_driver", CAT],
+                         env={**os.environ, **env}, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr + worker_logs(workers)
+    out = json.loads(run.stdout.strip().splitlines()[-1])
+    assert out["taken"]["code"] == 202, out
+    refused = out["refused"]
+    assert refused["code"] == 429, out
+    assert int(refused["retry_after"]) >= 2  # about 3 s of work ahead of it
+    assert refused["body"]["error"] == "rejected" and "deadline" in refused["body"]["reason"]
+    assert refused["body"]["predicted_ms"] > 3000 and refused["body"]["deadline_ms"] == 500
+    assert out["bad"]["code"] == 400 and "platinum" in out["bad"]["body"]["error"]
+    final = out["final"]
+    assert final["code"] == 504, (out, worker_logs(workers))
+    assert final["body"]["error"]["exc_type"] == "DeadlineMissed"
+    assert "deadline" in final["body"]["message"]

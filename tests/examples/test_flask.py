@@ -164,3 +164,69 @@ def test_job_from_a_flask_view_runs_on_real_workers(compass_redis_url: str,
     status, results, placement = job_record(probe(url), posted.json["job_id"])
     assert (status, results) == ("SUCCESS", {"translate": CAT_FR})
     assert {n: p["worker"] for n, p in placement.items()} == expected
+
+
+def test_eager_refuses_a_bad_deadline_and_takes_a_good_one(eager_app: Any) -> None:
+    client = eager_app.test_client()
+    for body, message in (({"deadline_ms": -5}, "deadline_ms must be a number"),
+                          ({"deadline_ms": "soon"}, "deadline_ms must be a number"),
+                          ({"slo": "platinum"}, "unknown SLO class 'platinum'")):
+        res = client.post("/jobs/", json={"image_url": CAT, **body})
+        assert res.status_code == 400 and message in res.json["error"], res.json
+    res = client.post("/jobs/", json={"image_url": CAT, "slo": "interactive"})
+    assert res.status_code == 202, res.json  # eager mode runs every job
+
+
+def _poll(client: Any, url: str, timeout: float = 30.0) -> Any:
+    """GET ``url`` until the job ends; the last response."""
+    deadline = time.monotonic() + timeout
+    while True:
+        res = client.get(url)
+        if res.json.get("status") in ("SUCCESS", "FAILURE") or time.monotonic() > deadline:
+            return res
+        time.sleep(0.05)
+
+
+@pytest.mark.redis
+def test_a_busy_worker_answers_429_with_retry_after_and_a_late_job_504(
+        compass_redis_url: str, compass_workers: Any) -> None:
+    """One worker, made busy by a long task: a job whose deadline the plan says cannot
+    be met is refused at once (429, Retry-After); one the plan wrongly thought would
+    make it is dropped before it runs, and its status answers 504."""
+    from tests.examples.busy import HOLD
+
+    url = compass_redis_url
+    env = {"PYTHONPATH": pythonpath(FLASK_DIR), "FLASK_CELERY__broker_url": url}
+    workers = [compass_workers("make_celery", "fl0@example", *EMULATED, "--compass-preload",
+                               "detector,captioner,translator", "--include",
+                               "tests.examples.busy", env=env)]
+    wait_live(probe(url), {"fl0@example"}, workers)
+    app = make(broker_url=url, result_backend=url, compass_snapshot_ttl_s=0.0)
+    client = app.test_client()
+    hold = app.extensions["celery"].tasks[HOLD]
+
+    idle = client.post("/jobs/", json={"image_url": CAT, "deadline_ms": 5000})
+    assert idle.status_code == 202, idle.json  # an idle worker meets it
+    assert _poll(client, idle.json["status_url"]).json["status"] == "SUCCESS", \
+        worker_logs(workers)
+
+    # 2 s of work the planner is told takes 1 ms: a job with 1 s to go is taken...
+    hold.apply_async((2.0,), compass={"exec_ms": 1})
+    taken = client.post("/jobs/", json={"image_url": CAT, "deadline_ms": 1000})
+    assert taken.status_code == 202, taken.json
+    # ...then 3 s of work declared as such, queued behind it: now the plan knows
+    hold.apply_async((0.1,), compass={"exec_ms": 3000})
+    refused = client.post("/jobs/", json={"image_url": CAT, "deadline_ms": 500})
+    assert refused.status_code == 429, refused.json
+    assert int(refused.headers["Retry-After"]) >= 2  # about 3 s of work ahead
+    body = refused.json
+    assert body["error"] == "rejected" and "deadline" in body["reason"]
+    assert body["deadline_ms"] == 500 and body["predicted_ms"] > 3000
+    assert body["retry_after_s"] > 2 and body["slo"] is None  # a bare deadline: no class
+
+    # the job taken first waited behind the long task past its deadline: dropped unrun
+    late = _poll(client, taken.json["status_url"])
+    assert late.status_code == 504, (late.json, worker_logs(workers))
+    assert late.json["status"] == "FAILURE"
+    assert late.json["error"]["exc_type"] == "DeadlineMissed"
+    assert "deadline" in late.json["message"]

@@ -1,9 +1,14 @@
 """HTTP API: POST /jobs/ submits a job, GET /jobs/<id>/ reports it.
 
 ``POST /jobs/`` with ``{"image_url": ..., "lang": "fr"}`` answers 202 with the job id.
+An optional ``"deadline_ms"`` (from now) or ``"slo"`` (an SLO class, e.g.
+"interactive") gives the job a deadline: when the plan says the workers cannot meet it,
+the job is refused at once with 429 and a ``Retry-After`` header (seconds until the
+capacity it lacks frees up), and nothing is queued.
 ``GET /jobs/<id>/`` answers its status (RUNNING, SUCCESS or FAILURE), the results by
-node once it succeeded (the error once it failed) and, per node, the worker Compass
-planned and the worker it ran on. ``POST /search/`` with ``{"query": ...}`` starts a
+node once it succeeded (the error once it failed; 504 when it was dropped because it
+could no longer meet its deadline) and, per node, the worker Compass planned and the
+worker it ran on. ``POST /search/`` with ``{"query": ...}`` starts a
 voice search on the real models when ``COMPASS_EXAMPLE_MODELS = "real"`` (otherwise it
 answers 404, saying how to switch); the same status view reports it.
 """
@@ -19,6 +24,8 @@ from proj.celery import REAL_MODELS
 from proj.celery import app as celery_app
 
 from compass_celery import Dag
+from compass_celery.admission import SloInputError
+from compass_celery.errors import DeadlineMissed, JobFailed, Rejected
 from compass_celery.jobs import JobHandle
 from compass_celery.pretrained.app import voice_search
 from compass_celery.pretrained.web import BadSearch, parse_search
@@ -46,9 +53,32 @@ def _json_body(request: HttpRequest) -> Any:
     return json.loads(request.body or b"{}")
 
 
-def _start(dag: Dag) -> JsonResponse:
-    """Submit the job and answer 202 with its id and status URL."""
-    job = dag.apply_async()
+def _deadline(body: Any) -> dict[str, Any]:
+    """The request's optional ``deadline_ms`` and ``slo``, as ``Dag.apply_async`` takes
+    them (compass checks the values: a bad one raises SloInputError)."""
+    body = body if isinstance(body, dict) else {}
+    return {k: body[k] for k in ("deadline_ms", "slo") if body.get(k) is not None}
+
+
+def _rejected(exc: Rejected) -> JsonResponse:
+    """429 Too Many Requests: the workers cannot answer in time now; ``Retry-After`` says
+    when the capacity the job lacks frees up."""
+    res = JsonResponse({"error": "rejected", "reason": exc.reason, "slo": exc.slo or None,
+                        "deadline_ms": exc.deadline_ms, "predicted_ms": exc.predicted_ms,
+                        "retry_after_s": round(exc.retry_after_s, 3)}, status=429)
+    res["Retry-After"] = str(exc.retry_after)
+    return res
+
+
+def _start(dag: Dag, body: Any = None) -> JsonResponse:
+    """Submit the job and answer 202 with its id and status URL; 429 when admission
+    refuses it (its deadline cannot be met now), 400 for a bad deadline or SLO class."""
+    try:
+        job = dag.apply_async(**_deadline(body))
+    except Rejected as exc:
+        return _rejected(exc)
+    except SloInputError as exc:
+        return _bad_request(str(exc))
     if celery_app.conf.task_always_eager:
         _EAGER_JOBS[job.id] = job
         while len(_EAGER_JOBS) > _EAGER_KEEP:
@@ -71,7 +101,7 @@ def submit(request: HttpRequest) -> JsonResponse:
         return _bad_request("image_url (a non-empty string) is required")
     if lang not in LANGUAGES:
         return _bad_request(f"lang must be one of {', '.join(LANGUAGES)}")
-    return _start(caption_job(celery_app, image_url, lang))
+    return _start(caption_job(celery_app, image_url, lang), body)
 
 
 @require_POST
@@ -87,7 +117,7 @@ def search(request: HttpRequest) -> JsonResponse:
         query, lines = parse_search(body)
     except BadSearch as exc:
         return _bad_request(str(exc))
-    return _start(voice_search(celery_app, query, lines=lines))
+    return _start(voice_search(celery_app, query, lines=lines), body)
 
 
 @require_GET
@@ -99,8 +129,12 @@ def status(request: HttpRequest, job_id: str) -> JsonResponse:
         return JsonResponse({"error": f"no job {job_id}"}, status=404)
     out: dict[str, Any] = {"job_id": job_id, "status": job.status,
                            "placement": job.placement(readable=True)}
-    if out["status"] == "SUCCESS":
-        out["results"] = job.get(timeout=0)
-    elif out["status"] == "FAILURE":
-        out["error"] = job.error
+    if out["status"] in ("SUCCESS", "FAILURE"):
+        try:
+            out["results"] = job.get(timeout=0)
+        except DeadlineMissed as exc:  # dropped unrun: the answer would have come too late
+            out.update(error=job.error, message=str(exc))
+            return JsonResponse(out, status=504)
+        except JobFailed:
+            out["error"] = job.error
     return JsonResponse(out)
