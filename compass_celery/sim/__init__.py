@@ -6,6 +6,9 @@ wall time of each plan call; ``hop_ms`` models a real cluster's fixed per-task d
 overhead (0 by default). ``compare_count_pending`` measures compass with and without
 planned-not-sent work in its backlog estimate. The planner's per-worker columns are kept
 live (``columns.LiveColumns``), so runs of 100,000 jobs on 1,000 workers take minutes.
+Jobs of templates a workload gives an SLO are admitted and shed by the planner's own
+rules (``planner.admission``), as the real submit and workers do (``admission=``,
+``max_queue_ms=``); the record's ``slo`` section then reads as the benchmark's.
 """
 
 from .runner import Simulation, compare_count_pending, simulate

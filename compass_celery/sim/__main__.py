@@ -1,5 +1,11 @@
 """``python -m compass_celery.sim --workload PATH [--workers N] [--policies a,b] [--json OUT]``.
 
+``--admission on|off`` and ``--max-queue-ms`` are the runtime's ``compass_admission`` and
+``compass_max_queue_ms``: jobs of templates the workload gives an SLO are judged at
+arrival and shed once they fall behind, by the planner's own rules. ``--table`` prints
+the result and its SLO columns (rejected, shed, late, attainment, goodput per class) as
+text instead of JSON; ``--warm`` starts the workers with models resident.
+
 A standalone entry to the simulator (the ``compass-celery simulate`` command wraps
 the same :func:`simulate`); ``--compare-pending`` runs compass with and without
 planned-not-sent work counted in its backlog.
@@ -18,8 +24,10 @@ import sys
 
 from ..errors import CompassInputError
 from ..planner import POLICIES
+from ..tables import result_table
 from ..workload import load_workload
 from .runner import MOVE_FACTOR, SIM_ONLY_POLICIES, compare_count_pending, simulate
+from .stats import slo_table
 
 #: Everything ``--policies`` accepts, and its default: the runtime's policies, then the
 #: simulator-only references.
@@ -48,13 +56,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-demand", action="store_true",
                     help="plan without recent demand per model (no eviction pricing), as "
                          "the real runtime does until it feeds ClusterView.demand")
+    ap.add_argument("--admission", choices=("on", "off"), default="on",
+                    help="refuse at arrival a job its plan says will miss its SLO deadline "
+                         "(off: take it, marked late; it is still shed once behind)")
+    ap.add_argument("--max-queue-ms", type=float,
+                    help="refuse any job with more than this much work queued ahead of it")
+    ap.add_argument("--warm", action="store_true",
+                    help="start every worker with the models static-replicas would give it "
+                         "resident (unpinned): a cluster that has been serving")
+    ap.add_argument("--table", action="store_true",
+                    help="print text tables (latency, then SLO columns) instead of JSON")
     ap.add_argument("--json", help="write the result object here")
     args = ap.parse_args(argv)
     try:
         workload = load_workload(args.workload)
         kw = {"workers": args.workers, "rate": args.rate, "jobs": args.jobs,
               "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms,
-              "move_factor": args.move_factor, "demand": not args.no_demand}
+              "move_factor": args.move_factor, "demand": not args.no_demand,
+              "admission": args.admission == "on", "max_queue_ms": args.max_queue_ms,
+              "warm": args.warm}
         if args.compare_pending:
             result = compare_count_pending(workload, **kw)
         else:
@@ -70,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             fh.write(text + "\n")
-    print(text)
+    if args.table and "policies" in result:
+        slo = slo_table(result)
+        print(result_table(result) + (f"\n\n{slo}" if slo else ""))
+    else:
+        print(text)
     return 0
 
 

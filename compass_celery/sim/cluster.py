@@ -19,6 +19,7 @@ from typing import Any
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
+from ..planner.admission import should_shed
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
@@ -48,6 +49,15 @@ class SimTask:
     turn_at: float = -1.0
     model_at: float = -1.0
     start_at: float = -1.0
+    # Its job's deadline (epoch s of the simulated clock, workload ms / 1000) and its
+    # planned time to the job's end: a worker drops it unrun once starting it can no
+    # longer meet the deadline (``planner.admission.should_shed``, as a real worker's
+    # ``expires``). None: it never expires.
+    due_s: float | None = None
+    tail_ms: float | None = None
+    #: The worker whose queue holds it (None: the shared queue, or not sent yet).
+    where: SimWorker | None = None
+    dropped: bool = False
 
 
 class SimWorker:
@@ -72,6 +82,8 @@ class SimWorker:
         self.wake_at = -1.0
         self.loads = self.hits = self.misses = 0
         self.load_at: list[float] = []  # when each load started, workload ms
+        self.listed_idle = False  # in the cluster's idle list (celery-default)
+        self.settling = False  # a settle() is scheduled
         self._view: WorkerView | None = None
 
     # -- bookkeeping --------------------------------------------------------
@@ -101,6 +113,14 @@ class SimWorker:
         self.decider.pinned = self.decider.pinned | frozenset(names)
         self.touch()
 
+    def warm(self, models: Iterable[str]) -> None:
+        """Make ``models`` resident before the run, unpinned and with no load counted: a
+        cluster that has been serving for a while (cold, a deadline shorter than a model's
+        load refuses every job that needs it, so it is never loaded)."""
+        for model in models:
+            self.decider.on_loaded(model, now=self.engine.now)
+        self.touch()
+
     def add_pending(self, ms: float) -> None:
         """Charge (or with a negative ``ms``, release) planned-not-sent work."""
         self.pending_ms += ms
@@ -113,6 +133,7 @@ class SimWorker:
         kb = sum(k for where, k in task.inputs if where != self.name)
         task.ready_at = now + kb / KB_PER_MB / self.spec.net_mb_per_s * MS_PER_S
         task.expected_ms = task.exec_ms / self.spec.speed
+        task.where = self
         self.backlog_ms += task.expected_ms
         self.queue.append(task)
         if task.model is not None:
@@ -160,9 +181,64 @@ class SimWorker:
                 del self.queued_models[task.model]
         return task
 
+    def remove(self, task: SimTask) -> None:
+        """Take a queued task out unrun (its job was revoked); the worker moves on to its
+        next task at once, as a real worker skips a revoked message."""
+        self.queue.remove(task)
+        self._forget(task)
+        if not self.settling:
+            self.settling = True
+            self.engine.at(self.engine.now, self.settle)
+
+    def _forget(self, task: SimTask) -> None:
+        """Undo a queued task's bookkeeping (model count, backlog)."""
+        if task.model is not None:
+            left = self.queued_models[task.model] - 1
+            if left:
+                self.queued_models[task.model] = left
+            else:
+                del self.queued_models[task.model]
+        self.backlog_ms -= task.expected_ms
+        task.where = None
+        self.touch()
+
+    def settle(self) -> None:
+        """After tasks were taken out: start the next one, or go idle."""
+        self.settling = False
+        if self.running is not None:
+            return
+        if self.queue:
+            self.try_start()
+        elif not self.listed_idle:
+            self.cluster.on_idle(self)
+
+    def _drop_expired(self) -> bool:
+        """Drop head tasks that can no longer meet their job's deadline, unrun (the
+        planner's own rule, ``should_shed``); True when that emptied the queue (the worker
+        then went idle and there is nothing to start)."""
+        dropped = False
+        while self.queue:
+            task = self.queue[0]
+            if task.tail_ms is None or not should_shed(self.engine.now / MS_PER_S,
+                                                       task.due_s, task.tail_ms):
+                break
+            self.queue.popleft()
+            self._forget(task)
+            task.dropped = dropped = True
+            self.cluster.dropped += 1
+            self.cluster.on_shed(task, self)
+        if dropped and not self.queue and self.running is None:
+            if not self.listed_idle:
+                self.cluster.on_idle(self)
+            return True
+        return False
+
     def try_start(self) -> None:
-        """Start the head task if its model is resident and its inputs have arrived."""
+        """Start the head task if its model is resident and its inputs have arrived (a
+        task past its latest start is dropped first)."""
         if self.running is not None or not self.queue:
+            return
+        if self._drop_expired() or self.running is not None or not self.queue:
             return
         now = self.engine.now
         task = self.queue[0]
@@ -184,6 +260,7 @@ class SimWorker:
                     except CacheFullError:
                         if not self.decider.loading:  # nothing will free memory: give up
                             self._pop()
+                            task.where, task.dropped = None, True
                             self.backlog_ms -= task.expected_ms
                             self.touch()
                             self.cluster.on_failed(task, self)
@@ -203,6 +280,8 @@ class SimWorker:
         self._pop()
         self.running = task
         task.start_at = now
+        task.where = None
+        self.cluster.started += 1
         if model is not None:
             self.decider.on_used(model, now)
         # The hop (message delivery, bookkeeping round trips) keeps the worker busy too,
@@ -262,10 +341,15 @@ class SimCluster:
     def __init__(self, specs: tuple[WorkerSpec, ...], engine: Engine, sizes: Mapping[str, float],
                  *, shared: bool, on_done: Callable[[SimTask, SimWorker], None],
                  on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
-                 hop_ms: float = 0.0, demand: DemandTracker | None = None) -> None:
+                 hop_ms: float = 0.0, demand: DemandTracker | None = None,
+                 on_shed: Callable[[SimTask, SimWorker], None] | None = None) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
+        self.on_shed = on_shed if on_shed is not None else on_failed
+        # Tasks started; dropped unrun at their latest start; revoked from the queues with
+        # their shed job; withheld (released too late to meet the deadline: never sent).
+        self.started = self.dropped = self.revoked = self.withheld = 0
         self.dirty: set[int] = set()
         self.refresh_ms = refresh_ms
         self._built_at = 0.0
@@ -277,6 +361,8 @@ class SimCluster:
             w.index = i
         self.shared_queue: deque[SimTask] = deque()
         self.idle: deque[SimWorker] = deque(self.workers) if shared else deque()
+        for w in self.idle:
+            w.listed_idle = True
         self._views = [w.view() for w in self.workers]
         self.columns = LiveColumns(self._views, self.sizes)
         self.dirty.clear()
@@ -286,6 +372,11 @@ class SimCluster:
         """Load and pin each worker's models before the first job (see SimWorker.preload)."""
         for worker, models in models_by_worker.items():
             self.by_name[worker].preload(models)
+
+    def warm(self, models_by_worker: Mapping[str, Iterable[str]]) -> None:
+        """Load each worker's models before the first job, unpinned (SimWorker.warm)."""
+        for worker, models in models_by_worker.items():
+            self.by_name[worker].warm(models)
 
     def snapshot(self) -> ClusterView:
         """A consistent ClusterView; only workers that changed are re-read.
@@ -319,7 +410,9 @@ class SimCluster:
         if worker != SHARED:
             self.by_name[worker].enqueue(task)
         elif self.idle:
-            self.idle.popleft().enqueue(task)
+            idle = self.idle.popleft()
+            idle.listed_idle = False
+            idle.enqueue(task)
         else:
             self.shared_queue.append(task)
 
@@ -330,7 +423,21 @@ class SimCluster:
         if self.shared_queue:
             worker.enqueue(self.shared_queue.popleft())
         else:
+            worker.listed_idle = True
             self.idle.append(worker)
+
+    def revoke(self, tasks: Iterable[SimTask]) -> None:
+        """Take a failed job's queued tasks out of every queue unrun, as the real cluster
+        revokes them; started ones run to the end."""
+        for task in tasks:
+            if task.start_at >= 0 or task.dropped:
+                continue
+            task.dropped = True
+            self.revoked += 1
+            if task.where is not None:
+                task.where.remove(task)
+            else:
+                self.shared_queue.remove(task)
 
     def totals(self) -> tuple[int, int, int]:
         """(hits, misses, loads) summed over workers."""

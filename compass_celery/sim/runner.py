@@ -6,6 +6,14 @@ recorded as pending work on their planned workers (``planner.pending``, as the r
 runtime does). When a task finishes, each successor whose inputs are all done is
 re-placed by ``planner.adjust.choose_successor``, the runtime's own decision, and sent.
 Results use the benchmark's JSON shape.
+
+Admission and shedding are the real submit's and worker's, through the same functions
+(``planner.admission``): a job whose template has an SLO is judged on its plan at
+arrival (refused: nothing is sent), each node of a job that sheds carries its latest
+start (deadline less its planned time to the job's end), a worker drops a node it would
+start later than that and the job's queued tasks are revoked, and a finishing node whose
+released successors could no longer meet the deadline sheds the job instead of sending
+them. Times are workload ms (time scale 1).
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ from typing import Any
 
 from ..planner import PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
+from ..planner.admission import Slo, job_finish_ms, job_wait_ms, judge, should_shed, tails_ms
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
@@ -56,6 +65,15 @@ class Job:
     pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # charged, not sent
     end: float | None = None
     failed: bool = False
+    # Its SLO (None: no deadline), when its answer is due (workload ms; None: never) and
+    # each node's planned time to the job's end (only when the job sheds).
+    slo: Slo | None = None
+    due: float | None = None
+    tails: dict[str, float] = field(default_factory=dict)
+    rejected: bool = False  # refused at arrival: nothing was sent (end = arrival)
+    shed: bool = False  # dropped once it could no longer meet its deadline (end = then)
+    late: bool = False  # admitted although predicted to miss its deadline
+    tasks: list[SimTask] = field(default_factory=list)  # sent, kept to revoke (sheds only)
     # Sums over finished tasks, workload ms: queued, load, hop, run; and the task count.
     parts: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
 
@@ -66,26 +84,38 @@ class Simulation:
     ``rate`` (jobs per second; default the workload's) sizes ``static-replicas``'
     assignment (``planner.static``), which is preloaded and pinned before the first job;
     ``assignment`` holds it (None under every other policy).
+
+    ``admission`` and ``max_queue_ms`` are the runtime's ``compass_admission`` and
+    ``compass_max_queue_ms``: off, a job predicted to miss its deadline is taken, marked
+    late (it still sheds once it falls behind, as on the real cluster). ``warm`` starts
+    every worker with the models ``static-replicas`` would give it resident (unpinned):
+    a cluster that has been serving, rather than one just started.
     """
 
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
                  workers: int | None = None, count_pending: bool = True,
                  refresh_ms: float = 0.0, hop_ms: float = 0.0,
                  move_factor: float = MOVE_FACTOR, demand: bool = True,
-                 rate: float | None = None) -> None:
+                 rate: float | None = None, admission: bool = True,
+                 max_queue_ms: float | None = None, warm: bool = False) -> None:
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.assignment: ReplicaAssignment | None = None
-        if policy == STATIC:
+        replicas: ReplicaAssignment | None = None
+        if policy == STATIC or warm:
             wanted = expected_demand(workload.dags, workload.mix,
                                      workload.arrivals.rate_per_s if rate is None else rate)
-            self.assignment = assign_replicas(wanted, workload.models,
-                                              {s.name: s.gpu_mem_mb for s in specs})
-            self.policy: Policy = StaticReplicaPolicy(self.assignment, count_pending)
+            replicas = assign_replicas(wanted, workload.models,
+                                       {s.name: s.gpu_mem_mb for s in specs})
+        if policy == STATIC and replicas is not None:
+            self.assignment = replicas
+            self.policy: Policy = StaticReplicaPolicy(replicas, count_pending)
         else:
             opts = {"count_pending": count_pending} if policy == "compass" else {}
             self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
+        self.admission, self.max_queue_ms = admission, max_queue_ms
+        self.slos = {name: workload.slo(name) for name in workload.dags}
         self.move_factor = move_factor
         self.workload, self.stream = workload, stream
         self.engine = Engine()
@@ -95,9 +125,12 @@ class Simulation:
         self.cluster = SimCluster(specs, self.engine, workload.models,
                                   shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
+                                  on_shed=self._dropped,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
+        elif replicas is not None:
+            self.cluster.warm(replicas.by_worker())
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
@@ -127,6 +160,8 @@ class Simulation:
             return
         finally:
             self.plan_ns.append(time.perf_counter_ns() - started)
+        if not self._admit(job, plan.placements):
+            return
         preds = self.preds[dag.name]
         for node, placement in plan.placements.items():
             job.planned[node] = placement.worker
@@ -138,6 +173,25 @@ class Simulation:
             if not preds[node]:
                 self._send(job, node, job.planned[node])
 
+    def _admit(self, job: Job, placements: dict[str, Any]) -> bool:
+        """Judge the job's plan as the real submit does (``planner.admission.judge`` on
+        its predicted finish and wait); a refused job ends at arrival with nothing sent.
+        A taken job with a deadline gets its due time and, when it sheds, its tails."""
+        slo = job.slo = self.slos[job.dag.name]
+        if slo is None and self.max_queue_ms is None:
+            return True  # judge would take it, unmarked: skip the two passes over the plan
+        verdict = judge(slo, job_finish_ms(placements), job_wait_ms(placements),
+                        max_queue_ms=self.max_queue_ms, admission=self.admission)
+        if not verdict.admitted:
+            job.rejected, job.end = True, job.arrival
+            return False
+        job.late = verdict.late
+        if slo is not None and slo.deadline_ms is not None:
+            job.due = job.arrival + slo.deadline_ms
+            if slo.sheds:
+                job.tails = tails_ms(placements)
+        return True
+
     def _send(self, job: Job, node: str, target: str) -> None:
         spec = job.dag.nodes[node]
         preds = self.preds[job.dag.name][node]
@@ -145,7 +199,12 @@ class Simulation:
         if charged is not None:
             self.cluster.by_name[charged[0]].add_pending(-charged[1])
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
-        self.cluster.send(SimTask(job, node, spec.model, spec.exec_ms, inputs), target)
+        task = SimTask(job, node, spec.model, spec.exec_ms, inputs)
+        tail = job.tails.get(node)
+        if tail is not None and job.due is not None:
+            task.due_s, task.tail_ms = job.due / MS_PER_S, tail
+            job.tasks.append(task)
+        self.cluster.send(task, target)
 
     def _done(self, task: SimTask, worker: SimWorker) -> None:
         job, now = task.job, self.engine.now
@@ -158,14 +217,23 @@ class Simulation:
         parts[2] += worker.hop_ms
         parts[3] += task.expected_ms
         parts[4] += 1
+        if job.failed or job.shed:
+            return
         if len(job.finish) == len(job.dag.nodes):
             job.end = now
-        if job.failed:
-            return
+        released = []
         for succ in self.succs[job.dag.name][task.node]:
             job.waiting[succ] -= 1
             if job.waiting[succ] == 0:
-                self._send(job, succ, self._target(job, succ))
+                released.append(succ)
+        if job.due is not None and any(
+                s in job.tails and should_shed(now / MS_PER_S, job.due / MS_PER_S, job.tails[s])
+                for s in released):
+            self.cluster.withheld += len(released)
+            self._shed(job)  # the runtime's _too_late: fail the job instead of sending
+            return
+        for succ in released:
+            self._send(job, succ, self._target(job, succ))
 
     def _target(self, job: Job, node: str) -> str:
         """The worker a released successor goes to: the runtime's adjustment decision."""
@@ -187,12 +255,28 @@ class Simulation:
     def _failed(self, task: SimTask, worker: SimWorker) -> None:
         task.job.failed = True
 
+    def _dropped(self, task: SimTask, worker: SimWorker) -> None:
+        """A worker dropped a task past its latest start: its job is shed."""
+        self._shed(task.job)
+
+    def _shed(self, job: Job) -> None:
+        """Fail a job that can no longer meet its deadline: its queued tasks are revoked
+        unrun and its planned-not-sent work given back (started ones run out)."""
+        if job.shed or job.failed:
+            return
+        job.shed, job.end = True, self.engine.now
+        for worker, ms in job.pending.values():
+            self.cluster.by_name[worker].add_pending(-ms)
+        job.pending.clear()
+        self.cluster.revoke(job.tasks)
+
 
 def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
              rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
              warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
              move_factor: float = MOVE_FACTOR, details: bool = False,
-             demand: bool = True) -> dict[str, Any]:
+             demand: bool = True, admission: bool = True,
+             max_queue_ms: float | None = None, warm: bool = False) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
@@ -202,6 +286,11 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
     ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
     producer that tracks the jobs it submits would; off, compass plans without it.
+    ``admission`` and ``max_queue_ms`` judge each job at arrival as the runtime's
+    settings of those names do (jobs whose template has an SLO, or every job under a
+    queue bound); the record's ``slo`` section then gives rejected, shed, late,
+    attainment and goodput per class, and ``tasks`` what ran and what was dropped unrun.
+    ``warm`` starts every worker with models resident (see :class:`Simulation`).
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
     per policy. ``static-replicas`` (simulator only, ``planner.static``) also reports its
     ``assignment`` (model -> workers), ``replica_targets`` and ``replicas_missing``.
@@ -212,7 +301,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
         started = time.perf_counter()
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
-                         demand=demand, rate=rate)
+                         demand=demand, rate=rate, admission=admission,
+                         max_queue_ms=max_queue_ms, warm=warm)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if sim.assignment is not None:
@@ -227,11 +317,14 @@ def compare_count_pending(workload: Workload, *, workers: int | None = None,
                           rate: float | None = None, jobs: int | None = None,
                           warmup_frac: float = 0.1, refresh_ms: float = 0.0,
                           hop_ms: float = 0.0, move_factor: float = MOVE_FACTOR,
-                          demand: bool = True) -> dict[str, Any]:
+                          demand: bool = True, admission: bool = True,
+                          max_queue_ms: float | None = None, warm: bool = False
+                          ) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
     kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
           "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor,
-          "demand": demand}
+          "demand": demand, "admission": admission, "max_queue_ms": max_queue_ms,
+          "warm": warm}
     on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
     off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
     return {"workload": workload.name, "count_pending": {"on": on, "off": off}}

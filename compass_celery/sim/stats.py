@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..bench.stats import JobOutcome, policy_result
+from ..tables import text_table
 from .cluster import SimCluster
 
 BREAKDOWN_KEYS = ("queued_ms", "load_ms", "hop_ms", "run_ms")
@@ -17,14 +18,30 @@ def summarize(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float,
               plan_ns: Sequence[int] = ()) -> dict[str, Any]:
     """The same record as the real benchmark's, through the same function, plus the
     per-task breakdown (same keys as the benchmark's, and the modelled hop) and
-    ``plan_ms``, the wall time of each policy's plan call."""
-    outcomes = [JobOutcome(j.index, j.dag.name, j.arrival, j.end, j.failed) for j in jobs]
+    ``plan_ms``, the wall time of each policy's plan call. Jobs carry their SLO outcome
+    (rejected, shed, late) so the record has the benchmark's ``slo`` section; ``tasks``
+    counts tasks started and those never run: dropped at their latest start, revoked
+    with their shed job, or withheld (released too late), when admission had anything
+    to judge."""
+    outcomes = [outcome(j) for j in jobs]
     hits, misses, loads = cluster.totals()
     result = policy_result(outcomes, warmup_frac, hits, misses, loads)
+    if any(j.slo is not None or j.rejected for j in jobs):  # else the record is as before
+        result["tasks"] = {"run": cluster.started, "dropped": cluster.dropped,
+                           "revoked": cluster.revoked, "withheld": cluster.withheld}
     result.update(load_fraction(jobs, cluster, warmup_frac))
     result["breakdown_ms"] = breakdown(jobs, warmup_frac)
     result["plan_ms"] = plan_summary(plan_ns)
     return result
+
+
+def outcome(job: Any) -> JobOutcome:
+    """One simulated job as the benchmark's submitting process would record it."""
+    slo = job.slo
+    return JobOutcome(job.index, job.dag.name, job.arrival, job.end, job.failed,
+                      slo=slo.name if slo is not None else "",
+                      deadline_ms=slo.deadline_ms if slo is not None else None,
+                      rejected=job.rejected, shed=job.shed, late=job.late)
 
 
 def load_fraction(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float
@@ -41,8 +58,11 @@ def load_fraction(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float
     if not late:
         return {"loads_after_warmup": 0, "load_fraction": 0.0}
     loads = cluster.loads_since(min(j.arrival for j in late))
-    tasks = sum(len(j.dag.nodes) for j in late)
-    return {"loads_after_warmup": loads, "load_fraction": round(loads / tasks, 4)}
+    # a refused job sent nothing; a shed one, only what started before it was shed
+    tasks = sum(sum(t.start_at >= 0 for t in j.tasks) if j.shed else len(j.dag.nodes)
+                for j in late if not j.rejected)
+    return {"loads_after_warmup": loads,
+            "load_fraction": round(loads / tasks, 4) if tasks else 0.0}
 
 
 def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
@@ -56,7 +76,7 @@ def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
     skip = int(len(jobs) * warmup_frac)
     sums = [0.0] * 5
     for j in jobs:
-        if j.index < skip or j.failed or j.end is None:
+        if j.index < skip or j.failed or j.shed or j.rejected or j.end is None:
             continue
         for k in range(5):
             sums[k] += j.parts[k]
@@ -70,3 +90,30 @@ def plan_summary(plan_ns: Sequence[int]) -> dict[str, float]:
         return {"p50": 0.0, "p99": 0.0}
     p50, p99 = np.percentile(np.asarray(plan_ns, dtype=float) / 1e6, [50, 99])
     return {"p50": round(float(p50), 4), "p99": round(float(p99), 4)}
+
+
+#: The benchmark's SLO columns (``bench.slo.slo_table``), then what the simulator also
+#: knows: tasks started, and tasks never run (dropped, revoked or withheld).
+SLO_HEADER = ["policy", "slo", "jobs", "admitted", "rejected", "shed", "late", "attain",
+              "adm attain", "goodput/s", "mean ms", "p99", "reject p99", "tasks run",
+              "not run"]
+
+
+def slo_table(result: dict[str, Any]) -> str:
+    """Per policy and SLO class: what admission and shedding did and what met its
+    deadline (the record's ``slo`` section), in the benchmark's columns so the two read
+    side by side; '' when no job had an SLO."""
+    rows = []
+    for name, r in result["policies"].items():
+        tasks = r.get("tasks")
+        ran = tasks["run"] if tasks else "-"
+        unrun = sum(tasks[k] for k in ("dropped", "revoked", "withheld")) if tasks else "-"
+        for cls, c in (r.get("slo") or {}).items():
+            if cls == "all" and len(r["slo"]) == 2:
+                continue  # one class: its row says it all
+            rows.append([name, cls, c["jobs"], c["admitted"], c["rejected"], c["shed"],
+                         c["late"], f"{c['attainment']:.3f}",
+                         f"{c['admitted_attainment']:.3f}", f"{c['goodput_jobs_per_s']:.2f}",
+                         f"{c['latency_ms']['mean']:.1f}", f"{c['latency_ms']['p99']:.1f}",
+                         f"{c['rejection_ms']['p99']:.2f}", ran, unrun])
+    return text_table([[str(x) for x in row] for row in rows], SLO_HEADER) if rows else ""

@@ -147,7 +147,9 @@ def test_count_pending_comparison_runs_both(edge):
 def test_repo_workloads_simulate_without_loss(path):
     w = load_workload(path)
     r = simulate(w, ["compass", "celery-default"], jobs=120)["policies"]
-    assert all(v["lost"] == v["failed"] == 0 and v["completed"] == 120 for v in r.values())
+    # lost counts neither refusals nor sheds: a workload with SLOs may refuse some jobs
+    assert all(v["lost"] == v["failed"] == 0 and (v["completed"] == 120 or w.dag_slo)
+               for v in r.values())
 
 
 def test_thousand_workers_quickly(edge):
