@@ -41,11 +41,12 @@ def slo_of_call(c: CompassContext, call: Mapping[str, Any]) -> Slo | None:
 
 
 def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
-          wait_ms: float) -> Verdict:
+          wait_ms: float, load_ms: float = 0.0) -> Verdict:
     """Judge a plan; a refusal raises :class:`Rejected` (nothing was written or sent)."""
     cfg = c.settings
     verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg["max_queue_ms"],
-                    admission=cfg["admission"])
+                    admission=cfg["admission"], load_ms=load_ms,
+                    headroom=cfg["admission_headroom"])
     admission_decided.send(sender=c, what=what, slo=slo, verdict=verdict)
     if not verdict.admitted:
         raise Rejected(what, verdict.reason,

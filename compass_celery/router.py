@@ -131,12 +131,12 @@ class CompassRouter:
         can still meet it (the message's ``expires``)."""
         c = self.compass
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms)
+                        decision.wait_ms, decision.load_ms)
         if slo is None:
             return decision
         due = due_at(c, slo)
         expires = 0.0
-        if due and slo.sheds:
+        if due and slo.sheds and verdict.sheds:
             tail = max(0.0, decision.est_finish_ms - decision.wait_ms)
             expires = latest_start(due, tail, c.settings["time_scale"])
         return replace(decision, slo=slo.name, due=due, expires_at=expires,

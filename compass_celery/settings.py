@@ -20,7 +20,7 @@ from typing import Any
 
 from .errors import CompassInputError
 from .planner.adjust import DEFAULT_MOVE_FACTOR
-from .planner.admission import SloError, slo_class
+from .planner.admission import DEFAULT_HEADROOM, SloError, slo_class
 from .planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S, DEFAULT_NET_MB_PER_S
 from .state.urls import masked
 
@@ -132,6 +132,10 @@ OPTIONS: dict[str, Option] = {
                           "deadline, priority 0}"),
     "admission": Option(True, bool, "refuse at submission a job the plan says will miss its "
                         "deadline (off: take it and mark it late)"),
+    "admission_headroom": Option(DEFAULT_HEADROOM, (int, float), "share of a deadline "
+                                 "admission keeps in reserve for the plan's error: a job is "
+                                 "taken when predicted to finish within (1 - this) x its "
+                                 "deadline", "", 0.0),
     "max_queue_ms": Option(None, (int, float, type(None)), "refuse a job or task whose "
                            "best worker has more than this much work queued ahead of it "
                            "(a queue bound in time, not messages; None: unbounded)", "ms",
@@ -169,6 +173,9 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(level, int) or isinstance(level, bool) or not 0 <= level <= 9:
             raise SettingsError(f"compass_priority_classes[{cls!r}] must be a level 0..9 "
                                 f"(9 most urgent), got {level!r}")
+    if not out["admission_headroom"] < 1:
+        raise SettingsError("compass_admission_headroom must be below 1 (a share of the "
+                            f"deadline), got {out['admission_headroom']!r}")
     for cls, body in out["slo_classes"].items():
         try:
             slo_class(cls, body)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..admission import admit, due_at
 from ..needs import learned_loads, profile_key
 from ..placement import Decision
-from ..planner.admission import Slo, job_finish_ms, job_wait_ms, tails_ms
+from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
@@ -91,8 +91,9 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
     spec = _learned(c, spec, nodes)
     plan = _plan(c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0))
-    verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan))
-    _stamp_deadline(c, nodes, plan, slo)
+    verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
+                    job_load_ms(plan))
+    _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
     _record(job, spec, plan, pending, timeout, verdict.late)
@@ -108,14 +109,14 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
 
 
 def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
-                    plan: dict[str, Placement], slo: Slo | None) -> None:
+                    plan: dict[str, Placement], slo: Slo | None, sheds: bool = True) -> None:
     """Give each node its job's SLO class and due time and, when the job sheds, its
     planned time to the job's end: what its worker needs to drop it unrun once it can no
     longer meet the deadline, and to say whether the job met it."""
     due = due_at(c, slo)
     if not due or slo is None:
         return
-    tails = tails_ms(plan) if slo.sheds else {}
+    tails = tails_ms(plan) if slo.sheds and sheds else {}
     for name, node in nodes.items():
         node["slo"], node["due"] = slo.name, due
         if name in tails:

@@ -35,6 +35,14 @@ DEFAULT_SLO_CLASSES: dict[str, dict[str, Any]] = {
 }
 
 
+#: The share of a deadline admission keeps in reserve: a job is taken when its plan
+#: finishes within ``(1 - headroom) x deadline``. A plan is a prediction, and it is
+#: hopeful under overload (a successor is queued only when its inputs are ready, behind
+#: the first tasks of jobs that came later; each task pays a hop the plan does not
+#: count); the headroom absorbs that error, so what is admitted meets its deadline.
+DEFAULT_HEADROOM = 0.2
+
+
 class SloError(ValueError):
     """An SLO class or deadline that makes no sense; the message names it."""
 
@@ -125,18 +133,33 @@ class Verdict:
     #: How long until the capacity it lacks frees up (the backlog drains by ``miss_ms``).
     retry_after_ms: float = 0.0
     reason: str = ""
-    #: Why it was refused (or marked late): ``deadline`` or ``queue_full``; '' when on time.
+    #: Why it was refused or marked late: ``deadline``, ``queue_full`` or ``cold`` (late
+    #: only because it loads models: run to the end, never shed); '' when on time.
     kind: str = ""
+
+    @property
+    def sheds(self) -> bool:
+        """Whether the admitted job may be dropped once it falls behind (a cold one is
+        taken to load its models, so it runs to the end)."""
+        return self.admitted and self.kind != "cold"
 
 
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
-          max_queue_ms: float | None = None, admission: bool = True) -> Verdict:
+          max_queue_ms: float | None = None, admission: bool = True,
+          load_ms: float = 0.0, headroom: float = 0.0) -> Verdict:
     """Admit, admit late, or reject a job whose plan finishes at ``predicted_ms`` (from
     now; NaN when it could not be planned) and starts after ``wait_ms`` of queued work.
 
     A queue bound (``max_queue_ms``, seconds of work ahead rather than messages) applies
     to every job; a deadline, only to jobs that have one. A job the plan cannot predict
-    (no live worker) is admitted: nothing says it will miss."""
+    (no live worker) is admitted: nothing says it will miss. ``headroom`` (a share of
+    the deadline, see :data:`DEFAULT_HEADROOM`) is kept in reserve: the plan must finish
+    within ``(1 - headroom) x deadline``.
+
+    A job that misses only because its plan loads models (``load_ms``, the loads it
+    plans) is taken late (``kind='cold'``) and run to the end, not refused: refusing it
+    would leave the model unloaded, and every later job needing it refused too, for
+    good, whenever the deadline is shorter than the load."""
     deadline = slo.deadline_ms if slo is not None else None
     if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
         return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
@@ -145,14 +168,21 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
                               f"bound of {max_queue_ms:.0f} ms")
     if deadline is None or math.isnan(predicted_ms):
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
-    miss = predicted_ms - deadline
+    target = deadline * (1.0 - headroom)
+    miss = predicted_ms - target
     if miss <= 0:
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
     why = (f"predicted to finish in {predicted_ms:.0f} ms, {miss:.0f} ms past its "
-           f"{deadline:.0f} ms deadline")
+           f"{deadline:.0f} ms deadline" + (f" less {headroom:.0%} headroom" if headroom
+                                            else ""))
     if not admission or slo is None or slo.on_miss == LATE:
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
                        miss_ms=miss, reason=why, kind="deadline")
+    if load_ms > 0 and predicted_ms - load_ms <= target:
+        return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
+                       miss_ms=miss, kind="cold",
+                       reason=why + f", only because it loads {load_ms:.0f} ms of models: "
+                                    "taken late, so that they load")
     return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
                    retry_after_ms=miss, reason=why, kind="deadline")
 
@@ -163,6 +193,12 @@ def job_finish_ms(plan: Mapping[str, Placement]) -> float:
     if not plan or any(p.worker == SHARED for p in plan.values()):
         return math.nan
     return max(p.finish_ms for p in plan.values())
+
+
+def job_load_ms(plan: Mapping[str, Placement]) -> float:
+    """The model loads a planned job makes (their sum: an upper bound on what they add
+    to its finish)."""
+    return sum(p.load_ms for p in plan.values())
 
 
 def job_wait_ms(plan: Mapping[str, Placement]) -> float:

@@ -26,7 +26,16 @@ from typing import Any
 
 from ..planner import PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
-from ..planner.admission import Slo, job_finish_ms, job_wait_ms, judge, should_shed, tails_ms
+from ..planner.admission import (
+    DEFAULT_HEADROOM,
+    Slo,
+    job_finish_ms,
+    job_load_ms,
+    job_wait_ms,
+    judge,
+    should_shed,
+    tails_ms,
+)
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
@@ -85,11 +94,12 @@ class Simulation:
     assignment (``planner.static``), which is preloaded and pinned before the first job;
     ``assignment`` holds it (None under every other policy).
 
-    ``admission`` and ``max_queue_ms`` are the runtime's ``compass_admission`` and
-    ``compass_max_queue_ms``: off, a job predicted to miss its deadline is taken, marked
-    late (it still sheds once it falls behind, as on the real cluster). ``warm`` starts
-    every worker with the models ``static-replicas`` would give it resident (unpinned):
-    a cluster that has been serving, rather than one just started.
+    ``admission``, ``max_queue_ms`` and ``headroom`` are the runtime's
+    ``compass_admission``, ``compass_max_queue_ms`` and ``compass_admission_headroom``:
+    with admission off, a job predicted to miss its deadline is taken, marked late (it
+    still sheds once it falls behind, as on the real cluster). ``warm`` starts every
+    worker with the models ``static-replicas`` would give it resident (unpinned): a
+    cluster that has been serving, rather than one just started.
     """
 
     def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
@@ -97,7 +107,8 @@ class Simulation:
                  refresh_ms: float = 0.0, hop_ms: float = 0.0,
                  move_factor: float = MOVE_FACTOR, demand: bool = True,
                  rate: float | None = None, admission: bool = True,
-                 max_queue_ms: float | None = None, warm: bool = False) -> None:
+                 max_queue_ms: float | None = None, warm: bool = False,
+                 headroom: float = DEFAULT_HEADROOM) -> None:
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.assignment: ReplicaAssignment | None = None
@@ -115,6 +126,7 @@ class Simulation:
             self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
         self.admission, self.max_queue_ms = admission, max_queue_ms
+        self.headroom = headroom
         self.slos = {name: workload.slo(name) for name in workload.dags}
         self.move_factor = move_factor
         self.workload, self.stream = workload, stream
@@ -181,14 +193,15 @@ class Simulation:
         if slo is None and self.max_queue_ms is None:
             return True  # judge would take it, unmarked: skip the two passes over the plan
         verdict = judge(slo, job_finish_ms(placements), job_wait_ms(placements),
-                        max_queue_ms=self.max_queue_ms, admission=self.admission)
+                        max_queue_ms=self.max_queue_ms, admission=self.admission,
+                        load_ms=job_load_ms(placements), headroom=self.headroom)
         if not verdict.admitted:
             job.rejected, job.end = True, job.arrival
             return False
         job.late = verdict.late
         if slo is not None and slo.deadline_ms is not None:
             job.due = job.arrival + slo.deadline_ms
-            if slo.sheds:
+            if slo.sheds and verdict.sheds:
                 job.tails = tails_ms(placements)
         return True
 

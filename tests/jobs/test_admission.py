@@ -135,12 +135,13 @@ def test_a_queued_task_past_its_latest_start_is_dropped_unrun(one):
 
 def test_degrade_runs_the_cheaper_alternative(one):
     app = one
-    _busy(app, 1.0)
+    _busy(app, 0.5)
     cheap = Dag(app, "cheap")
     cheap.node("only", app.tasks["emulated.infer"].s(M, 20.0, 0), model=M, exec_ms=20.0)
-    # the full job (400 + 50 ms) cannot make 1,200 ms behind a second of work; the cheap one can
-    full = _chain(app, "full", 400.0, 400.0)
-    job = full.apply_async(deadline_ms=1200, on_miss="degrade", alternative=cheap)
+    # the full job (600 + 50 ms) cannot finish within 800 ms less the 20% headroom, behind
+    # what is left of half a second of work; the cheap one (20 ms) can
+    full = _chain(app, "full", 600.0, 600.0)
+    job = full.apply_async(deadline_ms=800, on_miss="degrade", alternative=cheap)
     assert set(job.get(timeout=30)) == {"only"}
 
 
@@ -153,3 +154,21 @@ def test_a_queue_bound_in_time_refuses_work_without_a_deadline(compass_redis_url
             _chain(app, "batch", 50.0, 50.0).apply_async()
     finally:
         app.compass.close()
+
+
+def test_a_deadline_shorter_than_a_load_does_not_lock_the_model_out(one):
+    """The first job needing a model nobody holds misses only because of the load: it is
+    taken (late) and loads the model, so the next one is admitted on time."""
+    app = one
+    dag = Dag(app, "cold")
+    # translator: 300 MB at 1,500 MB/s, a 200 ms load against a 150 ms deadline
+    dag.node("t", app.tasks["emulated.infer"].s("translator", 20.0, 0), model="translator",
+             exec_ms=20.0)
+    first = dag.apply_async(deadline_ms=150)
+    assert app.log.hget(f"compass:job:{{{first.id}}}", "late") == b"1"
+    assert set(first.get(timeout=20)) == {"t"}
+    wait_until(lambda: "translator" in app.compass.store.snapshot(time.time(), 3.0)
+               .workers[0].resident, 10, "the translator to show as resident")
+    second = dag.apply_async(deadline_ms=150)
+    assert app.log.hget(f"compass:job:{{{second.id}}}", "late") == b"0"
+    assert set(second.get(timeout=20)) == {"t"}

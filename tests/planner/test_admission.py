@@ -90,3 +90,22 @@ def test_tails_and_latest_starts_follow_the_plan():
     assert not should_shed(999.9, None, 150.0)
     # a plan on the shared queue predicts nothing
     assert math.isnan(job_finish_ms({"a": _p(SHARED, 0.0, 0.0)})) and tails_ms({}) == {}
+
+
+def test_a_miss_caused_only_by_model_loads_is_taken_late_and_not_shed():
+    """A deadline shorter than a load must not refuse every job needing the model for
+    good: the job that would load it is taken (late) and run to the end."""
+    cold = judge(STRICT, 700.0, 0.0, load_ms=633.0)
+    assert cold.admitted and cold.late and cold.kind == "cold" and not cold.sheds
+    assert "taken late, so that they load" in cold.reason
+    # a miss from queued work is still refused, loads or not
+    busy = judge(STRICT, 1400.0, 700.0, load_ms=633.0)
+    assert not busy.admitted and busy.kind == "deadline"
+    assert judge(STRICT, 300.0).sheds  # on time: it may be shed if it falls behind
+
+
+def test_headroom_keeps_a_share_of_the_deadline_for_the_plans_error():
+    assert judge(STRICT, 350.0).admitted
+    tight = judge(STRICT, 350.0, headroom=0.2)  # must finish within 320 ms
+    assert not tight.admitted and tight.miss_ms == pytest.approx(30.0)
+    assert "less 20% headroom" in tight.reason

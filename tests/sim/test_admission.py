@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from compass_celery.planner import admission
+from compass_celery.planner.admission import DEFAULT_HEADROOM
 from compass_celery.planner.types import SHARED
 from compass_celery.sim import Simulation, simulate
 from compass_celery.sim import cluster as sim_cluster
@@ -246,7 +247,9 @@ def test_judge_gets_the_plans_finish_and_wait(monkeypatch):
     slo, predicted, wait, kw = calls[0]
     assert slo == w.slo("one") and slo.deadline_ms == 300.0
     assert predicted == pytest.approx(100.0 + 30.0)  # cold: the 150 MB load, then the run
-    assert wait == 0.0 and kw == {"max_queue_ms": 5000.0, "admission": False}
+    assert wait == 0.0 and kw == {"max_queue_ms": 5000.0, "admission": False,
+                                  "load_ms": pytest.approx(100.0),
+                                  "headroom": DEFAULT_HEADROOM}
 
 
 def test_cli_admission_flags_and_table(tmp_path, capsys):
