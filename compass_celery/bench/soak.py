@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -260,10 +260,12 @@ class Counts:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, what: str) -> None:
+        """Count one more job of outcome ``what`` (a field name)."""
         with self.lock:
             setattr(self, what, getattr(self, what) + 1)
 
     def snapshot(self) -> dict[str, int]:
+        """The counts, plus how many jobs ended and how many are still in flight."""
         with self.lock:
             d = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "lock"}
         ended = sum(d[k] for k in ("ok", "failed", "failed_unexpected", "shed", "lost",
@@ -363,37 +365,75 @@ class SoakOptions:
     wait_s: float = 120.0
 
 
-def run(opts: SoakOptions) -> dict[str, Any]:
-    """One soak; the samples, the counts and the verdict as JSON-ready data."""
+def _cluster(stack: contextlib.ExitStack, opts: SoakOptions) -> tuple[Any, list[Any], Any,
+                                                                      Any, str]:
+    """A private Redis (with an AOF: a restart keeps the jobs), the workers and the
+    producer app, all stopped with ``stack``; -> (server, workers, app, client, log dir)."""
     import redis
 
     from ..emulated import make_app
-    from ..errors import Rejected
     from ..local import RedisServer, WorkerProcess, wait_until
 
+    server = stack.enter_context(RedisServer(args=["--appendonly", "yes"]))
+    env = {"COMPASS_BROKER_URL": server.url, "COMPASS_REDIS_URL": server.url,
+           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", TTL_ENV: str(opts.job_ttl_s)}
+    logs = tempfile.mkdtemp(prefix="compass-soak-")
+    procs = [WorkerProcess(WORKER_APP, f"s{i}@soak", GPU, env=env,
+                           log_path=os.path.join(logs, f"s{i}.log")).start()
+             for i in range(opts.workers)]
+    for p in procs:
+        stack.callback(p.stop)
+    app = make_app(server.url, state_url=server.url, compass_snapshot_ttl_s=0.0,
+                   compass_job_ttl_s=opts.job_ttl_s, compass_job_timeout_s=60)
+    stack.callback(app.compass.close)
+    wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers)
+               == opts.workers, 90, f"{opts.workers} workers (logs in {logs})")
+    client = redis.Redis.from_url(server.url, socket_timeout=5)
+    stack.callback(client.close)
+    return server, procs, app, client, logs
+
+
+def _submit_stream(app: Any, opts: SoakOptions, counts: Counts, todo: queue.Queue[Any],
+                   t0: float, restart: Callable[[], None]) -> threading.Thread | None:
+    """Submit the job stream at ``opts.rate`` for ``opts.minutes``, handing each job to
+    the waiters; restart Redis (on a thread) when due; -> the restarting thread."""
+    from ..errors import Rejected
+
+    restarter = None
+    i, next_at = 0, t0
+    while (now := time.monotonic()) - t0 < opts.minutes * 60:
+        if (restarter is None and opts.restart_redis_at_s is not None
+                and now - t0 >= opts.restart_redis_at_s):
+            restarter = threading.Thread(target=restart, daemon=True)
+            restarter.start()
+        if now < next_at:
+            time.sleep(min(next_at - now, 0.2))
+            continue
+        next_at = max(next_at + 1 / opts.rate, now - 1.0)  # no burst after a stall
+        kind = job_kind(i)
+        dag, deadline = build(app, i, kind)
+        counts.add("submitted")
+        i += 1
+        try:
+            todo.put((kind, dag.apply_async(deadline_ms=deadline)))
+        except Rejected:
+            counts.add("rejected")
+        except Exception as exc:  # Redis restarting for longer than submit_retry_s
+            counts.add("submit_errors")
+            if counts.submit_errors <= 3:
+                print(f"soak: submission failed: {exc!r}"[:300], file=sys.stderr)
+    return restarter
+
+
+def run(opts: SoakOptions) -> dict[str, Any]:
+    """One soak; the samples, the counts and the verdict as JSON-ready data."""
     counts = Counts()
     samples: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
     with contextlib.ExitStack() as stack:
-        server = stack.enter_context(RedisServer(args=["--appendonly", "yes"]))
-        env = {"COMPASS_BROKER_URL": server.url, "COMPASS_REDIS_URL": server.url,
-               "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", TTL_ENV: str(opts.job_ttl_s)}
-        logs = tempfile.mkdtemp(prefix="compass-soak-")
-        procs = [WorkerProcess(WORKER_APP, f"s{i}@soak", GPU, env=env,
-                               log_path=os.path.join(logs, f"s{i}.log")).start()
-                 for i in range(opts.workers)]
-        for p in procs:
-            stack.callback(p.stop)
-        app = make_app(server.url, state_url=server.url, compass_snapshot_ttl_s=0.0,
-                       compass_job_ttl_s=opts.job_ttl_s, compass_job_timeout_s=60)
-        stack.callback(app.compass.close)
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers)
-                   == opts.workers, 90, f"{opts.workers} workers (logs in {logs})")
-        client = redis.Redis.from_url(server.url, socket_timeout=5)
-        stack.callback(client.close)
+        server, procs, app, client, logs = _cluster(stack, opts)
         time.sleep(1.0)
         base = _sample(client, 0.0, "base", procs, counts)
-
         todo: queue.Queue[Any] = queue.Queue()
         waiters = [threading.Thread(target=_wait_jobs, args=(todo, counts, opts.wait_s),
                                     daemon=True) for _ in range(4)]
@@ -403,7 +443,6 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         t0 = time.monotonic()
         run_s = opts.minutes * 60
         fill = fill_s(opts.job_ttl_s, app.compass.settings["submit_retry_s"])
-        drain_s = fill + 10 if opts.drain_s is None else opts.drain_s
 
         def sampler() -> None:
             k = 1
@@ -421,32 +460,11 @@ def run(opts: SoakOptions) -> dict[str, Any]:
 
         sampling = threading.Thread(target=sampler, daemon=True)
         sampling.start()
-        restarter = None
-        i, next_at = 0, t0
-        while (now := time.monotonic()) - t0 < run_s:
-            if (restarter is None and opts.restart_redis_at_s is not None
-                    and now - t0 >= opts.restart_redis_at_s):
-                restarter = threading.Thread(target=restart, daemon=True)
-                restarter.start()
-            if now < next_at:
-                time.sleep(min(next_at - now, 0.2))
-                continue
-            next_at = max(next_at + 1 / opts.rate, now - 1.0)  # no burst after a stall
-            kind = job_kind(i)
-            dag, deadline = build(app, i, kind)
-            counts.add("submitted")
-            i += 1
-            try:
-                todo.put((kind, dag.apply_async(deadline_ms=deadline)))
-            except Rejected:
-                counts.add("rejected")
-            except Exception as exc:  # Redis restarting for longer than submit_retry_s
-                counts.add("submit_errors")
-                if counts.submit_errors <= 3:
-                    print(f"soak: submission failed: {exc!r}"[:300], file=sys.stderr)
+        restarter = _submit_stream(app, opts, counts, todo, t0, restart)
         for _ in waiters:
             todo.put(None)
-        time.sleep(drain_s)  # the sampler goes on: the level falls back as records expire
+        # the sampler goes on: the level falls back as records expire
+        time.sleep(fill + 10 if opts.drain_s is None else opts.drain_s)
         stop.set()
         sampling.join()
         for w in waiters:
