@@ -220,6 +220,14 @@ def _floats(text: str | None, what: str) -> list[float]:
               "pip install 'compass-celery[real]'), one torch thread each, with the "
               "workload's GPU memory as their memory budget; run times are learned, not "
               "declared, and the time scale is 1")
+@click.option("--admission", type=click.Choice(["on", "off"]), default="on", show_default=True,
+              help="refuse at submission a job its plan says will miss its SLO deadline "
+              "(off: take it, marked late; a job that falls behind is still shed). Jobs carry "
+              "the SLO classes of the workload's slo section; celery-default and "
+              "celery-expires never refuse (plain Celery has no admission)")
+@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=None,
+              help="share of a deadline admission keeps for the plan's error "
+              "(compass_admission_headroom; default: the app's)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
           plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
@@ -230,9 +238,13 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           rolling_restart_after: float | None, pause_redis_after: float | None,
           pause_redis_for: float | None, skew_clock_s: float | None,
           long_task_s: float | None, cache_policy: str | None, compare_sim: bool,
-          real: bool, quiet: bool) -> None:
-    """Run the real-cluster benchmark with the given faults; print and write the result."""
+          real: bool, admission: str, headroom: float | None, quiet: bool) -> None:
+    """Run the real-cluster benchmark with the given faults; print and write the result.
+    Besides the planner's policies, ``--policies`` takes celery-expires: plain Celery with
+    ``expires=`` at each job's deadline, what a Celery user would do about deadlines today."""
+    from .bench.options import VARIANTS
     from .bench.runner import POLICIES, BenchOptions
+    from .bench.slo import slo_table
     from .bench.suite import run_suite
 
     workload = _load(workload_path)
@@ -260,7 +272,9 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
         raise click.UsageError("--pause-redis-for needs --pause-redis-after")
     if real:
         time_scale = 1.0  # real compute runs at its own speed
-    opts = BenchOptions(real=real, policies=_policies(policies, POLICIES), rate=rate, jobs=n_jobs,
+    opts = BenchOptions(real=real, policies=_policies(policies, POLICIES, tuple(VARIANTS)),
+                        rate=rate, jobs=n_jobs, admission=admission == "on",
+                        headroom=headroom,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
                         broker_url=broker_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
@@ -280,6 +294,10 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     click.echo(result_table(result))
     click.echo("dup: executions beyond the first; stranded: messages left in a queue, "
                "staging list or unacked entry after the run")
+    slos = slo_table(result)
+    if slos:
+        click.echo(f"\nSLO outcomes (admission {admission}; after warm-up; goodput: jobs "
+                   f"that met their deadline per second):\n{slos}")
     if compare_sim and not sweep_rate:
         _compare_with_sim(result, workload, real, n_workers, rate, n_jobs, warmup_frac)
     _write_outputs(result, json_out, plot_out)

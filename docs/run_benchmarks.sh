@@ -189,8 +189,43 @@ for ts in 1.0 0.5; do
 done
 }
 
+slo() {
+# 15. serving an SLO under overload: edge-vision with every job in class interactive (400 ms
+# deadline), at the knee (16 jobs/s) and twice it, time scale 1.0, 350 jobs; compass and jsq
+# with admission on and off, and plain Celery with expires= at each job's deadline
+local rate adm policies
+for rate in 16 32; do
+  for adm in on off; do
+    policies=compass,jsq; [[ $adm == on ]] && policies=compass,jsq,celery-expires
+    run compass-celery bench --workload "$out/slo/edge-vision-slo.json" --rate "$rate" \
+        --jobs 350 --time-scale 1.0 --policies "$policies" --admission "$adm" --quiet \
+        --json "$out/slo/edge-vision-$rate-$adm.json" | tee "$out/slo/edge-vision-$rate-$adm.txt"
+  done
+done
+# compass alone again at twice the knee, and with more of the deadline kept as headroom
+local base=(compass-celery bench --workload "$out/slo/edge-vision-slo.json" --jobs 350
+            --time-scale 1.0 --policies compass --admission on --quiet)
+run "${base[@]}" --rate 32 --json "$out/slo/repeat-edge-vision-32-on.json" \
+    | tee "$out/slo/repeat-edge-vision-32-on.txt"
+for rate in 16 32; do
+  run "${base[@]}" --rate "$rate" --headroom 0.4 \
+      --json "$out/slo/headroom-0.4-edge-vision-$rate-on.json" \
+      | tee "$out/slo/headroom-0.4-edge-vision-$rate-on.txt"
+done
+run "${base[@]}" --rate 32 --headroom 0.4 \
+    --json "$out/slo/headroom-0.4-repeat-edge-vision-32-on.json" \
+    | tee "$out/slo/headroom-0.4-repeat-edge-vision-32-on.txt"
+run "${base[@]}" --rate 32 --headroom 0.3 --json "$out/slo/headroom-0.3-edge-vision-32-on.json" \
+    | tee "$out/slo/headroom-0.3-edge-vision-32-on.txt"
+# the bursty mixed workload: interactive and batch classes, bursts at about twice capacity
+run compass-celery bench --workload dags/bursty-mixed.json --time-scale 1.0 \
+    --policies compass,jsq,celery-expires --quiet --json "$out/slo/bursty-mixed.json" \
+    | tee "$out/slo/bursty-mixed.txt"
+python -m compass_celery.bench.slo "$out/slo" | tee "$out/slo/tables.md"
+}
+
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
 ((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress
-                                 real realsim)
+                                 real realsim slo)
 for section in "${sections[@]}"; do "$section"; done

@@ -8,6 +8,17 @@ from dataclasses import dataclass, field
 #: Every policy, in the order the benchmark runs and reports them.
 POLICIES = ["celery-default", "round-robin", "random", "jsq", "hash", "heft", "compass"]
 
+#: Baselines the benchmark runs under a planner policy of another name: what a Celery user
+#: would set up today. ``celery-expires`` is plain Celery (the shared queue) with Celery's
+#: own ``expires=`` on every message at the job's arrival plus its deadline, so a task not
+#: started by then is dropped unrun (and its job fails) instead of running late.
+VARIANTS = {"celery-expires": "celery-default"}
+
+
+def planner_policy(policy: str) -> str:
+    """The planner policy a benchmark policy (or variant) runs under."""
+    return VARIANTS.get(policy, policy)
+
 
 @dataclass
 class BenchOptions:
@@ -44,6 +55,12 @@ class BenchOptions:
     # Workers' eviction policy; None = LRU for celery-default (plain Celery), else lookahead.
     cache_policy: str | None = None
     # Real models (compass_celery.pretrained) instead of emulated GPUs, on this device.
+    # Admission at submission (compass_admission): off, a job predicted to miss its
+    # deadline is taken and marked late (and still shed once it falls behind).
+    admission: bool = True
+    # compass_admission_headroom (share of a deadline kept for the plan's error); None =
+    # the app's default.
+    headroom: float | None = None
     real: bool = False
     device: str = "cpu"
     progress: bool = True

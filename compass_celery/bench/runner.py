@@ -34,7 +34,8 @@ from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .faults import live_workers, schedule_faults
 from .kinds import EMULATED, REAL, WorkerKind
-from .options import POLICIES, BenchOptions
+from .options import POLICIES, BenchOptions, planner_policy
+from .slo import expiring_dag, read_records, submit
 from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
 from .terms import hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
@@ -124,8 +125,12 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
                        f"{len(workers)} {policy} workers")
         except TimeoutError:
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
-        dags = {name: Dag.from_spec(app, spec, task=kind.infer_task, step_task=kind.step_task,
-                                    declare_exec_ms=kind.declare_exec_ms)
+        dag_cls = Dag
+        if policy == "celery-expires":  # Celery's own expires= at arrival + deadline
+            dag_cls = expiring_dag(Dag, lambda t: getattr(workload.slo(t), "deadline_ms", None))
+        dags = {name: dag_cls.from_spec(app, spec, task=kind.infer_task,
+                                        step_task=kind.step_task,
+                                        declare_exec_ms=kind.declare_exec_ms)
                 for name, spec in workload.dags.items()}
         stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
         if opts.long_task_s is not None:  # first, so that it is warm-up for the latencies
@@ -139,7 +144,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         schedule_faults(opts, workers, restart, stack, server=server, app=app,
                          log_dir=log_dir, policy=policy, events=faults, t0=t0)
         sent = _send_stream(stream, dags, t0, clock, waiter, opts, policy, echo,
-                            lambda: _cache_counters(client, prefix)[2])
+                            lambda: _cache_counters(client, prefix)[2], workload)
         _wait_for_jobs(sent, waiter, clock, opts, policy, echo)
         time.sleep(opts.settle_s)  # the last acks land before anything counts as stranded
         stranded = stranded_messages(client, prefix, [w.name for w in workers])
@@ -149,6 +154,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     # counted once the workers stopped: nothing can run again behind the count's back
     result.update(_delivery_counts(ledger, client, prefix, stranded))
     result["faults"] = faults
+    result["admission"] = admission_on(opts, policy)
+    result["admission_headroom"] = app.compass.settings.get("admission_headroom")
     return result
 
 
@@ -165,15 +172,26 @@ def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_
     """The submitting side's Celery app, configured as the workers are."""
     amqp = is_amqp(broker)
     app = worker_kind(opts).app(broker, state_url=redis_url if amqp else None,
-                   compass_policy=policy, compass_key_prefix=prefix,
+                   compass_policy=planner_policy(policy), compass_key_prefix=prefix,
                    compass_shared_queue=f"{prefix}.shared",
                    compass_queue_prefix=f"{prefix}.w.", compass_time_scale=opts.time_scale,
                    compass_heartbeat_timeout_s=opts.heartbeat_timeout_s,
-                   compass_models=dict(workload.models), compass_job_timeout_s=3600)
+                   compass_models=dict(workload.models), compass_job_timeout_s=3600,
+                   compass_slo_classes=dict(workload.slo_classes),
+                   compass_admission=admission_on(opts, policy),
+                   **({} if opts.headroom is None
+                      else {"compass_admission_headroom": opts.headroom}))
     if amqp:  # a previous run's messages in this vhost would run or count as stranded
         for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
             app.compass.queues.delete(name)
     return app
+
+
+def admission_on(opts: BenchOptions, policy: str) -> bool:
+    """Whether jobs are judged at submission: as asked, except for the Celery baselines,
+    which stand for a Celery user who has no admission (their shared-queue plans predict
+    nothing to judge anyway)."""
+    return opts.admission and planner_policy(policy) != "celery-default"
 
 
 def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis_url: str,
@@ -181,10 +199,10 @@ def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis
     """The environment every worker process of this policy's cluster starts with."""
     return {"COMPASS_BROKER_URL": broker, "COMPASS_MODELS": json.dumps(workload.models),
             **({"COMPASS_REDIS_URL": redis_url} if is_amqp(broker) else {}),
-            "COMPASS_POLICY": policy, "COMPASS_KEY_PREFIX": prefix,
+            "COMPASS_POLICY": planner_policy(policy), "COMPASS_KEY_PREFIX": prefix,
             "COMPASS_SHARED_QUEUE": f"{prefix}.shared", "COMPASS_QUEUE_PREFIX": f"{prefix}.w.",
             "COMPASS_CACHE_POLICY": opts.cache_policy or (
-                "lru" if policy == "celery-default" else "lookahead"),
+                "lru" if planner_policy(policy) == "celery-default" else "lookahead"),
             "COMPASS_TIME_SCALE": str(opts.time_scale),
             "COMPASS_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
             "COMPASS_BENCH_LEDGER_URL": ledger_url or redis_url,
@@ -227,10 +245,12 @@ class _Sent:
 def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: float,
                  clock: Callable[[], float], waiter: _Waiter, opts: BenchOptions,
                  policy: str, echo: Callable[[str], Any],
-                 loads_now: Callable[[], int]) -> _Sent:
-    """Submit each job at its arrival time (open loop); a failed submission is a failed
-    job, never a lost one."""
+                 loads_now: Callable[[], int], workload: Workload | None = None) -> _Sent:
+    """Submit each job at its arrival time (open loop), with its template's SLO class; a
+    failed submission is a failed job, never a lost one, and one admission refused is
+    rejected, ended when the refusal came back."""
     sent = _Sent(int(len(stream) * opts.warmup_frac))
+    slos = {name: workload.slo(name) for name in dags} if workload is not None else {}
     for i, (at_ms, name) in enumerate(stream):
         delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
         if delay > 0:
@@ -240,10 +260,16 @@ def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: floa
         outcome = JobOutcome(i, name, clock())
         sent.outcomes.append(outcome)
         try:
-            handle = dags[name].apply_async()
+            # warm-up jobs carry no deadline: they load the models, as a service warms up
+            # before it takes traffic, so the deadlines scored are those of a warm cluster
+            handle = submit(dags[name], outcome, slos.get(name) if i >= sent.skip else None,
+                            clock)
         except Exception as exc:  # a failed submission is a failed job, never a lost one
             echo(f"  job {i} ({name}) failed at submission: {exc}")
             outcome.end_ms, outcome.failed = clock(), True
+            continue
+        if handle is None:  # refused by admission: nothing was written or sent
+            _progress(opts, policy, i + 1, len(stream), sent.outcomes)
             continue
         waiter.watch(handle.keys.done, outcome)
         sent.handles.append((outcome, handle))
@@ -270,6 +296,7 @@ def _wait_for_jobs(sent: _Sent, waiter: _Waiter, clock: Callable[[], float],
     if opts.progress and sys.stderr.isatty():
         sys.stderr.write("\n")
     gone += _settle_unfinished(sent.handles, clock, echo, quiet=True)
+    read_records(sent.handles)  # shed (DeadlineMissed) is not failed; late from the record
     if gone:
         echo(f"  {gone} job(s) failed: their records were lost from Redis (no persistence)")
 
@@ -279,14 +306,16 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
     """Latencies, cache counters, loads after warm-up and the per-task breakdown."""
     hits, misses, loads = counters
     result = policy_result(sent.outcomes, opts.warmup_frac, hits, misses, loads)
-    late_tasks = sum(len(workload.dags[n].nodes) if n in workload.dags else 1
-                     for _, n in stream[sent.skip:])
+    admitted = [o for o in sent.outcomes[sent.skip:] if not o.rejected]
+    late_tasks = sum(len(workload.dags[o.dag].nodes) if o.dag in workload.dags else 1
+                     for o in admitted)  # a refused job's tasks never ran
     result["loads_after_warmup"] = loads - sent.loads_at_warmup
     result["load_fraction"] = round((loads - sent.loads_at_warmup) / max(1, late_tasks), 4)
+    result["loads_per_job"] = round((loads - sent.loads_at_warmup) / max(1, len(admitted)), 4)
     result["breakdown_ms"] = _breakdown(sent.handles, opts.warmup_frac, len(stream))
     result.update(_predicted_vs_measured(sent, opts))
-    result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3) for o in sent.outcomes
-                              if o.end_ms is not None and not o.failed
+    result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3)  # type: ignore[operator]
+                              for o in sent.outcomes if o.completed
                               and o.index >= int(len(sent.outcomes) * opts.warmup_frac)]
     return result
 
@@ -372,7 +401,7 @@ def _breakdown(handles: list[tuple[JobOutcome, Any]], warmup_frac: float,
     n = 0
     skip = int(total * warmup_frac)
     for outcome, handle in handles:
-        if outcome.index < skip or outcome.failed or outcome.end_ms is None:
+        if outcome.index < skip or not outcome.completed:
             continue
         try:
             nodes = handle.placement()
@@ -393,7 +422,7 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
     jobs: list[tuple[float, float]] = []
     infos: list[dict[str, Any]] = []
     for outcome, handle in sent.handles:
-        if outcome.index < sent.skip or outcome.failed or outcome.end_ms is None:
+        if outcome.index < sent.skip or not outcome.completed:
             continue
         try:
             job = {k.decode(): v for k, v in handle.client.hgetall(handle.keys.job).items()}
