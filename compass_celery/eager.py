@@ -11,7 +11,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from .errors import SendFailed, SetupError
-from .needs import declared, resolve_needs
+from .needs import batch_options, check_batched_call, declared, resolve_needs
 from .placement import Decision, decide
 from .router import announce, charge_backlog
 from .state.urls import masked
@@ -37,12 +37,32 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
 
 
 class CompassTaskMixin:
-    """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, and turns an
-    unreachable broker or result store at send into one :class:`SendFailed`."""
+    """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, turns an
+    unreachable broker or result store at send into one :class:`SendFailed`, and runs a
+    batched task (``compass_batch``) over every input waiting for it on its worker."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the body; a batched task's body gets a list of inputs (a batch of one in
+        eager mode), and this call returns its own input's result."""
+        opts = batch_options(self)
+        if opts is None:
+            return super().__call__(*args, **kwargs)  # type: ignore[misc]
+        check_batched_call(self, args, kwargs)
+        from .worker.batch import call_batched, current_batcher
+
+        runner = current_batcher()
+        request = getattr(self, "request", None)
+        if runner is None or request is None or getattr(request, "is_eager", False):
+            ok, result = call_batched(self, [args[0]])[0]
+            if not ok:
+                raise result
+            return result
+        return runner.run(self, opts, args[0])
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Send as Celery does; a broker or result store that cannot be reached raises one
         :class:`SendFailed` naming it (password masked) and the cause."""
+        check_batched_call(self, args, kwargs)
         try:
             return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
         except (OperationalError, RedisConnectionError, RuntimeError) as exc:

@@ -66,6 +66,40 @@ def call_slo(call_options: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: call[k] for k in SLO_OPTIONS if k in call} if isinstance(call, Mapping) else {}
 
 
+@dataclass(frozen=True)
+class BatchOptions:
+    """A batched task's ``compass_batch``: how many inputs one run takes at most, and
+    how long a forming batch may wait for more (ms, workload time)."""
+
+    max_size: int
+    max_wait_ms: float = 0.0
+
+
+def batch_options(task: Any) -> BatchOptions | None:
+    """A task's ``compass_batch`` declaration, checked (None: not batched)."""
+    raw = getattr(task, "compass_batch", None) if task is not None else None
+    if raw is None:
+        return None
+    name = getattr(task, "name", "?")
+    if not isinstance(raw, Mapping) or set(raw) - {"max_size", "max_wait_ms"}:
+        raise TaskDeclarationError(f"task {name!r}: compass_batch must be a mapping with "
+                                   f"max_size and max_wait_ms, got {raw!r}")
+    size = raw.get("max_size")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise TaskDeclarationError(f"task {name!r}: compass_batch max_size must be an "
+                                   f"integer >= 1, got {size!r}")
+    return BatchOptions(size, _number(raw.get("max_wait_ms", 0.0), "compass_batch "
+                                      "max_wait_ms", name))
+
+
+def check_batched_call(task: Any, args: Any, kwargs: Any) -> None:
+    """A batched task is sent one input at a time: exactly one positional argument."""
+    if batch_options(task) is not None and (len(args or ()) != 1 or kwargs):
+        raise TaskDeclarationError(
+            f"task {task.name!r} is batched (compass_batch): send one input per call, as "
+            f"its only argument (task.delay(x)); got args={args!r} kwargs={kwargs!r}")
+
+
 def _number(value: Any, what: str, task: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise TaskDeclarationError(f"task {task!r}: {what} must be a finite number, "

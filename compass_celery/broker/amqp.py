@@ -337,6 +337,15 @@ class AmqpQueues:
     def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
         """Nothing to patch: Celery's AMQP consumer logs and acks undecodable bodies."""
 
+    def claim(self, queue: str, task: str, model: str | None, limit: int,
+              host_now: float) -> list[bytes]:
+        """RabbitMQ hands a consumer messages in order and cannot take them by content,
+        so a batched task runs as a batch of one here."""
+        return []
+
+    def ack(self, tags: Iterable[str]) -> None:
+        """Nothing was claimed (:meth:`claim`), so nothing to ack."""
+
     def renew_leases(self, tags: Iterable[str], host_now: float) -> list[str]:
         """No leases over AMQP: the broker holds unacked messages for their connection."""
         return list(tags)

@@ -200,6 +200,15 @@ class BrokerQueues(Protocol):
     def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
         """Make this process's consumer keep an undecodable message instead of dying."""
 
+    def claim(self, queue: str, task: str, model: str | None, limit: int,
+              host_now: float) -> list[bytes]:
+        """Take up to ``limit`` waiting messages of ``task`` (and ``model``) off
+        ``queue``, in flight as if consumed: a batch's other members ([] where the broker
+        cannot take messages by content: each runs as a batch of one)."""
+
+    def ack(self, tags: Iterable[str]) -> None:
+        """Ack messages taken by :meth:`claim`."""
+
     def renew_leases(self, tags: Iterable[str], host_now: float) -> list[str]:
         """Renew running tasks' leases; -> the tags no longer in flight."""
 
@@ -233,6 +242,7 @@ class RedisQueues:
         self._move = register_script(client, "move")
         self._lease = register_script(client, "lease")
         self._promote = register_script(client, "promote")
+        self._claim = register_script(client, "claim")
 
     def staging_key(self, queue: str) -> str:
         """The staging list of messages taken from ``queue`` and not yet re-placed."""
@@ -310,6 +320,28 @@ class RedisQueues:
         for name in [*self.layout.lists(queue), self.staging_key(queue)]:
             pipe.llen(name)
         return any(pipe.execute())
+
+    def claim(self, queue: str, task: str, model: str | None, limit: int,
+              host_now: float, scan: int = 256) -> list[bytes]:
+        """Take up to ``limit`` waiting messages of ``task`` (and ``model``) off ``queue``
+        into kombu's unacked hash, leased, in one step (claim.lua): a batch's other
+        members, in flight as if consumed; -> their raw messages, oldest first."""
+        if limit <= 0:
+            return []
+        return list(self._claim(
+            keys=[self.layout.keyprefix + self.layout.unacked,
+                  self.layout.keyprefix + self.layout.unacked_index, self.leases_key,
+                  *self.layout.lists(queue)],
+            args=[task, model or "", limit, host_now, scan]))
+
+    def ack(self, tags: Iterable[str]) -> None:
+        """Ack claimed messages as kombu acks one (off its unacked hash and index)."""
+        tags = list(tags)
+        if tags:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.zrem(self.layout.keyprefix + self.layout.unacked_index, *tags)
+            pipe.hdel(self.layout.keyprefix + self.layout.unacked, *tags)
+            pipe.execute()
 
     def renew_leases(self, tags: Iterable[str], host_now: float) -> list[str]:
         """Keep running tasks' in-flight entries theirs: our lease on Redis's clock,

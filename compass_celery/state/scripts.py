@@ -28,7 +28,7 @@ HOMES: dict[str, str] = {
     **dict.fromkeys(("changelog", "counter", "ewma", "publish", "remove", "snapshot"),
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
-    **dict.fromkeys(("stage", "move", "lease", "promote"), "broker"),
+    **dict.fromkeys(("stage", "move", "lease", "promote", "claim"), "broker"),
 }
 
 

@@ -31,6 +31,7 @@ from ..planner.types import ClusterView
 from ..state.connection import StateUnavailable
 from ..state.keys import queued_field
 from ..state.views import cluster_view
+from .batch import BatchRunner, set_current_batcher
 from .leases import Leases
 from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back
@@ -98,6 +99,8 @@ class WorkerRuntime:
     def start(self) -> None:
         """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
+        set_current_batcher(BatchRunner(self.compass, self.queue, self.cfg, self.tasks,
+                                        self.jobs, self.leases))
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
         self._say_what_cannot_load()
@@ -175,6 +178,7 @@ class WorkerRuntime:
                            "recovery leader drains it after the heartbeat timeout",
                            self.name, exc)
         set_current_cache(None)
+        set_current_batcher(None)
 
     def _serve_metrics(self, port: int) -> None:
         """Prometheus metrics from this process: compass counters, histograms and the

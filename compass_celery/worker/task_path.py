@@ -59,6 +59,7 @@ class TaskPath:
         # it started running)
         self._running: dict[str, tuple[Decision | None, str | None, bool, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
+        self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
 
     # -- what runs now ------------------------------------------------------------------
     def running(self) -> int:
@@ -156,6 +157,23 @@ class TaskPath:
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
 
+    def batch_member_started(self, request: Any, decision: Decision | None,
+                             started: float) -> None:
+        """A claimed message starts as one input of a batch whose leader holds the model:
+        it no longer waits, and its run is timed from the batch's start."""
+        self._started_queued(decision)
+        model = decision.model if decision is not None else None
+        with self._lock:
+            self._running[request.id] = (decision, model, False, started)
+            self._timing[request.id] = {"started": time.time(), "load_ms": 0.0}
+
+    def batch_size(self, task_ids: list[str], size: int) -> None:
+        """``task_ids`` ran as one batch of ``size`` inputs: each one's learned run time
+        and served work are its share of the one run, not the whole run again."""
+        with self._lock:
+            for tid in task_ids:
+                self._batch[tid] = size
+
     def _started_queued(self, decision: Decision | None) -> None:
         """A task that starts no longer waits: take it off its level's queued work, which
         tasks of higher priority skip (best effort: reconciliation corrects it)."""
@@ -172,12 +190,14 @@ class TaskPath:
         with self._lock:
             _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})
+            size = self._batch.pop(request.id, 1)
         self.leases.release(request.id)
         if held:
             self.cache.release(model)
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
+        share_ms = run_ms / size  # one input's share of a batch's run
         if model is not None and started is not None:
-            self.served.ran(model, run_ms)  # published with the record (served.py)
+            self.served.ran(model, share_ms)  # published with the record (served.py)
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0
@@ -185,7 +205,7 @@ class TaskPath:
             store.charge(self.name, -decision.charge_ms, pipe=pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
         if started is not None and state == "SUCCESS":
-            store.record_run(profile_key(task.name, model), run_ms,
+            store.record_run(profile_key(task.name, model), share_ms,
                              self.cfg["ewma_alpha"], pipe=pipe)
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:

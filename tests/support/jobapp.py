@@ -131,6 +131,29 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
             raise self.retry(countdown=0)
         return x
 
+    @app.task(name="j.embed", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=20, compass_batch={"max_size": 8, "max_wait_ms": 0})
+    def embed(self: Any, xs: list[Any]) -> list[Any]:
+        """Batched: 200 ms for the first input, 10 ms for each other (a GPU's curve);
+        'bad' fails alone, 'boom' fails the whole call."""
+        log.rpush("batches", str(len(xs)))
+        for _ in xs:
+            log.executed(f"embed:{_}")
+        if "boom" in xs:
+            raise RuntimeError("boom in the batch")
+        time.sleep(0.2 + 0.01 * (len(xs) - 1))
+        return [ValueError(f"bad input {x!r}") if x == "bad" else f"e({x})" for x in xs]
+
+    @app.task(name="j.embed_slow", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=20, compass_batch={"max_size": 8, "max_wait_ms": 0})
+    def embed_slow(self: Any, xs: list[Any]) -> list[Any]:
+        """Batched and slow (3 s a batch): a worker can be killed in the middle of one."""
+        log.rpush("batches", str(len(xs)))
+        for _ in xs:
+            log.executed(f"embed:{_}")
+        time.sleep(3.0)
+        return [f"e({x})" for x in xs]
+
     return app
 
 

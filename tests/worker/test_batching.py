@@ -1,0 +1,133 @@
+"""Batched tasks with real workers: one run over every waiting input, each caller its own
+result or its own failure, nothing lost or run twice when the worker dies mid-batch."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from compass_celery.jobs.dag import Dag
+from compass_celery.local import wait_until
+from compass_celery.needs import TaskDeclarationError
+from compass_celery.testing import worker_logs
+from tests.support.jobapp import make_app
+
+pytestmark = pytest.mark.redis
+GPU = ["--compass-emulate-gpu-mb", "4000", "--compass-preload", "big,small"]
+
+
+def _cluster(url, compass_workers, names, env=None):
+    env = {"COMPASS_BROKER_URL": url, **(env or {})}
+    ws = [compass_workers("tests.support.jobapp", n, *GPU, env=env) for n in names]
+    app = make_app(url, compass_snapshot_ttl_s=0.0)
+    try:
+        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers)
+                   == len(names), 30, "the workers")
+    except TimeoutError:
+        raise AssertionError(worker_logs(ws)) from None
+    app.log = redis.Redis.from_url(url)
+    return app, ws
+
+
+def _batches(app) -> list[int]:
+    return [int(x) for x in app.log.lrange("batches", 0, -1)]
+
+
+def test_waiting_inputs_run_as_one_batch_and_each_caller_gets_its_own(compass_redis_url,
+                                                                        compass_workers):
+    app, ws = _cluster(compass_redis_url, compass_workers, ["b1@batch"])
+    embed = app.tasks["j.embed"]
+    busy = app.tasks["j.wait"].delay(0, 1.0)  # the worker is busy: the inputs queue up
+    time.sleep(0.2)
+    results = [embed.delay(f"t{i}") for i in range(6)] + [embed.delay("bad")]
+    busy.get(timeout=20)
+    assert [r.get(timeout=20) for r in results[:6]] == [f"e(t{i})" for i in range(6)]
+    with pytest.raises(ValueError, match="bad input 'bad'"):  # its own failure alone
+        results[6].get(timeout=20)
+    assert sum(_batches(app)) == 7 and max(_batches(app)) >= 4, _batches(app)
+    assert all(int(app.log.hget("execs", f"embed:t{i}")) == 1 for i in range(6))
+    # each member's charge came off the backlog, and nothing is left in flight
+    wait_until(lambda: app.compass.store.snapshot(time.time(), 3.0).workers[0].backlog_ms
+               < 1, 10, "the backlog to settle")
+    assert app.log.hlen("unacked") == 0
+
+
+def test_an_idle_worker_runs_one_input_at_once(compass_redis_url, compass_workers):
+    app, ws = _cluster(compass_redis_url, compass_workers, ["b2@batch"])
+    t0 = time.monotonic()
+    assert app.tasks["j.embed"].delay("solo").get(timeout=20) == "e(solo)"
+    assert time.monotonic() - t0 < 1.5 and _batches(app) == [1]
+
+
+def test_a_body_that_raises_runs_each_input_alone(compass_redis_url, compass_workers):
+    app, ws = _cluster(compass_redis_url, compass_workers, ["b3@batch"])
+    embed = app.tasks["j.embed"]
+    busy = app.tasks["j.wait"].delay(0, 1.0)
+    time.sleep(0.2)
+    rs = [embed.delay("a"), embed.delay("boom"), embed.delay("c")]
+    busy.get(timeout=20)
+    assert rs[0].get(timeout=20) == "e(a)" and rs[2].get(timeout=20) == "e(c)"
+    with pytest.raises(RuntimeError, match="boom"):
+        rs[1].get(timeout=20)
+
+
+def test_a_batched_dag_node_completes_its_job(compass_redis_url, compass_workers):
+    app, ws = _cluster(compass_redis_url, compass_workers, ["b4@batch"])
+    busy = app.tasks["j.wait"].delay(0, 1.0)
+    time.sleep(0.2)
+    jobs = []
+    for i in range(4):
+        dag = Dag(app, f"emb{i}")
+        a = dag.node("a", app.tasks["j.src"].s(f"q{i}"))
+        dag.node("e", app.tasks["j.embed"].s(), after=[a])
+        jobs.append(dag.apply_async())
+    busy.get(timeout=20)
+    assert [j.get(timeout=30) for j in jobs] == [{"e": f"e(q{i})"} for i in range(4)]
+
+
+def test_a_worker_killed_mid_batch_loses_nothing(compass_redis_url, compass_workers):
+    app, ws = _cluster(compass_redis_url, compass_workers, ["k1@batch", "k2@batch"],
+                       env={"COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "2.0"})
+    slow = app.tasks["j.embed_slow"]
+    # everything to the one worker that holds it: pin by queue
+    queue = app.compass.destination(app.compass.queue_for("k1@batch"))
+    busy = app.tasks["j.wait"].apply_async((0, 1.0), queue=queue)
+    time.sleep(0.2)
+    rs = [slow.apply_async((f"x{i}",), queue=queue) for i in range(5)]
+    wait_until(lambda: len(_batches(app)) >= 1, 20, "the batch to start")
+    time.sleep(0.5)
+    ws[0].kill()  # mid-batch: its members are in flight, leased by a dead worker
+    assert [r.get(timeout=60) for r in rs] == [f"e(x{i})" for i in range(5)], worker_logs(ws)
+    del busy
+
+
+def test_batched_calls_take_one_input_each(compass_redis_url):
+    app = make_app(compass_redis_url)
+    with pytest.raises(TaskDeclarationError, match="send one input per call"):
+        app.tasks["j.embed"].delay("a", "b")
+
+
+def test_eager_mode_runs_a_batch_of_one():
+    """No Redis at all, as a Django or Flask unit test runs: a batch of one per call."""
+    from celery import Celery
+
+    from compass_celery import Compass
+
+    app = Celery("eager_batch")
+    app.conf.update(task_always_eager=True, compass_models={"embedder": 100})
+    Compass(app)
+    seen = []
+
+    @app.task(name="eb.embed", compass_model="embedder", compass_exec_ms=5,
+              compass_batch={"max_size": 16, "max_wait_ms": 5})
+    def embed(texts: list[str]) -> list[object]:
+        seen.append(len(texts))
+        return [ValueError("empty") if not t else t.upper() for t in texts]
+
+    assert embed.delay("hi").get() == "HI" and seen == [1]
+    with pytest.raises(ValueError, match="empty"):
+        embed.delay("").get()
+    with pytest.raises(TaskDeclarationError, match="send one input per call"):
+        embed.delay("a", "b")
