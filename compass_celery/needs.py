@@ -49,6 +49,16 @@ def profile_key(task: str, model: str | None) -> str:
 LOAD_PROFILE = "compass.load"
 
 
+#: Task part of the learned plan error of jobs of one SLO class (measured minus predicted
+#: job finish, ms; the quantile admission adds to a plan: planner.admission).
+PLAN_ERROR_PROFILE = "compass.plan_error"
+
+
+def plan_error_key(slo: str) -> str:
+    """Field of the learned plan error of SLO class ``slo`` in the profiles table."""
+    return f"{PLAN_ERROR_PROFILE}|{slo}"
+
+
 def learned_loads(profiles: Mapping[str, float]) -> dict[str, float]:
     """Model -> learned load time (ms, storage to device), from the profiles table."""
     prefix = f"{LOAD_PROFILE}|"

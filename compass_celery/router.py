@@ -24,6 +24,7 @@ from .signals import task_placed
 from .state.charges import ChargeBatcher
 from .state.connection import StateUnavailable
 from .state.keys import queued_field
+from .state.store import Snapshot
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -92,7 +93,8 @@ class CompassRouter:
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
-                decision = self._admit(decision, slo)  # a refusal raises: nothing charged
+                # a refusal raises: nothing charged
+                decision = self._admit(decision, slo, snapshot)
                 try:
                     self._charge(decision, level)
                 except StateUnavailable as exc:
@@ -124,14 +126,16 @@ class CompassRouter:
         self.charges.add(decision.worker, decision.charge_ms)
         self.charges.add(queued_field(decision.worker, level), decision.charge_ms)
 
-    def _admit(self, decision: Decision, slo: Slo | None) -> Decision:
+    def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot) -> Decision:
         """Judge the placement against the task's deadline and the queue bound; refused,
         :class:`~compass_celery.errors.Rejected` is raised before anything is written.
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
+        cold = decision.load_ms if decision.model is not None and not any(
+            decision.model in w.resident for w in snapshot.workers) else 0.0
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, decision.load_ms)
+                        decision.wait_ms, cold, snapshot.profiles)
         if slo is None:
             return decision
         due = due_at(c, slo)

@@ -8,6 +8,7 @@ adjustment phase) and sends it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -15,11 +16,13 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from redis import RedisError
+
 from ..errors import JobError, JobTimeout
-from ..needs import learned_loads
+from ..needs import learned_loads, plan_error_key
 from ..placement import Decision
 from ..planner.adjust import choose_successor
-from ..planner.admission import should_shed
+from ..planner.admission import ERROR_QUANTILE, ERROR_STEP_MS, should_shed
 from ..planner.demand import cluster_demand
 from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
@@ -290,10 +293,13 @@ class JobRuntime:
         if state == "FAILURE":
             task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
                            slo=job.get("slo") or "")
+            tail = float(job.get("tail_ms") or 0.0) * self.c.settings["time_scale"] / 1000
+            self._learn_plan_error(job, time.time() + tail)
         return state
 
     def _deadline_outcome(self, job: dict[str, Any], finished: float) -> None:
-        """Say whether a job with a deadline, which just ended here, met it."""
+        """Say whether a job with a deadline, which just ended here, met it, and teach
+        admission how late against its plan it ran."""
         if not job.get("due"):
             return
         from ..signals import job_deadline_outcome
@@ -301,6 +307,19 @@ class JobRuntime:
         late_ms = 1000 * (finished - float(job["due"])) / self.c.settings["time_scale"]
         job_deadline_outcome.send(sender=self.c, job_id=job["id"], slo=job.get("slo") or "",
                                   met=late_ms <= 0, late_ms=late_ms)
+        self._learn_plan_error(job, finished)
+
+    def _learn_plan_error(self, job: dict[str, Any], end: float) -> None:
+        """Fold (measured - predicted) job finish into its class's learned quantile, the
+        margin admission adds to the next plans (best effort). A shed job counts with
+        the end it could at best have had."""
+        plan_end = float(job.get("plan_end") or 0.0)
+        if not plan_end:
+            return
+        error_ms = 1000 * (end - plan_end) / self.c.settings["time_scale"]
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):
+            self.c.store.record_quantile(plan_error_key(job.get("slo") or ""), error_ms,
+                                         ERROR_QUANTILE, ERROR_STEP_MS)
 
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:

@@ -43,8 +43,10 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}
-    if node.get("due"):  # whoever finishes the job says whether it met its deadline
-        header.update(slo=node.get("slo") or "", due=node["due"])
+    if node.get("due"):  # whoever ends the job says whether it met its deadline, and
+        # how late against its plan
+        header.update(slo=node.get("slo") or "", due=node["due"],
+                      plan_end=node.get("plan_end") or 0.0, tail_ms=node.get("tail_ms"))
     # The job record keeps each node's output; Celery's result backend would be a
     # second write (and a read) per hop that nobody reads.
     c.app.send_task(node["task"], args=args, kwargs=node["kwargs"],

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..admission import admit, due_at
 from ..needs import learned_loads, profile_key
 from ..placement import Decision
-from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
+from ..planner.admission import Slo, cold_load_ms, job_finish_ms, job_wait_ms, tails_ms
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
@@ -39,6 +40,7 @@ from ..state.connection import StateUnavailable
 from ..state.keys import queued_field
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
+from ..state.store import Snapshot
 from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .limits import check_submission
@@ -90,9 +92,12 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
     spec = _learned(c, spec, nodes)
-    plan = _plan(c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0))
+    plan, snapshot = _plan(c, spec,
+                           max((v.get("priority") or 0 for v in nodes.values()), default=0))
+    resident = {m for w in snapshot.workers for m in w.resident} if snapshot else set()
     verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    job_load_ms(plan))
+                    cold_load_ms(plan, {n: v["model"] for n, v in nodes.items()}, resident),
+                    snapshot.profiles if snapshot else None)
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
@@ -117,8 +122,10 @@ def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
     if not due or slo is None:
         return
     tails = tails_ms(plan) if slo.sheds and sheds else {}
+    end = job_finish_ms(plan)  # when the plan says it ends, to learn how late plans run
+    plan_end = 0.0 if math.isnan(end) else time.time() + end * c.settings["time_scale"] / 1000
     for name, node in nodes.items():
-        node["slo"], node["due"] = slo.name, due
+        node["slo"], node["due"], node["plan_end"] = slo.name, due, plan_end
         if name in tails:
             node["tail_ms"] = tails[name]
 
@@ -141,17 +148,19 @@ def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]])
     return dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec
 
 
-def _plan(c: CompassContext, spec: DagSpec, level: int = 0) -> dict[str, Placement]:
+def _plan(c: CompassContext, spec: DagSpec, level: int = 0
+          ) -> tuple[dict[str, Placement], Snapshot | None]:
     """The whole job's placement on the live workers (none known: every node goes to
     the shared queue), waiting only for work at priority ``level`` or above and what is
-    in flight; a model larger than every live GPU is refused here."""
+    in flight, and the snapshot it was made on; a model larger than every live GPU is
+    refused here."""
     try:
         snapshot = c.reader.get()
     except StateUnavailable:
-        return {}
+        return {}, None
     live = snapshot.workers
     if not live:
-        return {}
+        return {}, snapshot
     largest = max(w.gpu_total_mb for w in live)
     sizes = c.model_sizes()
     for n in spec.nodes.values():
@@ -166,7 +175,7 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0) -> dict[str, Placeme
     full = c.policy.plan(spec, cluster)
     if c.settings["validate"]:
         check_plan(full, spec, cluster)
-    return full.placements
+    return dict(full.placements), snapshot
 
 
 def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],

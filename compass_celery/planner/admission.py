@@ -17,7 +17,7 @@ planner; ``time_scale`` (real seconds per workload second) converts to wall time
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,11 @@ DEFAULT_SLO_CLASSES: dict[str, dict[str, Any]] = {
 #: hopeful under overload (a successor is queued only when its inputs are ready, behind
 #: the first tasks of jobs that came later; each task pays a hop the plan does not
 #: count); the headroom absorbs that error, so what is admitted meets its deadline.
-DEFAULT_HEADROOM = 0.2
+DEFAULT_HEADROOM = 0.1
+
+#: Admission also learns how late its plans run (:func:`plan_error_step`): the quantile
+#: of (measured - predicted) job finish it tracks, and the step (ms) of each update.
+ERROR_QUANTILE, ERROR_STEP_MS = 0.95, 4.0
 
 
 class SloError(ValueError):
@@ -146,7 +150,7 @@ class Verdict:
 
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
           max_queue_ms: float | None = None, admission: bool = True,
-          load_ms: float = 0.0, headroom: float = 0.0) -> Verdict:
+          load_ms: float = 0.0, headroom: float = 0.0, error_ms: float = 0.0) -> Verdict:
     """Admit, admit late, or reject a job whose plan finishes at ``predicted_ms`` (from
     now; NaN when it could not be planned) and starts after ``wait_ms`` of queued work.
 
@@ -154,7 +158,8 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     to every job; a deadline, only to jobs that have one. A job the plan cannot predict
     (no live worker) is admitted: nothing says it will miss. ``headroom`` (a share of
     the deadline, see :data:`DEFAULT_HEADROOM`) is kept in reserve: the plan must finish
-    within ``(1 - headroom) x deadline``.
+    within ``(1 - headroom) x deadline``, after adding ``error_ms``, how late plans have
+    been running (the learned quantile of :func:`plan_error_step`; never negative here).
 
     A job that misses only because its plan loads models (``load_ms``, the loads it
     plans) is taken late (``kind='cold'``) and run to the end, not refused: refusing it
@@ -169,6 +174,7 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     if deadline is None or math.isnan(predicted_ms):
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
     target = deadline * (1.0 - headroom)
+    predicted_ms = predicted_ms + max(0.0, error_ms)
     miss = predicted_ms - target
     if miss <= 0:
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
@@ -187,6 +193,15 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
                    retry_after_ms=miss, reason=why, kind="deadline")
 
 
+def plan_error_step(q: float, error_ms: float, tau: float = ERROR_QUANTILE,
+                    step_ms: float = ERROR_STEP_MS) -> float:
+    """One update of the learned quantile ``q`` of a plan's error (measured minus
+    predicted job finish, ms): up by ``tau x step`` when a job ran later than ``q``,
+    down by ``(1 - tau) x step`` otherwise, so that ``q`` settles where a share ``tau``
+    of jobs are within it. The Redis stores run the same rule in ewma.lua."""
+    return q + step_ms * (tau if error_ms > q else tau - 1.0)
+
+
 def job_finish_ms(plan: Mapping[str, Placement]) -> float:
     """When a planned job finishes, from now (its last node's finish); NaN when any node
     went to the shared queue or nothing was planned (no live worker: no prediction)."""
@@ -199,6 +214,16 @@ def job_load_ms(plan: Mapping[str, Placement]) -> float:
     """The model loads a planned job makes (their sum: an upper bound on what they add
     to its finish)."""
     return sum(p.load_ms for p in plan.values())
+
+
+def cold_load_ms(plan: Mapping[str, Placement], models: Mapping[str, str | None],
+                 resident: Iterable[str]) -> float:
+    """The loads a plan makes of models that no live worker holds (``resident``: every
+    model resident somewhere): the only loads that make a miss a cold start. A load of
+    a model held elsewhere means its holders are busy: a miss for want of capacity."""
+    held = set(resident)
+    return sum(p.load_ms for n, p in plan.items()
+               if models.get(n) is not None and models[n] not in held)
 
 
 def job_wait_ms(plan: Mapping[str, Placement]) -> float:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ..planner.admission import plan_error_step
 from ..planner.types import WorkerView
 from . import keys
 from .cluster import unavailable_errors
@@ -79,6 +80,10 @@ class StateStore(Protocol):
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold one measured run time into the learned one for ``task|model``."""
 
+    def record_quantile(self, key: str, value: float, tau: float, step: float,
+                        pipe: Any = None) -> None:
+        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``."""
+
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker (backlog and pending folded in) and the learned run times."""
 
@@ -134,6 +139,15 @@ class MemoryStateStore:
             if prof and ms <= prof["exec_ms"] * 3 and ms * 3 >= prof["exec_ms"]:
                 ms = prof["exec_ms"] + alpha * (ms - prof["exec_ms"])
             self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
+
+    def record_quantile(self, key: str, value: float, tau: float, step: float,
+                        pipe: Any = None) -> None:
+        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``."""
+        with self._lock:
+            old = self.profiles.get(key)
+            prof = json.loads(old) if old else {"exec_ms": 0.0, "n": 0}
+            q = plan_error_step(prof["exec_ms"], value, tau, step)
+            self.profiles[key] = json.dumps({"exec_ms": q, "n": prof["n"] + 1})
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, decoded from the in-process records (each record's own
@@ -268,11 +282,20 @@ class RedisStateStore:
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold a measured run time into the learned one, then log it for readers;
         queued on ``pipe`` when given (one round trip either way)."""
+        self._profile(key, [key, ms, alpha], pipe)
+
+    def record_quantile(self, key: str, value: float, tau: float, step: float,
+                        pipe: Any = None) -> None:
+        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``
+        (ewma.lua's quantile mode), then log it for readers."""
+        self._profile(key, [key, value, tau, "quantile", step], pipe)
+
+    def _profile(self, key: str, args: list[Any], pipe: Any = None) -> None:
         self._call(lambda: self.client)  # a cluster client connects when made
 
         def go() -> None:
             p = pipe if pipe is not None else self.client.pipeline(transaction=False)
-            self._ewma(keys=[self._keys["profiles"]], args=[key, ms, alpha], client=p)
+            self._ewma(keys=[self._keys["profiles"]], args=args, client=p)
             self._counter(keys=[self._keys["profiles"], *self._log],
                           args=[key, 0, "note", f"f:{key}", epoch(), CHANGE_LOG_SIZE],
                           client=p)

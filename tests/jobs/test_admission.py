@@ -172,3 +172,23 @@ def test_a_deadline_shorter_than_a_load_does_not_lock_the_model_out(one):
     second = dag.apply_async(deadline_ms=150)
     assert app.log.hget(f"compass:job:{{{second.id}}}", "late") == b"0"
     assert set(second.get(timeout=20)) == {"t"}
+
+
+def test_admission_learns_how_late_its_plans_run(one):
+    """A job that ends later than planned moves its class's learned plan error up one
+    step (the same rule in Redis as in the in-process store and the planner)."""
+    from compass_celery.needs import plan_error_key
+    from compass_celery.planner.admission import ERROR_QUANTILE, ERROR_STEP_MS
+    from compass_celery.state.store import MemoryStateStore
+
+    app = one
+    job = _chain(app, "slowish", 300.0, 50.0).apply_async(slo="interactive")  # 250 ms late
+    job.get(timeout=20)
+    key = plan_error_key("interactive")
+    wait_until(lambda: key in app.compass.store.snapshot(time.time(), 3.0).profiles, 5,
+               "the learned plan error")
+    learned = app.compass.store.snapshot(time.time(), 3.0).profiles[key]
+    assert learned == pytest.approx(ERROR_STEP_MS * ERROR_QUANTILE)
+    memory = MemoryStateStore()
+    memory.record_quantile(key, 250.0, ERROR_QUANTILE, ERROR_STEP_MS)
+    assert memory.snapshot(time.time(), 3.0).profiles[key] == pytest.approx(learned)

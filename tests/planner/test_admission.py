@@ -10,10 +10,12 @@ from compass_celery.planner.admission import (
     DEFAULT_SLO_CLASSES,
     Slo,
     SloError,
+    cold_load_ms,
     job_finish_ms,
     job_wait_ms,
     judge,
     latest_start,
+    plan_error_step,
     resolve_slo,
     retry_after_s,
     should_shed,
@@ -109,3 +111,30 @@ def test_headroom_keeps_a_share_of_the_deadline_for_the_plans_error():
     tight = judge(STRICT, 350.0, headroom=0.2)  # must finish within 320 ms
     assert not tight.admitted and tight.miss_ms == pytest.approx(30.0)
     assert "less 20% headroom" in tight.reason
+
+
+def test_the_learned_plan_error_is_added_to_the_prediction():
+    assert judge(STRICT, 300.0, headroom=0.1).admitted  # 300 <= 360
+    late = judge(STRICT, 300.0, headroom=0.1, error_ms=80.0)
+    assert not late.admitted and late.predicted_ms == 380.0
+    assert judge(STRICT, 300.0, headroom=0.1, error_ms=-50.0).admitted  # never a bonus
+
+
+def test_the_plan_error_quantile_settles_where_tau_of_the_errors_are_within_it():
+    import random
+
+    rng = random.Random(1)
+    q = 0.0
+    errors = [rng.gauss(40.0, 20.0) for _ in range(20_000)]
+    for e in errors:
+        q = plan_error_step(q, e)
+    within = sum(e <= q for e in errors[-5000:]) / 5000
+    assert 0.93 <= within <= 0.97, (q, within)
+
+
+def test_only_loads_of_models_nobody_holds_make_a_miss_cold():
+    plan = {"a": Placement("a", "w1", "q", 0.0, 700.0, load_ms=600.0),
+            "b": Placement("b", "w2", "q", 700.0, 750.0, load_ms=40.0)}
+    models = {"a": "captioner", "b": "translator"}
+    assert cold_load_ms(plan, models, {"translator"}) == 600.0
+    assert cold_load_ms(plan, models, {"captioner", "translator"}) == 0.0
