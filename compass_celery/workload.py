@@ -22,6 +22,7 @@ import yaml
 from .errors import CompassInputError
 from .jobs.validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .planner.admission import DEFAULT_SLO_CLASSES, Slo, SloError, resolve_slo, slo_class
+from .planner.batch import BatchError, batch_spec
 from .planner.types import (
     DEFAULT_HOST_LOAD_MB_PER_S,
     DEFAULT_LOAD_MB_PER_S,
@@ -277,6 +278,41 @@ def _slo(raw: Any, dags: Mapping[str, DagSpec]) -> tuple[dict[str, dict[str, Any
     return classes, chosen
 
 
+def _split_batches(raw: Any) -> tuple[Any, dict[str, Any]]:
+    """A template without its nodes' optional ``batch`` fields (the DAG validator does not
+    know them), and those fields by node name."""
+    nodes = raw.get("nodes") if isinstance(raw, Mapping) else None
+    if isinstance(nodes, Mapping):
+        entries = list(nodes.items())
+    elif isinstance(nodes, list):
+        entries = [(e.get("name"), e) for e in nodes if isinstance(e, Mapping)]
+    else:
+        return raw, {}
+    batches = {n: e["batch"] for n, e in entries if isinstance(e, Mapping) and "batch" in e}
+    if not batches:
+        return raw, {}
+    strip = lambda e: {k: v for k, v in e.items() if k != "batch"} \
+        if isinstance(e, Mapping) else e  # noqa: E731
+    bare = {k: strip(v) for k, v in nodes.items()} if isinstance(nodes, Mapping) \
+        else [strip(e) for e in nodes]
+    return {**raw, "nodes": bare}, batches
+
+
+def _with_batches(dag: DagSpec, batches: Mapping[str, Any], path: str) -> DagSpec:
+    """``dag`` with each node's ``batch`` (``planner.batch.batch_spec``: max_size,
+    max_wait_ms, and base_ms/per_item_ms, base defaulting to the node's exec_ms)."""
+    nodes = dict(dag.nodes)
+    for node, raw in batches.items():
+        try:
+            spec = batch_spec(raw, nodes[node].exec_ms)
+        except BatchError as exc:
+            msg = str(exc)
+            where = f"{path}.{node}." if msg.startswith("batch") else f"{path}.{node}.batch: "
+            raise WorkloadError(where + msg) from None
+        nodes[node] = replace(nodes[node], batch=spec)
+    return replace(dag, nodes=nodes)
+
+
 def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
     """Validate a decoded workload document; raises only WorkloadError on bad input."""
     obj = _obj(obj, "workload", TOP_FIELDS)
@@ -303,6 +339,7 @@ def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
     dags = {}
     for key, val in raw_dags.items():
         key = _name(key, "dags: DAG name")
+        val, batches = _split_batches(val)
         try:
             dags[key] = dag_from_dict(key, val, models, max_gpu_mb=largest)
         except DagValidationError as exc:
@@ -310,6 +347,8 @@ def parse_workload(obj: Any, name_hint: str = "workload") -> Workload:
             # Dag), and callers catch WorkloadError. The message already names the DAG,
             # node and field (dags.<dag>.nodes.<node>.<field>: ...).
             raise WorkloadError(str(exc)) from exc
+        if batches:
+            dags[key] = _with_batches(dags[key], batches, f"dags.{key}.nodes")
     arrivals = _arrivals(obj["arrivals"], seed if "seed" in obj else 0)
     if "seed" not in obj:
         seed = arrivals.seed

@@ -11,6 +11,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from .batch import BatchSpec, Forming
+
 #: The worker name of a placement on the shared queue (any worker may take it).
 SHARED = "*"
 
@@ -65,6 +67,9 @@ class WorkerView:
     # Work routed here and not started yet, in ms per priority level (0..9): a task of
     # priority p overtakes what waits below p (``planner.priority.ahead_ms``).
     queued_ms: Mapping[int, float] = field(default_factory=dict, hash=False)
+    # Batches forming in this worker's queue (``planner.batch``), by ``batch_key(task,
+    # model)``: a batchable task placed here joins one that has room. Empty: none.
+    forming: Mapping[str, Forming] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,9 @@ class TaskSpec:
     model: str | None = None
     exec_ms: float = 10.0
     output_kb: float = 0.0
+    #: ``compass_batch``: the worker runs it with queued inputs of the same task and model
+    #: (``planner.batch``); None: one at a time, as before.
+    batch: BatchSpec | None = None
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,12 @@ is a handful of numpy operations over all workers; no Python loop over workers.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import numpy as np
 
+from .batch import Forming, batch_key, join_finish_ms
 from .choose import candidates, check_inputs
 from .cost import WorkerArrays, finish_ms, run_ms, worker_arrays
 from .rank import rank_order, successors, topo_order
@@ -29,10 +31,14 @@ class Estimate(NamedTuple):
     transfer: np.ndarray
     run: np.ndarray
     finish: np.ndarray
+    #: Workers where the task would join a forming batch (``planner.batch``): index ->
+    #: the ms it adds to that worker's queue. None: no batch to join anywhere.
+    joins: Mapping[int, float] | None = None
 
 
 class Walk:
-    """Mutable per-plan state; ``use_load``/``use_transfer`` off gives HEFT's model."""
+    """Mutable per-plan state; ``use_load``/``use_transfer`` off gives HEFT's model;
+    ``use_batch`` off ignores forming batches (workers that batch on their own)."""
 
     def __init__(
         self,
@@ -43,8 +49,13 @@ class Walk:
         use_load: bool = True,
         use_transfer: bool = True,
         arrays: WorkerArrays | None = None,
+        use_batch: bool = True,
     ) -> None:
         self.dag = dag
+        self.cluster = cluster
+        self.use_batch = use_batch
+        # key -> worker index -> batch forming there; read from the views on first need
+        self._forming: dict[str, dict[int, Forming]] | None = None
         self.sizes = check_inputs(dag, cluster)
         self.arr = arrays if arrays is not None else worker_arrays(cluster)
         self.use_load = use_load
@@ -106,7 +117,44 @@ class Walk:
             load = np.where(size > self.free, evict, fit)  # == cost.load_ms, precomputed
         run = run_ms(task.exec_ms, arr.speed)
         fin = finish_ms(start, load, run)
-        return Estimate(*masks, ready, start, load, transfer, run, fin)
+        joins = self._joins(name, ready, start, load, run, fin) \
+            if task.batch is not None and self.use_batch else None
+        return Estimate(*masks, ready, start, load, transfer, run, fin, joins)
+
+    def forming(self, key: str) -> dict[int, Forming]:
+        """Batches of ``key`` forming per worker index, as this plan has left them."""
+        if self._forming is None:
+            self._forming = {}
+            for i, w in enumerate(self.cluster.workers):
+                for k, f in w.forming.items():
+                    self._forming.setdefault(k, {})[i] = Forming(*f)
+        return self._forming.setdefault(key, {})
+
+    def _joins(self, name: str, ready: np.ndarray, start: np.ndarray, load: np.ndarray,
+               run: np.ndarray, fin: np.ndarray) -> dict[int, float] | None:
+        """Where the batchable task would join a forming batch, the estimate rewritten
+        there in place: it starts with the batch and finishes with it (``batch.
+        join_finish_ms``); the dict says what it adds to each such worker's queue."""
+        task = self.dag.nodes[name]
+        spec = task.batch
+        assert spec is not None
+        forming = self.forming(batch_key(task.name, task.model))
+        if not forming:
+            return None
+        curve = spec.curve_for(task.exec_ms)
+        speed = self.arr.speed
+        joins: dict[int, float] = {}
+        for i, f in forming.items():
+            s = float(speed[i])
+            end = join_finish_ms(f, spec, curve, ready_ms=float(ready[i]),
+                                 load_ms=float(load[i]), speed=s)
+            if end is None:
+                continue
+            start[i] = f.start_ms
+            run[i] = curve.of(f.size + 1) / s
+            fin[i] = end
+            joins[i] = curve.per_item_ms / s
+        return joins or None
 
     def _transfer(self, preds: list[str]) -> np.ndarray:
         """ms to pull every input not produced on the worker (see ``cost.transfer_ms``)."""
@@ -129,12 +177,21 @@ class Walk:
         its model is expected resident there for the rest of this plan."""
         task = self.dag.nodes[name]
         fin = float(est.finish[i])
-        self.avail[i] = fin
+        start, ready = float(est.start[i]), float(est.ready[i])
+        joined = est.joins.get(i) if est.joins is not None else None
+        if joined is not None:  # the batch ahead grows by one input; so does the queue
+            self.avail[i] += joined
+            forming = self.forming(batch_key(task.name, task.model))
+            forming[i] = Forming(forming[i].size + 1, forming[i].start_ms)
+            reason += f"; joins a forming batch ({forming[i].size} inputs)"
+        else:
+            self.avail[i] = fin
+            if task.batch is not None and self.use_batch:  # a new batch forms behind
+                self.forming(batch_key(task.name, task.model))[i] = Forming(1, start)
         self.finish[name] = fin
         self.worker[name] = i
         if task.model is not None and self.use_load:
             self._mark_resident(task.model, self.sizes[name], i)
-        start, ready = float(est.start[i]), float(est.ready[i])
         return Placement(
             task=name,
             worker=self.arr.names[i],

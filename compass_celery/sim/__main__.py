@@ -64,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", action="store_true",
                     help="start every worker with the models static-replicas would give it "
                          "resident (unpinned): a cluster that has been serving")
+    ap.add_argument("--batching", choices=("on", "blind", "off"), default="on",
+                    help="for nodes a workload marks batchable: workers batch and compass "
+                         "places by their forming batches (on), workers batch but placement "
+                         "ignores it (blind), or every task runs alone (off)")
     ap.add_argument("--table", action="store_true",
                     help="print text tables (latency, then SLO columns) instead of JSON")
     ap.add_argument("--json", help="write the result object here")
@@ -76,13 +80,15 @@ def main(argv: list[str] | None = None) -> int:
               "admission": args.admission == "on", "max_queue_ms": args.max_queue_ms,
               "warm": args.warm}
         if args.compare_pending:
+            if args.batching != "on":
+                ap.error("--batching applies to a policy run, not --compare-pending")
             result = compare_count_pending(workload, **kw)
         else:
             names = [p.strip() for p in args.policies.split(",") if p.strip()]
             unknown = [p for p in names if p not in KNOWN]
             if unknown:
                 ap.error(f"unknown policies {unknown}; known: {', '.join(KNOWN)}")
-            result = simulate(workload, names, **kw)
+            result = simulate(workload, names, batching=args.batching, **kw)
     except CompassInputError as exc:  # a bad workload file, or a bad --jobs/--rate
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -6,10 +6,18 @@ Each worker runs exactly the cache code the real workers run
 ``host_load_mb_per_s``, storage at ``load_mb_per_s``, one load at a time).
 Celery-default mode is one shared FIFO queue from which idle workers take the
 next ready task, the way prefetch-one Celery workers pull from a broker.
+
+A batchable task (``TaskSpec.batch``, ``planner.batch``) is run with up to
+``max_size - 1`` more queued tasks of the same task and model, as one pass timed by the
+batch curve; the worker may hold a batch open for more (``batch.hold_until_ms``). Under
+``batching="on"`` a worker publishes the batches forming in its queue and charges each
+task what it adds to its batch; under ``"blind"`` it batches all the same but publishes
+what today's workers do (every task at its full run time, no forming batches).
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +28,7 @@ from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
 from ..planner.admission import should_shed
+from ..planner.batch import BatchSpec, Forming, batch_key, hold_until_ms, marginal_ms
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
@@ -58,13 +67,23 @@ class SimTask:
     #: The worker whose queue holds it (None: the shared queue, or not sent yet).
     where: SimWorker | None = None
     dropped: bool = False
+    #: Run with queued tasks of the same key as one pass (None: one at a time).
+    batch: BatchSpec | None = None
+    key: str = ""
+    #: What queueing it added to its worker's backlog (its run time, or under batching
+    #: what it adds to its batch), taken off again when it leaves the queue.
+    charged_ms: float = 0.0
+    #: ms it waited while its worker held its batch open for more (0: none).
+    held_ms: float = 0.0
+    batch_size: int = 0  # inputs in the pass it ran in (0: not batched)
 
 
 class SimWorker:
     """One worker: FIFO queue, one task at a time, loads overlapped with runs by prefetch."""
 
     def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
-                 cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0) -> None:
+                 cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0,
+                 batching: str = "on") -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
         self.hop_ms = hop_ms  # fixed dispatch overhead per task, occupying the worker
         self.name = spec.name
@@ -85,6 +104,17 @@ class SimWorker:
         self.listed_idle = False  # in the cluster's idle list (celery-default)
         self.settling = False  # a settle() is scheduled
         self._view: WorkerView | None = None
+        # Batching: "on" publishes forming batches and charges marginal costs; "blind"
+        # batches but publishes as an unbatched worker does.
+        self.aware = batching == "on"
+        self.keyed: dict[str, int] = {}  # batch key -> queued tasks with that key
+        self.specs: dict[str, BatchSpec] = {}  # batch key -> its spec (and curve)
+        self.enqueued_ms = 0.0  # all charges ever made: positions in the queue's work
+        self.group_at: dict[str, float] = {}  # key -> enqueued_ms when its open batch began
+        self.members: list[SimTask] = []  # the running batch (empty: not batching)
+        self.batch_ms = 0.0  # the running batch's pass
+        self.hold_at = -1.0  # a hold's end is scheduled at this time
+        self.hold_from = -1.0  # when the current hold began (-1: not holding)
 
     # -- bookkeeping --------------------------------------------------------
     def touch(self) -> None:
@@ -101,8 +131,21 @@ class SimWorker:
                 resident=frozenset(d.resident), host_resident=frozenset(self.host),
                 backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
-                net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0))
+                net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
+                forming=self.forming() if self.keyed and self.aware else {})
         return self._view
+
+    def forming(self) -> dict[str, Forming]:
+        """The batches with room forming in this queue, by key, as a real worker publishes
+        them: inputs waiting in the open (last) batch of each key, and the work queued
+        ahead of its first input (backlog less what was queued from it on)."""
+        out: dict[str, Forming] = {}
+        for key, count in self.keyed.items():
+            size = (count - 1) % self.specs[key].max_size + 1
+            if size < self.specs[key].max_size:
+                behind = self.enqueued_ms - self.group_at[key]
+                out[key] = Forming(size, max(self.backlog_ms - behind, 0.0))
+        return out
 
     def preload(self, models: Iterable[str]) -> None:
         """Make ``models`` resident before the run, pinned: never evicted, no load counted
@@ -132,9 +175,12 @@ class SimWorker:
         now = self.engine.now
         kb = sum(k for where, k in task.inputs if where != self.name)
         task.ready_at = now + kb / KB_PER_MB / self.spec.net_mb_per_s * MS_PER_S
-        task.expected_ms = task.exec_ms / self.spec.speed
+        task.expected_ms = task.charged_ms = task.exec_ms / self.spec.speed
         task.where = self
-        self.backlog_ms += task.expected_ms
+        if task.batch is not None:
+            self._join(task)
+        self.backlog_ms += task.charged_ms
+        self.enqueued_ms += task.charged_ms
         self.queue.append(task)
         if task.model is not None:
             self.queued_models[task.model] = self.queued_models.get(task.model, 0) + 1
@@ -145,6 +191,32 @@ class SimWorker:
             self._hint()
             self._apply(self.decider.prefetch(self._queued(), running=self.running.model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
+
+    def _join(self, task: SimTask) -> None:
+        """Count a batchable task into its key's open batch (a new one when full); aware,
+        charge what it adds to that batch rather than a whole run."""
+        spec = task.batch
+        assert spec is not None
+        key = task.key = batch_key(task.node, task.model)
+        count = self.keyed.get(key, 0)
+        if count % spec.max_size == 0:
+            self.group_at[key] = self.enqueued_ms
+        self.keyed[key] = count + 1
+        self.specs[key] = spec
+        if self.aware:
+            curve = spec.curve_for(task.exec_ms)
+            task.charged_ms = marginal_ms(curve, count % spec.max_size) / self.spec.speed
+
+    def _unkey(self, task: SimTask) -> None:
+        """A batchable task left the queue (started, claimed, dropped)."""
+        if task.batch is None:
+            return
+        left = self.keyed[task.key] - 1
+        if left:
+            self.keyed[task.key] = left
+        else:
+            del self.keyed[task.key]
+            del self.group_at[task.key]
 
     def _queued(self, skip: int = 0) -> list[str | None]:
         """The queued tasks' models from position ``skip`` on, for the cache decider.
@@ -179,6 +251,7 @@ class SimWorker:
                 self.queued_models[task.model] = left
             else:
                 del self.queued_models[task.model]
+        self._unkey(task)
         return task
 
     def remove(self, task: SimTask) -> None:
@@ -198,7 +271,8 @@ class SimWorker:
                 self.queued_models[task.model] = left
             else:
                 del self.queued_models[task.model]
-        self.backlog_ms -= task.expected_ms
+        self._unkey(task)
+        self.backlog_ms -= task.charged_ms
         task.where = None
         self.touch()
 
@@ -261,7 +335,7 @@ class SimWorker:
                         if not self.decider.loading:  # nothing will free memory: give up
                             self._pop()
                             task.where, task.dropped = None, True
-                            self.backlog_ms -= task.expected_ms
+                            self.backlog_ms -= task.charged_ms
                             self.touch()
                             self.cluster.on_failed(task, self)
                             if not self.queue:
@@ -277,6 +351,10 @@ class SimWorker:
                 self.wake_at = task.ready_at
                 self.engine.at(task.ready_at, self.try_start)
             return
+        if task.batch is not None:
+            self._start_batch(task)
+            return
+        self.hold_from = -1.0
         self._pop()
         self.running = task
         task.start_at = now
@@ -292,6 +370,95 @@ class SimWorker:
             self._apply(self.decider.prefetch(self._queued(), running=model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
         self.touch()
+
+    def _hold(self, head: SimTask) -> bool:
+        """Whether to keep the head's batch open for more now (``batch.hold_until_ms``);
+        when so, a wake-up is set for the hold's end."""
+        spec = head.batch
+        assert spec is not None
+        now, waiting = self.engine.now, self.keyed[head.key]
+        latest = math.inf
+        if head.tail_ms is not None and head.due_s is not None:
+            latest = head.due_s * MS_PER_S - head.tail_ms
+        else:
+            due = getattr(head.job, "due", None)
+            if due is not None:
+                n = min(waiting, spec.max_size)
+                latest = due - spec.curve_for(head.exec_ms).of(n) / self.spec.speed
+        until = hold_until_ms(head.sent_at, spec, waiting=waiting,
+                              others_ready=len(self.queue) > waiting, latest_start_ms=latest)
+        if now >= until:
+            return False
+        if self.hold_from < 0:
+            self.hold_from = now
+        if self.hold_at != until:
+            self.hold_at = until
+            self.engine.at(until, self.try_start)
+        return True
+
+    def _start_batch(self, head: SimTask) -> None:
+        """Run the head with up to ``max_size - 1`` ready queued tasks of its key as one
+        pass, or hold the batch open for more first."""
+        spec = head.batch
+        assert spec is not None
+        if self._hold(head):
+            return
+        now = self.engine.now
+        held_from, self.hold_from, self.hold_at = self.hold_from, -1.0, -1.0
+        self._pop()
+        members = [head]
+        want = min(spec.max_size - 1, self.keyed.get(head.key, 0))
+        if want:
+            q, skipped = self.queue, []
+            while q and len(members) <= want:
+                t = q.popleft()
+                if t.key == head.key and t.ready_at <= now:
+                    members.append(t)
+                else:
+                    skipped.append(t)
+            q.extendleft(reversed(skipped))
+            for t in members[1:]:
+                if t.model is not None:
+                    self.queued_models[t.model] -= 1
+                    if not self.queued_models[t.model]:
+                        del self.queued_models[t.model]
+                if not t.seen:  # its model is resident: the head just made sure
+                    t.seen = True
+                    self.hits += 1
+                self._unkey(t)
+        n = len(members)
+        run = spec.curve_for(head.exec_ms).of(n) / self.spec.speed
+        self.backlog_ms += run - sum(t.charged_ms for t in members)
+        self.members, self.batch_ms = members, run
+        self.running = head
+        self.cluster.started += n
+        self.cluster.batches.append(n)
+        self.cluster.holds.append(now - held_from if held_from >= 0 else 0.0)
+        for t in members:
+            t.start_at, t.where, t.expected_ms, t.batch_size = now, None, run, n
+            if t.model_at < 0:
+                t.model_at = now
+            t.held_ms = max(now - max(held_from, t.sent_at), 0.0) if held_from >= 0 else 0.0
+        if head.model is not None:
+            self.decider.on_used(head.model, now)
+        self.engine.after(self.hop_ms + run, self._finish_batch)
+        if self.prefetching:
+            self._hint()
+            self._apply(self.decider.prefetch(self._queued(), running=head.model,
+                                              lookahead=PREFETCH_LOOKAHEAD, now=now))
+        self.touch()
+
+    def _finish_batch(self) -> None:
+        """The pass is over: every input in it is done at once."""
+        members, self.members = self.members, []
+        self.running = None
+        self.backlog_ms -= self.batch_ms
+        self.touch()
+        for t in members:
+            self.cluster.on_done(t, self)
+        if not self.queue and self.running is None:
+            self.cluster.on_idle(self)
+        self.try_start()
 
     def _finish(self, task: SimTask) -> None:
         self.running = None
@@ -342,7 +509,8 @@ class SimCluster:
                  *, shared: bool, on_done: Callable[[SimTask, SimWorker], None],
                  on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
                  hop_ms: float = 0.0, demand: DemandTracker | None = None,
-                 on_shed: Callable[[SimTask, SimWorker], None] | None = None) -> None:
+                 on_shed: Callable[[SimTask, SimWorker], None] | None = None,
+                 batching: str = "on") -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
@@ -355,7 +523,10 @@ class SimCluster:
         self._built_at = 0.0
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
-        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms) for s in ordered]
+        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching)
+                        for s in ordered]
+        self.batches: list[int] = []  # inputs per batched pass, in start order
+        self.holds: list[float] = []  # ms each batched pass was held open for more
         self.by_name = {w.name: w for w in self.workers}
         for i, w in enumerate(self.workers):
             w.index = i

@@ -14,6 +14,12 @@ start (deadline less its planned time to the job's end), a worker drops a node i
 start later than that and the job's queued tasks are revoked, and a finishing node whose
 released successors could no longer meet the deadline sheds the job instead of sending
 them. Times are workload ms (time scale 1).
+
+Batching (``planner.batch``): nodes a workload marks ``batch`` are run by a worker with
+queued tasks of the same node and model as one pass. ``batching="on"`` (the default)
+has workers publish their forming batches and compass place by them; ``"blind"`` has
+workers batch on their own while the planner sees what today's workers publish; ``"off"``
+runs every task alone. A workload without ``batch`` runs the same under all three.
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ MOVE_FACTOR = float(OPTIONS["move_factor"].default)
 #: Policies only the simulator can run (references, not in ``planner.POLICIES``):
 #: ``static-replicas`` (``planner.static``) needs its assignment, built per run here.
 SIM_ONLY_POLICIES = (STATIC,)
+#: ``batching=``: placement counts forming batches; workers batch unseen; no batching.
+BATCHING = ("on", "blind", "off")
 
 
 @dataclass(eq=False)
@@ -85,6 +93,8 @@ class Job:
     tasks: list[SimTask] = field(default_factory=list)  # sent, kept to revoke (sheds only)
     # Sums over finished tasks, workload ms: queued, load, hop, run; and the task count.
     parts: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
+    #: Per task run in a batched pass: ms it waited while its batch was held open.
+    held: list[float] = field(default_factory=list)
 
 
 class Simulation:
@@ -108,7 +118,11 @@ class Simulation:
                  move_factor: float = MOVE_FACTOR, demand: bool = True,
                  rate: float | None = None, admission: bool = True,
                  max_queue_ms: float | None = None, warm: bool = False,
-                 headroom: float = DEFAULT_HEADROOM) -> None:
+                 headroom: float = DEFAULT_HEADROOM, batching: str = "on") -> None:
+        if batching not in BATCHING:
+            raise ValueError(f"batching: expected one of {', '.join(BATCHING)}, "
+                             f"got {batching!r}")
+        self.batching = batching
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.assignment: ReplicaAssignment | None = None
@@ -138,7 +152,8 @@ class Simulation:
                                   shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
                                   on_shed=self._dropped,
-                                  refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand)
+                                  refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand,
+                                  batching=batching)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
@@ -212,7 +227,8 @@ class Simulation:
         if charged is not None:
             self.cluster.by_name[charged[0]].add_pending(-charged[1])
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
-        task = SimTask(job, node, spec.model, spec.exec_ms, inputs)
+        task = SimTask(job, node, spec.model, spec.exec_ms, inputs,
+                       batch=spec.batch if self.batching != "off" else None)
         tail = job.tails.get(node)
         if tail is not None and job.due is not None:
             task.due_s, task.tail_ms = job.due / MS_PER_S, tail
@@ -230,6 +246,8 @@ class Simulation:
         parts[2] += worker.hop_ms
         parts[3] += task.expected_ms
         parts[4] += 1
+        if task.batch_size:
+            job.held.append(task.held_ms)
         if job.failed or job.shed:
             return
         if len(job.finish) == len(job.dag.nodes):
@@ -289,7 +307,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
              warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
              move_factor: float = MOVE_FACTOR, details: bool = False,
              demand: bool = True, admission: bool = True,
-             max_queue_ms: float | None = None, warm: bool = False) -> dict[str, Any]:
+             max_queue_ms: float | None = None, warm: bool = False,
+             batching: str = "on") -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
@@ -304,6 +323,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     queue bound); the record's ``slo`` section then gives rejected, shed, late,
     attainment and goodput per class, and ``tasks`` what ran and what was dropped unrun.
     ``warm`` starts every worker with models resident (see :class:`Simulation`).
+    ``batching`` (``on``, ``blind``, ``off``; see the module) matters only for workloads
+    with batchable nodes; their record then has a ``batching`` section.
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
     per policy. ``static-replicas`` (simulator only, ``planner.static``) also reports its
     ``assignment`` (model -> workers), ``replica_targets`` and ``replicas_missing``.
@@ -315,7 +336,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
                          demand=demand, rate=rate, admission=admission,
-                         max_queue_ms=max_queue_ms, warm=warm)
+                         max_queue_ms=max_queue_ms, warm=warm, batching=batching)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if sim.assignment is not None:

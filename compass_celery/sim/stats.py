@@ -32,7 +32,43 @@ def summarize(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float,
     result.update(load_fraction(jobs, cluster, warmup_frac))
     result["breakdown_ms"] = breakdown(jobs, warmup_frac)
     result["plan_ms"] = plan_summary(plan_ns)
+    if cluster.batches:  # batched passes ran: else the record is as before
+        result["batching"] = batch_summary(jobs, cluster, warmup_frac)
     return result
+
+
+#: Batch-size buckets of the ``batching.sizes`` histogram (upper bounds, inclusive).
+SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def batch_summary(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float
+                  ) -> dict[str, Any]:
+    """Batched passes: how many, their sizes (mean, p50, p99, histogram by bucket), and
+    the latency holding batches open added: per pass and per task after warm-up (p50,
+    p99, max ms), and the share of passes that were held at all."""
+    sizes = np.asarray(cluster.batches, dtype=float)
+    holds = np.asarray(cluster.holds, dtype=float)
+    skip = int(len(jobs) * warmup_frac)
+    held = np.asarray([h for j in jobs if j.index >= skip for h in j.held]
+                      or [0.0])
+    hist: dict[str, int] = {}
+    lo = 1
+    for hi in (*SIZE_BUCKETS, np.inf):
+        label = str(lo) if lo == hi else (f"{lo}-{hi}" if hi < np.inf else f"{lo}+")
+        count = int(((sizes >= lo) & (sizes <= hi)).sum())
+        if count:
+            hist[label] = count
+        lo = int(hi) + 1 if hi < np.inf else lo
+    q = lambda a, p: round(float(np.percentile(a, p)), 3)  # noqa: E731
+    return {"passes": len(sizes), "inputs": int(sizes.sum()),
+            "size": {"mean": round(float(sizes.mean()), 3), "p50": q(sizes, 50),
+                     "p99": q(sizes, 99), "max": int(sizes.max())},
+            "sizes": hist,
+            "held_share": round(float((holds > 0).mean()), 4),
+            "hold_ms": {"p50": q(holds, 50), "p99": q(holds, 99),
+                        "max": round(float(holds.max()), 3)},
+            "task_hold_ms": {"p50": q(held, 50), "p99": q(held, 99),
+                             "max": round(float(held.max()), 3)}}
 
 
 def outcome(job: Any) -> JobOutcome:

@@ -1,0 +1,140 @@
+"""Batching in the simulator, measured: what each way of running batchable tasks sustains.
+
+``python -m compass_celery.sim.batching --workload dags/batch-embed.json`` sweeps the
+request rate for four variants and prints, per variant, the highest rate whose p99
+latency stays within the SLO, then per rate the p99, goodput, batch sizes and the
+latency that holding batches open added. The variants:
+
+- ``compass+batch``: workers batch and publish their forming batches; compass places
+  each task where it finishes first, joining a forming batch included (``planner.batch``);
+- ``compass+blind``: workers batch on their own; compass places as today (full run time
+  per queued task, no forming batches);
+- ``compass``: no batching;
+- ``celery-default``: one shared queue, prefetch one: nothing to batch with.
+
+The same seeded job stream per rate for every variant, workers warm (the model resident
+everywhere), admission off: every job runs, so the p99 is of all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import CompassInputError
+from ..tables import text_table
+from ..workload import Workload, load_workload
+from .runner import simulate
+
+#: name -> (policy, batching)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "compass+batch": ("compass", "on"),
+    "compass+blind": ("compass", "blind"),
+    "compass": ("compass", "off"),
+    "celery-default": ("celery-default", "off"),
+}
+
+
+def run_variant(workload: Workload, variant: str, rate: float, *, jobs: int | None = None,
+                ) -> dict[str, Any]:
+    """One variant at one rate: the simulator's per-policy record."""
+    policy, batching = VARIANTS[variant]
+    return simulate(workload, [policy], rate=rate, jobs=jobs, warm=True, admission=False,
+                    batching=batching)["policies"][policy]
+
+
+def row(record: dict[str, Any]) -> dict[str, Any]:
+    """The numbers the tables show from one record."""
+    slo = (record.get("slo") or {}).get("all", {})
+    b = record.get("batching") or {}
+    return {"p50": record["latency_ms"]["p50"], "p99": record["latency_ms"]["p99"],
+            "goodput": slo.get("goodput_jobs_per_s", float("nan")),
+            "attain": slo.get("attainment", float("nan")),
+            "size_mean": b.get("size", {}).get("mean", 1.0),
+            "size_p99": b.get("size", {}).get("p99", 1.0),
+            "sizes": b.get("sizes", {}),
+            "held_share": b.get("held_share", 0.0),
+            "hold_p99": b.get("task_hold_ms", {}).get("p99", 0.0),
+            "hold_max": b.get("task_hold_ms", {}).get("max", 0.0)}
+
+
+def sustained(workload: Workload, variant: str, slo_ms: float, lo: float, hi: float, *,
+              jobs: int | None = None, step: float = 10.0) -> float:
+    """The highest rate (to ``step`` jobs/s) in [lo, hi] with p99 within ``slo_ms``, by
+    bisection (0 when even ``lo`` misses it)."""
+    if run_variant(workload, variant, lo, jobs=jobs)["latency_ms"]["p99"] > slo_ms:
+        return 0.0
+    if run_variant(workload, variant, hi, jobs=jobs)["latency_ms"]["p99"] <= slo_ms:
+        return hi
+    while hi - lo > step:
+        mid = (lo + hi) / 2
+        if run_variant(workload, variant, mid, jobs=jobs)["latency_ms"]["p99"] <= slo_ms:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, *,
+          variants: Sequence[str] = tuple(VARIANTS), jobs: int | None = None
+          ) -> dict[str, Any]:
+    """Every variant at every rate, and each variant's sustained rate within ``slo_ms``."""
+    out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms, "rates": {},
+                           "sustained": {}}
+    for v in variants:
+        out["rates"][v] = {str(r): row(run_variant(workload, v, r, jobs=jobs)) for r in rates}
+        out["sustained"][v] = sustained(workload, v, slo_ms, min(rates), max(rates), jobs=jobs)
+    return out
+
+
+def tables(result: dict[str, Any]) -> str:
+    """The sweep as text: sustained rate per variant, then per rate and variant."""
+    slo = result["slo_p99_ms"]
+    head = text_table([[v, f"{r:.0f}"] for v, r in result["sustained"].items()],
+                      ["variant", f"jobs/s within p99 <= {slo:g} ms"])
+    rows = []
+    for v, by_rate in result["rates"].items():
+        for rate, r in by_rate.items():
+            sizes = " ".join(f"{k}:{n}" for k, n in r["sizes"].items()) or "-"
+            rows.append([v, rate, f"{r['p50']:.1f}", f"{r['p99']:.1f}", f"{r['goodput']:.1f}",
+                         f"{r['attain']:.3f}", f"{r['size_mean']:.2f}", f"{r['size_p99']:.0f}",
+                         f"{r['hold_p99']:.2f}", f"{r['hold_max']:.2f}", sizes])
+    body = text_table(rows, ["variant", "rate/s", "p50 ms", "p99 ms", "goodput/s", "attain",
+                             "batch mean", "batch p99", "hold p99", "hold max", "sizes"])
+    return head + "\n\n" + body
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Sweep from the command line; 2 on a bad workload."""
+    ap = argparse.ArgumentParser(prog="python -m compass_celery.sim.batching",
+                                 description=__doc__)
+    ap.add_argument("--workload", required=True)
+    ap.add_argument("--rates", default="50,100,200,300,400,500,600,700,800")
+    ap.add_argument("--slo-ms", type=float, default=300.0, help="p99 latency target, ms")
+    ap.add_argument("--jobs", type=int, help="jobs per run (default the workload's)")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--json", help="write the result object here")
+    args = ap.parse_args(argv)
+    try:
+        workload = load_workload(args.workload)
+        names = [v.strip() for v in args.variants.split(",") if v.strip()]
+        unknown = [v for v in names if v not in VARIANTS]
+        if unknown:
+            ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
+        rates = [float(r) for r in args.rates.split(",")]
+        result = sweep(workload, rates, args.slo_ms, variants=names, jobs=args.jobs)
+    except CompassInputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(result, indent=2) + "\n")
+    print(tables(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
