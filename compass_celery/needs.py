@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import CompassInputError
+from .planner.batch import BatchError, BatchSpec, batch_spec
 from .planner.types import TaskSpec
 
 #: How to declare a model compass does not know, said by every refusal of one.
@@ -76,30 +77,17 @@ def call_slo(call_options: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: call[k] for k in SLO_OPTIONS if k in call} if isinstance(call, Mapping) else {}
 
 
-@dataclass(frozen=True)
-class BatchOptions:
-    """A batched task's ``compass_batch``: how many inputs one run takes at most, and
-    how long a forming batch may wait for more (ms, workload time)."""
-
-    max_size: int
-    max_wait_ms: float = 0.0
-
-
-def batch_options(task: Any) -> BatchOptions | None:
-    """A task's ``compass_batch`` declaration, checked (None: not batched)."""
+def batch_options(task: Any) -> BatchSpec | None:
+    """A task's ``compass_batch`` declaration, checked (None: not batched); a bad one
+    raises :class:`TaskDeclarationError` naming the field."""
     raw = getattr(task, "compass_batch", None) if task is not None else None
     if raw is None:
         return None
-    name = getattr(task, "name", "?")
-    if not isinstance(raw, Mapping) or set(raw) - {"max_size", "max_wait_ms"}:
-        raise TaskDeclarationError(f"task {name!r}: compass_batch must be a mapping with "
-                                   f"max_size and max_wait_ms, got {raw!r}")
-    size = raw.get("max_size")
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise TaskDeclarationError(f"task {name!r}: compass_batch max_size must be an "
-                                   f"integer >= 1, got {size!r}")
-    return BatchOptions(size, _number(raw.get("max_wait_ms", 0.0), "compass_batch "
-                                      "max_wait_ms", name))
+    try:
+        return batch_spec(raw, getattr(task, "compass_exec_ms", None))
+    except BatchError as exc:
+        raise TaskDeclarationError(f"task {getattr(task, 'name', '?')!r}: compass_{exc}") \
+            from None
 
 
 def check_batched_call(task: Any, args: Any, kwargs: Any) -> None:

@@ -33,8 +33,8 @@ from redis import RedisError
 from ..broker.kombu_redis import MessageError, parse_message
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
-from ..needs import BatchOptions
 from ..placement import Decision
+from ..planner.batch import BatchSpec
 from ..state.connection import StateUnavailable
 
 if TYPE_CHECKING:
@@ -134,7 +134,7 @@ class BatchRunner:
         self.sizes: dict[int, int] = {}  # batch size -> batches run (for stats)
 
     # -- the leader's path ----------------------------------------------------------------
-    def run(self, task: Any, opts: BatchOptions, value: Any) -> Any:
+    def run(self, task: Any, opts: BatchSpec, value: Any) -> Any:
         """Run the leader's ``value`` with every waiting input of the same task and model
         as one call of ``task.run``; settle the others; return (or raise) the leader's."""
         decision = Decision.from_header(getattr(task.request, "compass", None))
@@ -157,7 +157,7 @@ class BatchRunner:
             raise result
         return result
 
-    def _form(self, task: Any, opts: BatchOptions, model: str | None) -> list[Member]:
+    def _form(self, task: Any, opts: BatchSpec, model: str | None) -> list[Member]:
         """Claim what waits now; while a batch is forming, wait for more, at most
         ``max_wait_ms`` and never past a member's latest start."""
         members = self._claim(task, model, opts.max_size - 1)
