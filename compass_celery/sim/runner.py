@@ -35,10 +35,11 @@ from ..planner.adjust import choose_successor
 from ..planner.admission import (
     DEFAULT_HEADROOM,
     Slo,
+    cold_load_ms,
     job_finish_ms,
-    job_load_ms,
     job_wait_ms,
     judge,
+    plan_error_step,
     should_shed,
     tails_ms,
 )
@@ -52,7 +53,7 @@ from ..planner.static import (
     assign_replicas,
     expected_demand,
 )
-from ..planner.types import DagSpec
+from ..planner.types import ClusterView, DagSpec
 from ..settings import OPTIONS
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
@@ -87,6 +88,7 @@ class Job:
     slo: Slo | None = None
     due: float | None = None
     tails: dict[str, float] = field(default_factory=dict)
+    plan_end: float | None = None  # when its plan said it would end (workload ms)
     rejected: bool = False  # refused at arrival: nothing was sent (end = arrival)
     shed: bool = False  # dropped once it could no longer meet its deadline (end = then)
     late: bool = False  # admitted although predicted to miss its deadline
@@ -162,6 +164,7 @@ class Simulation:
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
         self.moved = 0
+        self.plan_error: dict[str, float] = {}  # SLO class -> learned plan error (ms)
         self.plan_ns: list[int] = []  # wall time of each policy.plan call
 
     def run(self, until_ms: float = math.inf) -> list[Job]:
@@ -187,7 +190,7 @@ class Simulation:
             return
         finally:
             self.plan_ns.append(time.perf_counter_ns() - started)
-        if not self._admit(job, plan.placements):
+        if not self._admit(job, plan.placements, snapshot):
             return
         preds = self.preds[dag.name]
         for node, placement in plan.placements.items():
@@ -200,22 +203,28 @@ class Simulation:
             if not preds[node]:
                 self._send(job, node, job.planned[node])
 
-    def _admit(self, job: Job, placements: dict[str, Any]) -> bool:
+    def _admit(self, job: Job, placements: dict[str, Any], snapshot: ClusterView) -> bool:
         """Judge the job's plan as the real submit does (``planner.admission.judge`` on
-        its predicted finish and wait); a refused job ends at arrival with nothing sent.
-        A taken job with a deadline gets its due time and, when it sheds, its tails."""
+        its predicted finish and wait, its cold loads and its class's learned plan
+        error); a refused job ends at arrival with nothing sent. A taken job with a
+        deadline gets its due time, its planned end and, when it sheds, its tails."""
         slo = job.slo = self.slos[job.dag.name]
         if slo is None and self.max_queue_ms is None:
             return True  # judge would take it, unmarked: skip the two passes over the plan
+        resident = {m for w in snapshot.workers for m in w.resident}
+        models = {n: t.model for n, t in job.dag.nodes.items()}
         verdict = judge(slo, job_finish_ms(placements), job_wait_ms(placements),
                         max_queue_ms=self.max_queue_ms, admission=self.admission,
-                        load_ms=job_load_ms(placements), headroom=self.headroom)
+                        load_ms=cold_load_ms(placements, models, resident),
+                        headroom=self.headroom,
+                        error_ms=self.plan_error.get(slo.name, 0.0) if slo else 0.0)
         if not verdict.admitted:
             job.rejected, job.end = True, job.arrival
             return False
         job.late = verdict.late
         if slo is not None and slo.deadline_ms is not None:
             job.due = job.arrival + slo.deadline_ms
+            job.plan_end = job.arrival + job_finish_ms(placements)
             if slo.sheds and verdict.sheds:
                 job.tails = tails_ms(placements)
         return True
@@ -252,6 +261,7 @@ class Simulation:
             return
         if len(job.finish) == len(job.dag.nodes):
             job.end = now
+            self._learn(job, now)
         released = []
         for succ in self.succs[job.dag.name][task.node]:
             job.waiting[succ] -= 1
@@ -261,7 +271,8 @@ class Simulation:
                 s in job.tails and should_shed(now / MS_PER_S, job.due / MS_PER_S, job.tails[s])
                 for s in released):
             self.cluster.withheld += len(released)
-            self._shed(job)  # the runtime's _too_late: fail the job instead of sending
+            # the runtime's _too_late: fail the job instead of sending
+            self._shed(job, max(job.tails.get(s, 0.0) for s in released))
             return
         for succ in released:
             self._send(job, succ, self._target(job, succ))
@@ -288,18 +299,28 @@ class Simulation:
 
     def _dropped(self, task: SimTask, worker: SimWorker) -> None:
         """A worker dropped a task past its latest start: its job is shed."""
-        self._shed(task.job)
+        self._shed(task.job, task.tail_ms or 0.0)
 
-    def _shed(self, job: Job) -> None:
+    def _shed(self, job: Job, tail_ms: float = 0.0) -> None:
         """Fail a job that can no longer meet its deadline: its queued tasks are revoked
         unrun and its planned-not-sent work given back (started ones run out)."""
         if job.shed or job.failed:
             return
         job.shed, job.end = True, self.engine.now
+        self._learn(job, self.engine.now + tail_ms)  # the end it could at best have had
         for worker, ms in job.pending.values():
             self.cluster.by_name[worker].add_pending(-ms)
         job.pending.clear()
         self.cluster.revoke(job.tasks)
+
+    def _learn(self, job: Job, end: float) -> None:
+        """How late against its plan a job with a deadline ran, folded into its class's
+        learned plan error as the runtime's workers do (``plan_error_step``)."""
+        if job.plan_end is None or job.slo is None:
+            return
+        name = job.slo.name
+        self.plan_error[name] = plan_error_step(self.plan_error.get(name, 0.0),
+                                                end - job.plan_end)
 
 
 def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,

@@ -247,9 +247,10 @@ def test_judge_gets_the_plans_finish_and_wait(monkeypatch):
     slo, predicted, wait, kw = calls[0]
     assert slo == w.slo("one") and slo.deadline_ms == 300.0
     assert predicted == pytest.approx(100.0 + 30.0)  # cold: the 150 MB load, then the run
+    # the first job: the model loads on a cold cluster (nobody holds it), nothing learned
     assert wait == 0.0 and kw == {"max_queue_ms": 5000.0, "admission": False,
                                   "load_ms": pytest.approx(100.0),
-                                  "headroom": DEFAULT_HEADROOM}
+                                  "headroom": DEFAULT_HEADROOM, "error_ms": 0.0}
 
 
 def test_cli_admission_flags_and_table(tmp_path, capsys):
