@@ -36,7 +36,14 @@ from .faults import live_workers, schedule_faults
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
 from .slo import expiring_dag, read_records, submit
-from .stats import JobOutcome, duplicate_count, duplicated_ids, latency_summary, policy_result
+from .stats import (
+    JobOutcome,
+    duplicate_count,
+    duplicated_ids,
+    job_records,
+    latency_summary,
+    policy_result,
+)
 from .terms import hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
@@ -317,6 +324,7 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
     result["latencies_ms"] = [round(o.end_ms - o.arrival_ms, 3)  # type: ignore[operator]
                               for o in sent.outcomes if o.completed
                               and o.index >= int(len(sent.outcomes) * opts.warmup_frac)]
+    result["per_job"] = job_records(sent.outcomes)  # warm-up included, marked by index
     return result
 
 

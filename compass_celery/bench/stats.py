@@ -74,6 +74,21 @@ def policy_result(jobs: Sequence[JobOutcome], warmup_frac: float, hits: int, mis
     }
 
 
+def job_records(jobs: Sequence[JobOutcome]) -> list[dict[str, object]]:
+    """Every job as the bench JSON keeps it: template, SLO class, arrival and latency
+    (workload ms; None when it gave no answer) and its outcome: ``met`` (answered, by its
+    deadline if it had one), ``late`` (answered after it), ``rejected``, ``shed``,
+    ``failed`` or ``lost``."""
+    out = []
+    for j in jobs:
+        outcome = ("rejected" if j.rejected else "shed" if j.shed else "failed" if j.failed
+                   else "lost" if j.end_ms is None else "met" if j.met else "late")
+        latency = round(j.end_ms - j.arrival_ms, 3) if j.completed else None  # type: ignore[operator]
+        out.append({"i": j.index, "dag": j.dag, "slo": j.slo, "arrival_ms": round(j.arrival_ms, 3),
+                    "latency_ms": latency, "outcome": outcome})
+    return out
+
+
 def slo_result(jobs: Sequence[JobOutcome], warmup_frac: float) -> dict[str, object]:
     """Deadline outcomes, in all and per SLO class: admitted, rejected, shed, late, met,
     attainment (met / all jobs), goodput (met per second of the run), the latency of

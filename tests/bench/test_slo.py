@@ -166,3 +166,17 @@ def test_markdown_tables_one_per_rate_with_extra_runs(tmp_path) -> None:
     assert "16 jobs/s" in text and "| compass, admission off | 1 | 1 |" in text
     assert "| compass, admission on (again) | 1 | 1 | 0 | 50.0% | 100.0% |" in text
     assert "celery-default + `expires=` deadline" in text and "| 2.00 |" in text
+
+
+def test_every_job_is_in_the_json_with_its_outcome():
+    from compass_celery.bench.stats import JobOutcome, job_records
+
+    jobs = [JobOutcome(0, "a", 0.0, 100.0, slo="interactive", deadline_ms=400.0),
+            JobOutcome(1, "a", 10.0, 600.0, slo="interactive", deadline_ms=400.0),
+            JobOutcome(2, "a", 20.0, 21.0, slo="interactive", deadline_ms=400.0,
+                       rejected=True),
+            JobOutcome(3, "a", 30.0, 90.0, slo="interactive", deadline_ms=400.0, shed=True),
+            JobOutcome(4, "b", 40.0, None)]
+    rows = job_records(jobs)
+    assert [r["outcome"] for r in rows] == ["met", "late", "rejected", "shed", "lost"]
+    assert rows[0]["latency_ms"] == 100.0 and rows[2]["latency_ms"] is None
