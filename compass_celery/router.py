@@ -132,10 +132,8 @@ class CompassRouter:
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
-        cold = decision.load_ms if decision.model is not None and not any(
-            decision.model in w.resident for w in snapshot.workers) else 0.0
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, cold, snapshot.profiles)
+                        decision.wait_ms, decision.load_ms, snapshot.profiles)
         if slo is None:
             return decision
         due = due_at(c, slo)

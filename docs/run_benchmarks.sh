@@ -191,41 +191,60 @@ done
 
 slo() {
 # 15. serving an SLO under overload: edge-vision with every job in class interactive (400 ms
-# deadline), at the knee (16 jobs/s) and twice it, time scale 1.0, 350 jobs; compass and jsq
+# deadline), at the knee (16 jobs/s) and twice it, time scale 1.0, 600 jobs; compass and jsq
 # with admission on and off, and plain Celery with expires= at each job's deadline
+rm -rf "$out/slo/before-headroom"
 local rate adm policies
 for rate in 16 32; do
   for adm in on off; do
     policies=compass,jsq; [[ $adm == on ]] && policies=compass,jsq,celery-expires
     run compass-celery bench --workload "$out/slo/edge-vision-slo.json" --rate "$rate" \
-        --jobs 350 --time-scale 1.0 --policies "$policies" --admission "$adm" --quiet \
+        --jobs 600 --time-scale 1.0 --policies "$policies" --admission "$adm" --quiet \
         --json "$out/slo/edge-vision-$rate-$adm.json" | tee "$out/slo/edge-vision-$rate-$adm.txt"
   done
 done
-# compass alone again at twice the knee, and with more of the deadline kept as headroom
-local base=(compass-celery bench --workload "$out/slo/edge-vision-slo.json" --jobs 350
-            --time-scale 1.0 --policies compass --admission on --quiet)
-run "${base[@]}" --rate 32 --json "$out/slo/repeat-edge-vision-32-on.json" \
-    | tee "$out/slo/repeat-edge-vision-32-on.txt"
-for rate in 16 32; do
-  run "${base[@]}" --rate "$rate" --headroom 0.4 \
-      --json "$out/slo/headroom-0.4-edge-vision-$rate-on.json" \
-      | tee "$out/slo/headroom-0.4-edge-vision-$rate-on.txt"
-done
-run "${base[@]}" --rate 32 --headroom 0.4 \
-    --json "$out/slo/headroom-0.4-repeat-edge-vision-32-on.json" \
-    | tee "$out/slo/headroom-0.4-repeat-edge-vision-32-on.txt"
-run "${base[@]}" --rate 32 --headroom 0.3 --json "$out/slo/headroom-0.3-edge-vision-32-on.json" \
-    | tee "$out/slo/headroom-0.3-edge-vision-32-on.txt"
 # the bursty mixed workload: interactive and batch classes, bursts at about twice capacity
 run compass-celery bench --workload dags/bursty-mixed.json --time-scale 1.0 \
     --policies compass,jsq,celery-expires --quiet --json "$out/slo/bursty-mixed.json" \
     | tee "$out/slo/bursty-mixed.txt"
 python -m compass_celery.bench.slo "$out/slo" | tee "$out/slo/tables.md"
+# the simulator on the same workload, at 4 and 1,000 workers (rates scaled to match)
+for rate in 16 32; do
+  run python -m compass_celery.sim --workload "$out/slo/edge-vision-slo.json" --rate "$rate" \
+      --jobs 2000 --policies compass,jsq,celery-default --table | tee "$out/slo/sim-$rate.txt"
+done
+for rate in 4000 8000; do
+  run python -m compass_celery.sim --workload "$out/slo/edge-vision-slo.json" --rate "$rate" \
+      --workers 1000 --jobs 20000 --policies compass,jsq --table \
+      | tee "$out/slo/sim-1000w-$rate.txt"
+done
+}
+
+# 16. interactive work under a batch flood, on Redis and on RabbitMQ (a vhost of its own)
+flood() {
+mkdir -p "$out/flood"
+python -c "from tests.support.amqp_fixtures import create_vhost; create_vhost('compass-flood')"
+run python -m compass_celery.bench.flood --seconds 30 --broker redis \
+    --broker amqp://guest:guest@127.0.0.1:5672/compass-flood --json "$out/flood/flood.json" \
+    | tee "$out/flood/flood.txt"
+}
+
+# 17. a long soak: key count, Redis memory and worker RSS over ten minutes, Redis restarted
+soak() {
+mkdir -p "$out/soak"
+run python -m compass_celery.bench.soak --minutes 10 --rate 2 --workers 2 --job-ttl-s 60 \
+    --restart-redis-at-s 300 --sample-s 5 --json "$out/soak/soak-10min.json" \
+    | tee "$out/soak/soak-10min.txt"
+}
+
+# 18. batching in the simulator: the rate each variant sustains within a 300 ms p99
+batching() {
+run python -m compass_celery.sim.batching --workload dags/batch-embed.json --jobs 6000 \
+    | tee "$out/batching-sim.txt"
 }
 
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel
 sections=("$@")
 ((${#sections[@]})) || sections=(main faults sim hotpath egress cache sweep multimodel amqp regress
-                                 real realsim slo)
+                                 real realsim slo flood soak batching)
 for section in "${sections[@]}"; do "$section"; done

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from ..admission import admit, due_at
 from ..needs import learned_loads, profile_key
 from ..placement import Decision
-from ..planner.admission import Slo, cold_load_ms, job_finish_ms, job_wait_ms, tails_ms
+from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
@@ -94,10 +94,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     spec = _learned(c, spec, nodes)
     plan, snapshot = _plan(c, spec,
                            max((v.get("priority") or 0 for v in nodes.values()), default=0))
-    resident = {m for w in snapshot.workers for m in w.resident} if snapshot else set()
     verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    cold_load_ms(plan, {n: v["model"] for n, v in nodes.items()}, resident),
-                    snapshot.profiles if snapshot else None)
+                    job_load_ms(plan), snapshot.profiles if snapshot else None)
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})

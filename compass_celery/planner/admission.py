@@ -17,7 +17,7 @@ planner; ``time_scale`` (real seconds per workload second) converts to wall time
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +41,10 @@ DEFAULT_SLO_CLASSES: dict[str, dict[str, Any]] = {
 #: the first tasks of jobs that came later; each task pays a hop the plan does not
 #: count); the headroom absorbs that error, so what is admitted meets its deadline.
 DEFAULT_HEADROOM = 0.1
+
+#: A plan that starts within this share of the deadline has an idle worker to itself: a
+#: miss then caused only by a model load is capacity being added, not lacking.
+IDLE_SHARE = 0.05
 
 #: Admission also learns how late its plans run (:func:`plan_error_step`): the quantile
 #: of (measured - predicted) job finish it tracks, and the step (ms) of each update.
@@ -162,9 +166,13 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     been running (the learned quantile of :func:`plan_error_step`; never negative here).
 
     A job that misses only because its plan loads models (``load_ms``, the loads it
-    plans) is taken late (``kind='cold'``) and run to the end, not refused: refusing it
-    would leave the model unloaded, and every later job needing it refused too, for
-    good, whenever the deadline is shorter than the load."""
+    plans) onto a worker that would start it at once (``wait_ms`` within
+    :data:`IDLE_SHARE` of the deadline) is taken late (``kind='cold'``) and run to the
+    end, not refused. A load onto an idle worker is how the cluster gains capacity for a
+    model: refusing it would leave the model where it is (or nowhere, at a cold start),
+    and every later job needing another copy refused too, for good, whenever the
+    deadline is shorter than the load. With no idle worker the miss is a lack of
+    capacity, and the job is refused."""
     deadline = slo.deadline_ms if slo is not None else None
     if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
         return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
@@ -184,7 +192,7 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     if not admission or slo is None or slo.on_miss == LATE:
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
                        miss_ms=miss, reason=why, kind="deadline")
-    if load_ms > 0 and predicted_ms - load_ms <= target:
+    if load_ms > 0 and wait_ms <= IDLE_SHARE * deadline and predicted_ms - load_ms <= target:
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
                        miss_ms=miss, kind="cold",
                        reason=why + f", only because it loads {load_ms:.0f} ms of models: "
@@ -214,16 +222,6 @@ def job_load_ms(plan: Mapping[str, Placement]) -> float:
     """The model loads a planned job makes (their sum: an upper bound on what they add
     to its finish)."""
     return sum(p.load_ms for p in plan.values())
-
-
-def cold_load_ms(plan: Mapping[str, Placement], models: Mapping[str, str | None],
-                 resident: Iterable[str]) -> float:
-    """The loads a plan makes of models that no live worker holds (``resident``: every
-    model resident somewhere): the only loads that make a miss a cold start. A load of
-    a model held elsewhere means its holders are busy: a miss for want of capacity."""
-    held = set(resident)
-    return sum(p.load_ms for n, p in plan.items()
-               if models.get(n) is not None and models[n] not in held)
 
 
 def job_wait_ms(plan: Mapping[str, Placement]) -> float:

@@ -35,8 +35,8 @@ from ..planner.adjust import choose_successor
 from ..planner.admission import (
     DEFAULT_HEADROOM,
     Slo,
-    cold_load_ms,
     job_finish_ms,
+    job_load_ms,
     job_wait_ms,
     judge,
     plan_error_step,
@@ -211,11 +211,9 @@ class Simulation:
         slo = job.slo = self.slos[job.dag.name]
         if slo is None and self.max_queue_ms is None:
             return True  # judge would take it, unmarked: skip the two passes over the plan
-        resident = {m for w in snapshot.workers for m in w.resident}
-        models = {n: t.model for n, t in job.dag.nodes.items()}
         verdict = judge(slo, job_finish_ms(placements), job_wait_ms(placements),
                         max_queue_ms=self.max_queue_ms, admission=self.admission,
-                        load_ms=cold_load_ms(placements, models, resident),
+                        load_ms=job_load_ms(placements),
                         headroom=self.headroom,
                         error_ms=self.plan_error.get(slo.name, 0.0) if slo else 0.0)
         if not verdict.admitted:

@@ -10,7 +10,6 @@ from compass_celery.planner.admission import (
     DEFAULT_SLO_CLASSES,
     Slo,
     SloError,
-    cold_load_ms,
     job_finish_ms,
     job_wait_ms,
     judge,
@@ -132,9 +131,10 @@ def test_the_plan_error_quantile_settles_where_tau_of_the_errors_are_within_it()
     assert 0.93 <= within <= 0.97, (q, within)
 
 
-def test_only_loads_of_models_nobody_holds_make_a_miss_cold():
-    plan = {"a": Placement("a", "w1", "q", 0.0, 700.0, load_ms=600.0),
-            "b": Placement("b", "w2", "q", 700.0, 750.0, load_ms=40.0)}
-    models = {"a": "captioner", "b": "translator"}
-    assert cold_load_ms(plan, models, {"translator"}) == 600.0
-    assert cold_load_ms(plan, models, {"captioner", "translator"}) == 0.0
+def test_a_load_only_miss_is_cold_only_on_a_worker_that_would_start_at_once():
+    """Loading onto an idle worker adds capacity (take it late); a load behind a queue
+    is a lack of capacity (refuse)."""
+    idle = judge(STRICT, 500.0, wait_ms=10.0, load_ms=300.0, headroom=0.1)
+    assert idle.admitted and idle.kind == "cold"
+    queued = judge(STRICT, 500.0, wait_ms=100.0, load_ms=300.0, headroom=0.1)
+    assert not queued.admitted and queued.kind == "deadline"

@@ -103,6 +103,46 @@ def test_a_worker_killed_mid_batch_loses_nothing(compass_redis_url, compass_work
     del busy
 
 
+def test_sigterm_with_a_half_formed_batch_queued_loses_nothing(compass_redis_url,
+                                                              compass_workers):
+    """A deploy stops a worker mid-batch with more inputs queued: the running batch ends
+    and is acked, the queued inputs are handed back, and every input runs once."""
+    import signal
+
+    app, ws = _cluster(compass_redis_url, compass_workers, ["t1@batch", "t2@batch"])
+    slow = app.tasks["j.embed_slow"]
+    queue = app.compass.destination(app.compass.queue_for("t1@batch"))
+    rs = [slow.apply_async((f"y{i}",), queue=queue) for i in range(3)]
+    wait_until(lambda: len(_batches(app)) >= 1, 20, "the first batch to start")
+    rs += [slow.apply_async((f"y{i}",), queue=queue) for i in range(3, 6)]  # half-formed
+    ws[0].kill(signal.SIGTERM)  # warm shutdown
+    assert [r.get(timeout=60) for r in rs] == [f"e(y{i})" for i in range(6)], worker_logs(ws)
+    assert all(int(app.log.hget("execs", f"embed:y{i}")) == 1 for i in range(6))
+
+
+def test_redis_paused_during_a_batch_loses_nothing(compass_redis_server, compass_redis_url,
+                                                   compass_workers):
+    """Redis freezes while a batch runs: its members' results are stored and acked once
+    it is back, each input once."""
+    import os
+    import signal
+
+    app, ws = _cluster(compass_redis_url, compass_workers, ["p1@batch"])
+    slow = app.tasks["j.embed_slow"]
+    busy = app.tasks["j.wait"].delay(0, 1.0)
+    time.sleep(0.2)
+    rs = [slow.delay(f"z{i}") for i in range(4)]
+    wait_until(lambda: len(_batches(app)) >= 1, 20, "the batch to start")
+    os.kill(compass_redis_server.proc.pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.0)  # the batch ends while Redis is frozen
+    finally:
+        os.kill(compass_redis_server.proc.pid, signal.SIGCONT)
+    assert [r.get(timeout=60) for r in rs] == [f"e(z{i})" for i in range(4)], worker_logs(ws)
+    assert all(int(app.log.hget("execs", f"embed:z{i}")) == 1 for i in range(4))
+    assert busy.get(timeout=20) == 0
+
+
 def test_batched_calls_take_one_input_each(compass_redis_url):
     app = make_app(compass_redis_url)
     with pytest.raises(TaskDeclarationError, match="send one input per call"):
