@@ -245,13 +245,7 @@ class SimWorker:
     def _pop(self) -> SimTask:
         """Take the head task off the queue."""
         task = self.queue.popleft()
-        if task.model is not None:
-            left = self.queued_models[task.model] - 1
-            if left:
-                self.queued_models[task.model] = left
-            else:
-                del self.queued_models[task.model]
-        self._unkey(task)
+        self._uncount(task)
         return task
 
     def remove(self, task: SimTask) -> None:
@@ -263,8 +257,8 @@ class SimWorker:
             self.settling = True
             self.engine.at(self.engine.now, self.settle)
 
-    def _forget(self, task: SimTask) -> None:
-        """Undo a queued task's bookkeeping (model count, backlog)."""
+    def _uncount(self, task: SimTask) -> None:
+        """A task leaves the queue: off the queued-model counts and its forming batch."""
         if task.model is not None:
             left = self.queued_models[task.model] - 1
             if left:
@@ -272,6 +266,10 @@ class SimWorker:
             else:
                 del self.queued_models[task.model]
         self._unkey(task)
+
+    def _forget(self, task: SimTask) -> None:
+        """Undo a queued task's bookkeeping (model count, backlog)."""
+        self._uncount(task)
         self.backlog_ms -= task.charged_ms
         task.where = None
         self.touch()
