@@ -267,10 +267,10 @@ def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: floa
         outcome = JobOutcome(i, name, clock())
         sent.outcomes.append(outcome)
         try:
-            # warm-up jobs carry no deadline: they load the models, as a service warms up
-            # before it takes traffic, so the deadlines scored are those of a warm cluster
-            handle = submit(dags[name], outcome, slos.get(name) if i >= sent.skip else None,
-                            clock)
+            # warm-up jobs carry their deadlines too, as a service's first traffic does:
+            # the first loads are taken late (a cold start) and admission starts learning
+            # how late its plans run; only the jobs after warm-up are scored
+            handle = submit(dags[name], outcome, slos.get(name), clock)
         except Exception as exc:  # a failed submission is a failed job, never a lost one
             echo(f"  job {i} ({name}) failed at submission: {exc}")
             outcome.end_ms, outcome.failed = clock(), True

@@ -48,26 +48,30 @@ SEEN_RUNNING_S = 1.0
 
 class OutputCache:
     """Recent node outputs on a worker, for collocated successors (LRU, capped in bytes
-    of their JSON, so a few large outputs cannot take the worker's memory)."""
+    of their JSON, so a few large outputs cannot take the worker's memory). An output
+    is only worth keeping while its successors may still start here: a job's outputs go
+    when it ends on this worker, and any output once it is ``max_age_s`` old (a successor
+    that starts later reads it from Redis), so the cache empties when the load stops
+    instead of filling to its cap."""
 
-    def __init__(self, capacity_bytes: int = 256 * 2**20) -> None:
-        self.capacity_bytes = capacity_bytes
-        self._items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+    def __init__(self, capacity_bytes: int = 256 * 2**20, max_age_s: float = 60.0) -> None:
+        self.capacity_bytes, self.max_age_s = capacity_bytes, max_age_s
+        # (job, node) -> (value, size, when kept), oldest first
+        self._items: OrderedDict[tuple[str, str], tuple[Any, int, float]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = 0
 
     def put(self, job: str, node: str, value: Any, size: int) -> None:
         """Keep a node's output for local successors, evicting the oldest; too large is not kept."""
+        now = time.monotonic()
+        self._expire(now)
         if size > self.capacity_bytes:
             return  # would evict everything else; its successors read Redis
-        old = self._items.pop((job, node), None)
-        if old is not None:
-            self.bytes -= old[1]
-        self._items[(job, node)] = (value, size)
+        self._pop((job, node))
+        self._items[(job, node)] = (value, size, now)
         self.bytes += size
         while self.bytes > self.capacity_bytes:
-            _, (_, dropped) = self._items.popitem(last=False)
-            self.bytes -= dropped
+            self._pop(next(iter(self._items)))
 
     def get(self, job: str, node: str) -> tuple[bool, Any]:
         """``(True, value)`` if the output is held here, else ``(False, None)``; counts hits."""
@@ -77,6 +81,23 @@ class OutputCache:
             return True, self._items[key][0]
         self.misses += 1
         return False, None
+
+    def drop_job(self, job: str) -> None:
+        """Forget every output of a job that has ended."""
+        for key in [k for k in self._items if k[0] == job]:
+            self._pop(key)
+
+    def _expire(self, now: float) -> None:
+        while self._items:
+            key, (_, _, kept) = next(iter(self._items.items()))
+            if now - kept <= self.max_age_s:
+                return
+            self._pop(key)
+
+    def _pop(self, key: tuple[str, str]) -> None:
+        old = self._items.pop(key, None)
+        if old is not None:
+            self.bytes -= old[1]
 
 
 # -- completion (runs on the worker that finished a node) ------------------------------
@@ -168,6 +189,7 @@ class JobRuntime:
             return []
         if status == "finished":  # nothing left to time out (see forget_deadline)
             forget_deadline(self.c, job_id, pipe)
+            self.outputs.drop_job(job_id)
             self._deadline_outcome(job, float(timing.get("finished") or time.time()))
         if status in ("missing", "late") or (status == "duplicate" and not released):
             logger.warning("compass: completion of %s/%s ignored (%s)", job_id, node,
@@ -176,7 +198,7 @@ class JobRuntime:
         if status == "duplicate":
             logger.warning("compass: completion of %s/%s is a duplicate; sending %s, released "
                            "but never confirmed sent", job_id, node, [r[0] for r in released])
-        else:
+        elif status != "finished":  # an ended job's outputs have no successor left to feed
             self.outputs.put(job_id, node, retval, len(output))
             if released:  # still running: its successors were just released
                 self._saw_running(job_id)
@@ -325,6 +347,7 @@ class JobRuntime:
              task: str | None = None) -> str:
         """Fail the job once (fail.lua), revoke its outstanding tasks, release pending."""
         self._seen_running.pop(job["id"], None)  # its queued nodes here are checked again
+        self.outputs.drop_job(job["id"])
         return fail_job(self.c, job["id"], {
             "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
             "worker": self.name,

@@ -100,3 +100,24 @@ def test_dag_size_limit(app):
         dag.node(f"n{i}", app.tasks["e.src"].s(i))
     with pytest.raises(DagValidationError, match="more than 3"):
         dag.apply_async()
+
+
+def test_a_workers_output_cache_lets_go_of_ended_and_old_outputs(monkeypatch):
+    """Outputs kept for collocated successors go when their job ends here, and once too
+    old for a successor to want them, so the cache empties when the load stops."""
+    import time as _time
+
+    from compass_celery.jobs.runtime import OutputCache
+
+    clock = [100.0]
+    monkeypatch.setattr(_time, "monotonic", lambda: clock[0])
+    cache = OutputCache(capacity_bytes=10_000, max_age_s=60.0)
+    cache.put("j1", "a", "x", 10)
+    cache.put("j1", "b", "y", 10)
+    cache.put("j2", "a", "z", 10)
+    cache.drop_job("j1")
+    assert cache.get("j1", "a") == (False, None) and cache.get("j2", "a") == (True, "z")
+    assert cache.bytes == 10
+    clock[0] += 61.0
+    cache.put("j3", "a", "w", 10)  # the next put expires what is too old
+    assert cache.get("j2", "a") == (False, None) and cache.bytes == 10
