@@ -147,9 +147,12 @@ class Verdict:
 
     @property
     def sheds(self) -> bool:
-        """Whether the admitted job may be dropped once it falls behind (a cold one is
-        taken to load its models, so it runs to the end)."""
-        return self.admitted and self.kind != "cold"
+        """Whether the admitted job may be dropped once it falls behind: only one taken as
+        on time. A job taken late (its class asks for the answer however late, admission
+        is off, or it loads a model onto an idle worker) runs to the end: dropping it for
+        a miss it was taken with would only waste the work, and a cold one would leave
+        its model unloaded for good."""
+        return self.admitted and not self.late
 
 
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,

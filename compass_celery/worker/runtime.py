@@ -68,6 +68,7 @@ class WorkerRuntime:
         self.tasks = TaskPath(compass, name, self.cfg, self.cache, served, self.jobs,
                               self.leases, self.queued_decisions, self.publisher.wake,
                               self._stopping)
+        self.batches = BatchRunner(compass, queue, self.cfg, self.tasks, self.jobs, self.leases)
         self.watchdog = Watchdog(compass, name, self.publisher,
                                  self.cfg["heartbeat_timeout_s"], self._stopping)
 
@@ -99,8 +100,7 @@ class WorkerRuntime:
     def start(self) -> None:
         """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
-        set_current_batcher(BatchRunner(self.compass, self.queue, self.cfg, self.tasks,
-                                        self.jobs, self.leases))
+        set_current_batcher(self.batches)
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
         self._say_what_cannot_load()
@@ -208,7 +208,9 @@ class WorkerRuntime:
                 "compass_backlog_ms": round(self.queued_backlog_ms(), 1),
                 "compass_running": self.tasks.running(),
                 "compass_cache_hits": c.hits, "compass_cache_misses": c.misses,
-                "compass_cache_loads": c.loads, "compass_cache_evictions": c.evictions}
+                "compass_cache_loads": c.loads, "compass_cache_evictions": c.evictions,
+                "compass_batches": ", ".join(f"{n} x{k}" for n, k in
+                                             sorted(self.batches.sizes.items()))}
 
     def _cluster(self) -> ClusterView | None:
         """The planner's view of the cluster (with demand), for the cache's rank. Read from

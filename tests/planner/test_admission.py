@@ -138,3 +138,9 @@ def test_a_load_only_miss_is_cold_only_on_a_worker_that_would_start_at_once():
     assert idle.admitted and idle.kind == "cold"
     queued = judge(STRICT, 500.0, wait_ms=100.0, load_ms=300.0, headroom=0.1)
     assert not queued.admitted and queued.kind == "deadline"
+
+
+def test_only_a_job_taken_as_on_time_is_shed_when_it_falls_behind():
+    assert judge(STRICT, 300.0).sheds
+    assert not judge(STRICT, 900.0, admission=False).sheds  # taken late: runs to the end
+    assert not judge(Slo("report", 400.0, "late"), 900.0).sheds

@@ -47,13 +47,15 @@ def slo_workload(dags=None, **kw):
     return parse_workload(raw_workload(dags, **kw))
 
 
-def run(w, *, admission_on=True, max_queue_ms=None, policy="compass"):
-    """The finished Simulation (jobs, cluster counters) and its result record."""
+def run(w, *, admission_on=True, max_queue_ms=None, policy="compass", hop_ms=0.0):
+    """The finished Simulation (jobs, cluster counters) and its result record; ``hop_ms``
+    is per-task work the plans do not count, so jobs taken as on time fall behind."""
     stream = job_stream(w)
-    sim = Simulation(w, policy, stream, admission=admission_on, max_queue_ms=max_queue_ms)
+    sim = Simulation(w, policy, stream, admission=admission_on, max_queue_ms=max_queue_ms,
+                     hop_ms=hop_ms)
     sim.run()
-    record = simulate(w, [policy], admission=admission_on,
-                      max_queue_ms=max_queue_ms)["policies"][policy]
+    record = simulate(w, [policy], admission=admission_on, max_queue_ms=max_queue_ms,
+                      hop_ms=hop_ms)["policies"][policy]
     return sim, record
 
 
@@ -82,13 +84,14 @@ def test_without_admission_or_shedding_attainment_collapses():
     assert judged["slo"]["fast"]["attainment"] > 4 * late["slo"]["fast"]["attainment"]
 
 
-def test_admission_off_takes_every_job_late_and_sheds_what_falls_behind():
+def test_admission_off_takes_every_job_and_runs_the_late_ones_to_the_end():
+    """Off, nothing is refused; a job taken although its plan misses is marked late and
+    never shed (dropping it would only waste what it already cost)."""
     sim, r = run(slo_workload(), admission_on=False)
     s = r["slo"]["fast"]
-    assert s["rejected"] == 0 and s["admitted"] == s["jobs"]
-    assert s["late"] > 0 and s["shed"] > 0
-    shed = [j for j in sim.jobs if j.shed]
-    assert shed and all(j.late for j in shed[len(shed) // 2:])
+    assert s["rejected"] == 0 and s["admitted"] == s["jobs"] and s["late"] > 0
+    late = [j for j in sim.jobs if j.late]
+    assert late and not any(j.shed for j in late)
 
 
 def test_admission_off_multi_task_jobs_lose_attainment():
@@ -102,13 +105,14 @@ def test_admission_off_multi_task_jobs_lose_attainment():
 
 
 def test_shedding_drops_tasks_before_they_run():
-    sim, r = run(slo_workload(), admission_on=False)
+    sim, r = run(slo_workload(), hop_ms=40.0)
     dropped = [t for j in sim.jobs for t in j.tasks if t.dropped]
     assert dropped and all(t.start_at < 0 for t in dropped)
     ran = sum(t.start_at >= 0 for j in sim.jobs for t in j.tasks)
     assert ran == sim.cluster.started == r["tasks"]["run"]
-    assert ran + sim.cluster.dropped == 400  # each single-task job ran or was dropped
-    assert r["tasks"]["run"] < 400
+    taken = sum(not j.rejected for j in sim.jobs)
+    assert ran + sim.cluster.dropped == taken  # each single-task job taken ran or was dropped
+    assert r["tasks"]["run"] < taken
     # nothing started past its latest start (the deadline less its tail)
     for j in sim.jobs:
         for t in j.tasks:
@@ -117,8 +121,7 @@ def test_shedding_drops_tasks_before_they_run():
 
 
 def test_a_shed_job_has_its_queued_tasks_revoked_and_nothing_runs_after():
-    w = slo_workload({"fan": FAN}, rate=40.0, deadline_ms=250.0)
-    sim, r = run(w, admission_on=False)
+    sim, r = run(slo_workload({"fan": FAN}), hop_ms=40.0)
     shed = [j for j in sim.jobs if j.shed]
     assert shed and sim.cluster.revoked + sim.cluster.withheld > 0
     for j in shed:
@@ -138,7 +141,7 @@ def test_successors_released_too_late_are_withheld_and_the_job_shed():
     chain = {"nodes": {"a": {"model": "m", "exec_ms": 20}, "b": {"model": "m", "exec_ms": 30}},
              "edges": [["a", "b"]]}
     w = slo_workload({"ab": chain}, rate=40.0, deadline_ms=250.0)
-    sim = Simulation(w, "compass", job_stream(w), admission=False, hop_ms=5.0)
+    sim = Simulation(w, "compass", job_stream(w), hop_ms=40.0)
     sim.run()
     assert sim.cluster.withheld > 0
     withheld = [j for j in sim.jobs if j.shed and "a" in j.finish and

@@ -52,6 +52,11 @@ def test_waiting_inputs_run_as_one_batch_and_each_caller_gets_its_own(compass_re
     wait_until(lambda: app.compass.store.snapshot(time.time(), 3.0).workers[0].backlog_ms
                < 1, 10, "the backlog to settle")
     assert app.log.hlen("unacked") == 0
+    # the batch sizes are on the worker's inspect stats (Flower's worker page)
+    stats = wait_until(lambda: app.control.inspect(destination=["b1@batch"],
+                                                   timeout=2.0).stats(), 20, "a stats reply")
+    sizes = dict(p.split(" x") for p in stats["b1@batch"]["compass_batches"].split(", "))
+    assert sum(int(n) * int(k) for n, k in sizes.items()) == 7, sizes
 
 
 def test_an_idle_worker_runs_one_input_at_once(compass_redis_url, compass_workers):
