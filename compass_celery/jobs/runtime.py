@@ -282,7 +282,7 @@ class JobRuntime:
                                  new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
         return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
-                            planned=(planned or {}).get("worker"))
+                            planned=(planned or {}).get("worker"), remember=False)
 
     def _too_late(self, released: list[tuple[str, ...]]) -> str | None:
         """The first released successor that, started now, cannot meet its job's deadline

@@ -23,10 +23,12 @@ if TYPE_CHECKING:
 
 def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],
                  placement: Placement | dict[str, Any] | None, inputs_ref: dict | None,
-                 moved_from: str | None, task_id: str, planned: str | None = None
-                 ) -> Decision:
+                 moved_from: str | None, task_id: str, planned: str | None = None,
+                 remember: bool = True) -> Decision:
     """Publish node ``name``'s task to its worker's queue (an explicit queue: the router
-    stays out) under ``task_id``; the caller has claimed it and confirms it after."""
+    stays out) under ``task_id``; the caller has claimed it and confirms it after. A
+    worker sending successors passes ``remember=False``: ``placement()`` answers the
+    process that submitted, and a worker would only fill its memory with them."""
     p = placement_json(placement) if isinstance(placement, Placement) else placement
     if not p or p.get("worker") in (None, SHARED):
         queue, worker, charge = c.shared_queue, SHARED, 0.0
@@ -53,7 +55,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                     queue=c.destination(queue),
                     task_id=task_id, ignore_result=True,
                     headers={"compass": decision.as_header(), JOB_HEADER: header})
-    c.remember(task_id, decision)
+    if remember:
+        c.remember(task_id, decision)
     return decision
 
 
