@@ -64,7 +64,8 @@ def runtime_choice(sim: Simulation, job: Job, node: str, factor: float,
     snap = sim.cluster.snapshot()
     published: dict[str, Any] = {}
 
-    def publish(c, job_id, succ, node_json, placement, ref, moved_from, task_id, planned=None):
+    def publish(c, job_id, succ, node_json, placement, ref, moved_from, task_id, planned=None,
+                remember=True):
         published.update(placement=placement, moved_from=moved_from, planned=planned)
 
     monkeypatch.setattr(job_runtime, "publish_node", publish)
