@@ -233,17 +233,16 @@ class TaskPath:
         """A task Celery dropped unrun because it expired: compass set its expiry to the
         latest start that could meet its deadline, so its job is failed now (not at its
         timeout), and the rest of its work revoked."""
-        decision = Decision.from_header(_header(request, "compass"))
         job = _header(request, JOB_HEADER)
-        job_id = job.get("id") if isinstance(job, dict) else None
+        if isinstance(job, dict) and job.get("id") and self.jobs is not None:
+            with contextlib.suppress(StateUnavailable, RedisError):  # it tells listeners
+                self.jobs.shed(job, request.id, task=getattr(request, "task", None))
+            return
         from ..signals import task_shed
 
-        task_shed.send(sender=self.compass, job_id=job_id,
-                       node=job.get("node") if job_id else None, task_id=request.id,
+        decision = Decision.from_header(_header(request, "compass"))
+        task_shed.send(sender=self.compass, job_id=None, node=None, task_id=request.id,
                        slo=decision.slo if decision else "")
-        if job_id and self.jobs is not None:
-            with contextlib.suppress(StateUnavailable, RedisError):
-                self.jobs.shed(job, request.id, task=getattr(request, "task", None))
 
     # -- job completion -------------------------------------------------------------------
     def _job_finished(self, job: dict, request: Any, state: str | None, retval: Any,
