@@ -69,18 +69,21 @@ def due_at(c: CompassContext, slo: Slo | None, now: float | None = None) -> floa
     return now + slo.deadline_ms * c.settings["time_scale"] / 1000.0
 
 
+def expiry_time(raw: Any) -> datetime | None:
+    """A message's ``expires`` header (ISO 8601, as Celery writes it) as an aware time;
+    None when absent or unreadable (a naive one is taken as UTC, as Celery sends it)."""
+    if not isinstance(raw, str) or not raw:
+        return None
+    try:
+        when = datetime.fromisoformat(raw)
+    except ValueError:
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def earliest_expiry(current: Any, expires_at: float) -> str:
     """A message's ``expires`` header (ISO 8601, as Celery writes it): the latest start
     that meets the deadline, or the caller's own ``expires=`` when that comes first."""
     ours = datetime.fromtimestamp(expires_at, tz=UTC)
-    if isinstance(current, str):
-        try:
-            theirs = datetime.fromisoformat(current)
-        except ValueError:
-            theirs = None
-        if theirs is not None:
-            if theirs.tzinfo is None:
-                theirs = theirs.replace(tzinfo=UTC)
-            if theirs < ours:
-                return current
-    return ours.isoformat()
+    theirs = expiry_time(current)
+    return current if theirs is not None and theirs < ours else ours.isoformat()

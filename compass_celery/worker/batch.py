@@ -24,12 +24,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
 
+from ..admission import expiry_time
 from ..broker.kombu_redis import MessageError, parse_message
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
@@ -112,16 +112,8 @@ def member_of(raw: bytes, task: str) -> Member:
 
 def expired(headers: dict[str, Any], now: float) -> bool:
     """Whether a message's ``expires`` (Celery's header, ISO 8601) has passed."""
-    raw = headers.get("expires")
-    if not raw:
-        return False
-    try:
-        when = datetime.fromisoformat(str(raw))
-    except ValueError:
-        return False
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=UTC)
-    return when.timestamp() < now
+    when = expiry_time(headers.get("expires"))
+    return when is not None and when.timestamp() < now
 
 
 class BatchRunner:
