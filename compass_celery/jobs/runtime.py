@@ -204,7 +204,8 @@ class JobRuntime:
                 self._saw_running(job_id)
         late = self._too_late(released) if status != "duplicate" else None
         if late is not None:  # shed before spending: none of them would meet the deadline
-            self.shed(job, task_id, task=task, node=late, released=released)
+            self.shed(job, task_id, task=task, node=late[0], released=released,
+                      tail_ms=late[1])
             return []
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
                                    pipe=pipe, unsettled_ms=unsettled_ms)
@@ -284,21 +285,25 @@ class JobRuntime:
         return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
                             planned=(planned or {}).get("worker"), remember=False)
 
-    def _too_late(self, released: list[tuple[str, ...]]) -> str | None:
+    def _too_late(self, released: list[tuple[str, ...]]) -> tuple[str, float] | None:
         """The first released successor that, started now, cannot meet its job's deadline
-        (its record carries the due time and its planned time to the job's end)."""
+        (its record carries the due time and its planned time to the job's end), with
+        that time."""
         now = time.time()
         for succ, _, spec, _, _ in released:
             node = json.loads(spec)
             if node.get("tail_ms") is not None and should_shed(
                     now, node.get("due"), float(node["tail_ms"]), self.c.settings["time_scale"]):
-                return succ
+                return succ, float(node["tail_ms"])
         return None
 
     def shed(self, job: dict[str, Any], task_id: str, task: str | None = None,
-             node: str | None = None, released: list[tuple[str, ...]] = ()) -> str:
+             node: str | None = None, released: list[tuple[str, ...]] = (),
+             tail_ms: float | None = None) -> str:
         """Fail a job that can no longer meet its deadline, before its next node runs:
-        ``released`` successors are not sent, and their planned work is given back."""
+        ``released`` successors are not sent, and their planned work is given back.
+        ``tail_ms`` is the planned time from that node's start to the job's end (default:
+        the header's, for the node ``job`` describes)."""
         from ..signals import task_shed
 
         where = node or job["node"]
@@ -315,8 +320,9 @@ class JobRuntime:
         if state == "FAILURE":
             task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
                            slo=job.get("slo") or "")
-            tail = float(job.get("tail_ms") or 0.0) * self.c.settings["time_scale"] / 1000
-            self._learn_plan_error(job, time.time() + tail)
+            tail = tail_ms if tail_ms is not None else float(job.get("tail_ms") or 0.0)
+            self._learn_plan_error(job, time.time() + tail * self.c.settings["time_scale"]
+                                   / 1000)
         return state
 
     def _deadline_outcome(self, job: dict[str, Any], finished: float) -> None:
