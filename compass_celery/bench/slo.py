@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import Rejected
 from ..planner.admission import Slo
 from .stats import JobOutcome
+from .stats import slo_table as stats_slo_table
 
 #: The error type a job dropped for its deadline ends with (``JobHandle.error``).
 SHED_ERROR = "DeadlineMissed"
@@ -91,25 +92,9 @@ def expiring_dag(dag_cls: type, deadline_ms: Callable[[str], float | None]) -> t
 
 
 def slo_table(result: dict[str, Any]) -> str:
-    """One row per policy and SLO class of a benchmark result ('' when no job had one)."""
-    from ..tables import text_table
-
-    rows = []
-    for name, r in result["policies"].items():
-        for cls, s in (r.get("slo") or {}).items():
-            if cls == "all" and len(r["slo"]) == 2:
-                continue  # one class: its row says it all
-            rows.append([name, cls, s["jobs"], s["admitted"], s["rejected"], s["shed"],
-                         s["late"], f"{s['attainment']:.3f}", f"{s['admitted_attainment']:.3f}",
-                         f"{s['goodput_jobs_per_s']:.2f}", f"{s['latency_ms']['mean']:.1f}",
-                         f"{s['latency_ms']['p99']:.1f}", f"{s['rejection_ms']['p99']:.2f}",
-                         r.get("loads_per_job", "-")])
-    if not rows:
-        return ""
-    return text_table([[str(x) for x in row] for row in rows],
-                      ["policy", "slo", "jobs", "admitted", "rejected", "shed", "late",
-                       "attain", "adm attain", "goodput/s", "mean ms", "p99", "reject p99",
-                       "loads/job"])
+    """One row per policy and SLO class of a benchmark result, with its model loads per
+    job ('' when no job had a class)."""
+    return stats_slo_table(result, ["loads/job"], lambda r: [r.get("loads_per_job", "-")])
 
 
 def _text(value: Any) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -131,3 +132,30 @@ def duplicate_count(executions: Mapping[str, int]) -> int:
 def duplicated_ids(executions: Mapping[str, int], limit: int = 20) -> list[str]:
     """Task ids that ran more than once (a few, sorted), to look up in worker logs."""
     return sorted(t for t, n in executions.items() if int(n) > 1)[:limit]
+
+
+#: The columns of an SLO table, the benchmark's and the simulator's alike; each adds its
+#: own after them (:func:`slo_table`).
+SLO_COLUMNS = ["policy", "slo", "jobs", "admitted", "rejected", "shed", "late", "attain",
+               "adm attain", "goodput/s", "mean ms", "p99", "reject p99"]
+
+
+def slo_table(result: Mapping[str, Any], extra_columns: Sequence[str] = (),
+              extra: Callable[[Mapping[str, Any]], list[object]] = lambda r: []) -> str:
+    """One row per policy and SLO class of a result's ``slo`` sections, then ``extra``'s
+    cells for the policy's record under ``extra_columns``; '' when no job had a class."""
+    from ..tables import text_table
+
+    rows = []
+    for name, r in result["policies"].items():
+        for cls, c in (r.get("slo") or {}).items():
+            if cls == "all" and len(r["slo"]) == 2:
+                continue  # one class: its row says it all
+            rows.append([name, cls, c["jobs"], c["admitted"], c["rejected"], c["shed"],
+                         c["late"], f"{c['attainment']:.3f}",
+                         f"{c['admitted_attainment']:.3f}", f"{c['goodput_jobs_per_s']:.2f}",
+                         f"{c['latency_ms']['mean']:.1f}", f"{c['latency_ms']['p99']:.1f}",
+                         f"{c['rejection_ms']['p99']:.2f}", *extra(r)])
+    if not rows:
+        return ""
+    return text_table([[str(x) for x in row] for row in rows], [*SLO_COLUMNS, *extra_columns])

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..bench.stats import JobOutcome, policy_result
-from ..tables import text_table
+from ..bench.stats import slo_table as stats_slo_table
 from .cluster import SimCluster
 
 BREAKDOWN_KEYS = ("queued_ms", "load_ms", "hop_ms", "run_ms")
@@ -128,28 +128,15 @@ def plan_summary(plan_ns: Sequence[int]) -> dict[str, float]:
     return {"p50": round(float(p50), 4), "p99": round(float(p99), 4)}
 
 
-#: The benchmark's SLO columns (``bench.slo.slo_table``), then what the simulator also
-#: knows: tasks started, and tasks never run (dropped, revoked or withheld).
-SLO_HEADER = ["policy", "slo", "jobs", "admitted", "rejected", "shed", "late", "attain",
-              "adm attain", "goodput/s", "mean ms", "p99", "reject p99", "tasks run",
-              "not run"]
-
-
 def slo_table(result: dict[str, Any]) -> str:
     """Per policy and SLO class: what admission and shedding did and what met its
-    deadline (the record's ``slo`` section), in the benchmark's columns so the two read
-    side by side; '' when no job had an SLO."""
-    rows = []
-    for name, r in result["policies"].items():
-        tasks = r.get("tasks")
-        ran = tasks["run"] if tasks else "-"
-        unrun = sum(tasks[k] for k in ("dropped", "revoked", "withheld")) if tasks else "-"
-        for cls, c in (r.get("slo") or {}).items():
-            if cls == "all" and len(r["slo"]) == 2:
-                continue  # one class: its row says it all
-            rows.append([name, cls, c["jobs"], c["admitted"], c["rejected"], c["shed"],
-                         c["late"], f"{c['attainment']:.3f}",
-                         f"{c['admitted_attainment']:.3f}", f"{c['goodput_jobs_per_s']:.2f}",
-                         f"{c['latency_ms']['mean']:.1f}", f"{c['latency_ms']['p99']:.1f}",
-                         f"{c['rejection_ms']['p99']:.2f}", ran, unrun])
-    return text_table([[str(x) for x in row] for row in rows], SLO_HEADER) if rows else ""
+    deadline, in the benchmark's columns so the two read side by side, then what the
+    simulator also knows: tasks started, and tasks never run (dropped, revoked or
+    withheld); '' when no job had an SLO."""
+    def tasks(r: Mapping[str, Any]) -> list[object]:
+        t = r.get("tasks")
+        if not t:
+            return ["-", "-"]
+        return [t["run"], sum(t[k] for k in ("dropped", "revoked", "withheld"))]
+
+    return stats_slo_table(result, ["tasks run", "not run"], tasks)
