@@ -91,11 +91,15 @@ class TaskPath:
 
     def on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
                    retval: Any = None, **kw: Any) -> None:
-        """``task_postrun``: settle the task before its message is acked."""
+        """``task_postrun``: settle the task before its message is acked; then drop a
+        failed task's traceback (:func:`drop_traceback`)."""
         task = task or sender
         if self._ours(task) and not task.request.is_eager:
             decision = Decision.from_header(getattr(task.request, "compass", None))
-            self.task_finished(task, task.request, decision, state, retval)
+            try:
+                self.task_finished(task, task.request, decision, state, retval)
+            finally:
+                drop_traceback(retval)
 
     def on_revoked(self, sender: Any = None, request: Any = None, expired: bool = False,
                    **kw: Any) -> None:
@@ -305,6 +309,23 @@ class TaskPath:
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""
         return 1000 * seconds / self.cfg["time_scale"]
+
+
+def drop_traceback(retval: Any) -> None:
+    """Cut a failed task's exception from its traceback, once it is logged and recorded.
+
+    Celery's tracer catches the task's exception in ``trace_task``, whose frame keeps it
+    (``retval``), its ``TraceInfo`` (``I``) and its ``ExceptionInfo`` (``R``) as locals;
+    ``exc.__traceback__`` points back at that frame, which Celery cannot clear while it
+    runs. That cycle (with the request, frames and formatted traceback it reaches, some
+    16 KB a failure) is freed only by a full garbage collection, which a worker's large,
+    long-lived heap makes rare: RSS crept up with every failure. ``task_postrun`` is the
+    last hook inside that frame; by then the failure is logged, stored and the job
+    failed (only ``str(exc)`` is kept), so the reference is dropped here and the cycle
+    is never made. The ``ExceptionInfo`` keeps its own copy of the traceback (text and
+    a picklable one) for whatever still reports it."""
+    if isinstance(retval, BaseException):
+        retval.__traceback__ = None
 
 
 def _header(request: Any, name: str) -> Any:
