@@ -136,6 +136,12 @@ OPTIONS: dict[str, Option] = {
                                  "admission keeps in reserve for the plan's error: a job is "
                                  "taken when predicted to finish within (1 - this) x its "
                                  "deadline", "", 0.0),
+    "batching": Option(True, bool, "workers run a batched task (compass_batch) with the "
+                       "inputs of the same task and model waiting in their queue (off: "
+                       "every input runs as a batch of one)"),
+    "batch_aware": Option(True, bool, "placement counts the batches forming in workers' "
+                          "queues: a batched task may join one, charged only what it adds "
+                          "(off: placed as an unbatched task, at its full run time)"),
     "max_queue_ms": Option(None, (int, float, type(None)), "refuse a job or task whose "
                            "best worker has more than this much work queued ahead of it "
                            "(a queue bound in time, not messages; None: unbounded)", "ms",

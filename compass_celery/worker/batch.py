@@ -152,6 +152,8 @@ class BatchRunner:
     def _form(self, task: Any, opts: BatchSpec, model: str | None) -> list[Member]:
         """Claim what waits now; while a batch is forming, wait for more, at most
         ``max_wait_ms`` and never past a member's latest start."""
+        if not self.cfg["batching"]:
+            return []
         members = self._claim(task, model, opts.max_size - 1)
         if not members or len(members) >= opts.max_size - 1 or opts.max_wait_ms <= 0:
             return members
