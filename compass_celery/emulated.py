@@ -15,15 +15,20 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable
-from typing import Any
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from compass_celery import Compass
 from compass_celery.broker.amqp import is_amqp
 from compass_celery.cache import current_cache
+from compass_celery.planner.batch import BatchSpec, batch_spec
 from compass_celery.state import keys
+
+if TYPE_CHECKING:
+    from compass_celery.planner.types import DagSpec
 
 logger = logging.getLogger("compass_celery.emulated")
 
@@ -43,13 +48,23 @@ EDGE_MODELS = {
 INFER_TASK = "emulated.infer"
 STEP_TASK = "emulated.step"
 
+#: The batched tasks of a workload's batched nodes (:func:`batched_tasks`), as JSON: how
+#: the benchmark tells the workers it starts which tasks to register.
+BATCHED_ENV = "COMPASS_BATCHED_TASKS"
+#: List in the benchmark's ledger: ``[size, held ms]`` per batched pass (workload ms), so
+#: that batch sizes and the latency of holding a batch open are counted without a hook in
+#: the worker.
+BENCH_BATCHES = "{p}:bench:batches"
+
 
 def make_app(broker: str | None = None, *, state_url: str | None = None,
-             **conf: Any) -> Celery:
-    """A Compass app with the emulated tasks; settings from the environment unless given."""
+             batched: Mapping[str, Mapping[str, Any]] | None = None, **conf: Any) -> Celery:
+    """A Compass app with the emulated tasks; settings from the environment unless given.
+    ``batched`` (default: ``COMPASS_BATCHED_TASKS``) adds a workload's batched tasks."""
     app = configured_app("compass_emulated", EDGE_MODELS, broker, state_url=state_url,
                          **conf)
     _register_tasks(app)
+    _register_batched(app, batched_from_env() if batched is None else batched)
     return app
 
 
@@ -95,10 +110,15 @@ def configured_app(name: str, default_models: dict[str, float], broker: str | No
         compass_reconcile_s=float(env.get("COMPASS_RECONCILE_S", "2.0")),
         compass_priority_age_s=float(env.get("COMPASS_PRIORITY_AGE_S", "10.0")),
         compass_validate=env.get("COMPASS_VALIDATE", "") == "1",
+        # batched tasks: whether workers batch, and whether placement counts forming batches
+        compass_batching=env.get("COMPASS_BATCHING", "1") != "0",
+        compass_batch_aware=env.get("COMPASS_BATCH_AWARE", "1") != "0",
         result_expires=3600,
         broker_transport_options=_transport_options(env),
         broker_connection_retry_on_startup=True,
     )
+    if env.get("COMPASS_PRELOAD"):  # models resident from the start (a warm cluster)
+        app.conf.compass_preload = env["COMPASS_PRELOAD"]
     app.conf.update(conf)
     Compass(app)
     return app
@@ -189,3 +209,107 @@ def _register_tasks(app: Celery) -> None:
         """A task without compass options: routed exactly as Celery would."""
         return x * 2
 
+
+
+# -- batched tasks (a workload node that declares ``batch``) ---------------------------------
+def batched_tasks(dags: Mapping[str, DagSpec], namespace: str
+                  ) -> tuple[dict[str, dict[str, Any]], dict[tuple[str, str], str]]:
+    """The task each batched node of a workload's templates runs, and which node runs which.
+
+    Batches form per task and model, so nodes with the same model, run time and batch
+    declaration share one task (``embed`` in two templates batches together); it is named
+    ``<namespace>.batched.<node>`` after the first such node. Returns ``({task: {"model",
+    "exec_ms", "batch"}}, {(template, node): task})``; both empty without batched nodes."""
+    tasks: dict[str, dict[str, Any]] = {}
+    by_spec: dict[str, str] = {}
+    nodes: dict[tuple[str, str], str] = {}
+    for dag_name, dag in dags.items():
+        for node, t in dag.nodes.items():
+            if t.batch is None:
+                continue
+            spec = {"model": t.model, "exec_ms": t.exec_ms, "batch": batch_fields(t.batch)}
+            key = json.dumps(spec, sort_keys=True)
+            if key not in by_spec:
+                name, i = f"{namespace}.batched.{node}", 2
+                while name in tasks:
+                    name, i = f"{namespace}.batched.{node}-{i}", i + 1
+                by_spec[key], tasks[name] = name, spec
+            nodes[(dag_name, node)] = by_spec[key]
+    return tasks, nodes
+
+
+def batch_fields(spec: BatchSpec) -> dict[str, Any]:
+    """A :class:`BatchSpec` back as the ``compass_batch`` option that declares it."""
+    out: dict[str, Any] = {"max_size": spec.max_size, "max_wait_ms": spec.max_wait_ms}
+    if spec.curve is not None:
+        out.update(base_ms=spec.curve.base_ms, per_item_ms=spec.curve.per_item_ms)
+    return out
+
+
+def batched_from_env() -> dict[str, dict[str, Any]]:
+    """The batched tasks named by ``COMPASS_BATCHED_TASKS`` (none when unset)."""
+    return json.loads(os.environ.get(BATCHED_ENV) or "null") or {}
+
+
+class BatchTimed:
+    """Mixed into a batched task's class: notes when the worker entered the call, so the
+    body can tell how long the batch was held open for more inputs before it ran."""
+
+    _compass_called: float | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self._compass_called = time.monotonic()
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
+def timed_base(app: Celery) -> type:
+    """``app``'s task class with :class:`BatchTimed` mixed in."""
+    return type("BatchedTask", (BatchTimed, app.Task), {"__module__": __name__})
+
+
+def held_ms(task: Any) -> float:
+    """Workload ms from the worker entering ``task``'s call to now (the body's start):
+    the batch's forming (claims, and waiting for more while one forms)."""
+    called = getattr(task, "_compass_called", None)
+    if called is None:
+        return 0.0
+    scale = float(task.app.conf.get("compass_time_scale") or 1.0)
+    return (time.monotonic() - called) * 1000.0 / scale
+
+
+def record_batch(task: Any, size: int, hold_ms: float) -> None:
+    """RPUSH ``[size, hold_ms]`` onto the benchmark ledger's :data:`BENCH_BATCHES` (no-op
+    outside the benchmark); a ledger error is logged and never fails the batch."""
+    client = _ledger()
+    if client is None:
+        return
+    try:
+        client.rpush(keys.key(BENCH_BATCHES, task.app.conf.compass_key_prefix),
+                     json.dumps([size, round(hold_ms, 3)]))
+    except Exception as exc:  # bookkeeping, never the tasks' outcome
+        logger.warning("bench ledger unavailable, batch of %d not recorded: %s", size, exc)
+
+
+def _register_batched(app: Celery, tasks: Mapping[str, Mapping[str, Any]]) -> None:
+    """One emulated batched task per entry of :func:`batched_tasks`: a pass over n inputs
+    sleeps the curve's run time for n (times the time scale) with the model resident, as
+    a single emulated task sleeps its ``exec_ms``; one result per input."""
+    for name, spec in tasks.items():
+        raw, exec_ms = dict(spec["batch"]), float(spec["exec_ms"])
+        curve = batch_spec(raw, exec_ms).curve_for(exec_ms)
+
+        def body(self: Any, inputs: list[Any], _curve: Any = curve) -> list[dict[str, Any]]:
+            hold = held_ms(self)
+            run_ms = _curve.of(len(inputs))
+            count_execution(self, keys.BENCH_STARTS)
+            current_cache().run(run_ms)
+            count_execution(self, keys.BENCH_EXECS)
+            record_batch(self, len(inputs), hold)
+            worker = self.request.hostname or socket.gethostname()
+            return [{"model": self.compass_model, "worker": worker, "batch": len(inputs),
+                     "exec_ms": round(run_ms / len(inputs), 3), "data": _lineage(x)}
+                    for x in inputs]
+
+        app.task(name=name, bind=True, shared=False, base=timed_base(app),
+                 compass_model=spec["model"], compass_exec_ms=exec_ms,
+                 compass_batch=raw)(body)

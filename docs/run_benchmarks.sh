@@ -237,10 +237,17 @@ run python -m compass_celery.bench.soak --minutes 10 --rate 2 --workers 2 --job-
     | tee "$out/soak/soak-10min.txt"
 }
 
-# 18. batching in the simulator: the rate each variant sustains within a 300 ms p99
+# 18. batching: the rate each variant sustains within a 300 ms p99, in the simulator, on
+# real workers with emulated GPUs (time scale 5), and on real compute (MiniLM, CPU)
 batching() {
 run python -m compass_celery.sim.batching --workload dags/batch-embed.json --jobs 6000 \
     | tee "$out/batching-sim.txt"
+run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
+    --rates 100,200,300,400,500,600 --jobs 1000 --time-scale 5 --compare-sim \
+    --json "$out/batching-emulated.json" | tee "$out/batching-emulated.txt"
+run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
+    --rates 10,20,40,60,80 --jobs 600 --compare-sim \
+    --json "$out/batching-real.json" | tee "$out/batching-real.txt"
 }
 
 # Every section by default; or only those named: docs/run_benchmarks.sh hotpath multimodel

@@ -27,6 +27,11 @@ class WorkerKind:
     declare_exec_ms: bool
     emulated_gpu: bool
 
+    @property
+    def namespace(self) -> str:
+        """The first part of its task names (``emulated``, ``pretrained``)."""
+        return self.infer_task.split(".", 1)[0]
+
     def app(self, *args: Any, **kwargs: Any) -> Any:
         """The submitting side's app, built as the workers build theirs."""
         return _factory(self.module)(*args, **kwargs)

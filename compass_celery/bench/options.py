@@ -61,6 +61,11 @@ class BenchOptions:
     # compass_admission_headroom (share of a deadline kept for the plan's error); None =
     # the app's default.
     headroom: float | None = None
+    # Batched tasks (a workload node's ``batch``): whether workers batch
+    # (compass_batching; off: each input runs as a batch of one), and whether placement
+    # counts the batches forming in queues (compass_batch_aware; off: blind).
+    batching: bool = True
+    batch_aware: bool = True
     real: bool = False
     device: str = "cpu"
     progress: bool = True

@@ -27,11 +27,13 @@ from pathlib import Path
 from typing import Any
 
 from ..broker.amqp import is_amqp
+from ..emulated import BATCHED_ENV, BENCH_BATCHES, batched_tasks
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
 from ..state import keys
 from ..state.urls import masked
 from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
+from .batches import read_batches
 from .faults import live_workers, schedule_faults
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
@@ -117,8 +119,11 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
     specs = (workload.cluster.workers if opts.workers is None
              else workload.cluster.scaled(opts.workers).workers)
     names = [f"{s.name}@{policy}" for s in specs]
-    app = _bench_app(workload, policy, prefix, broker, redis_url, opts, names)
+    batched, batched_nodes = batched_tasks(workload.dags, kind.namespace)
+    app = _bench_app(workload, policy, prefix, broker, redis_url, opts, names, batched)
     env = _worker_env(workload, policy, prefix, broker, redis_url, ledger_url, opts)
+    if batched:
+        env[BATCHED_ENV] = json.dumps(batched)
     log_dir = opts.log_dir or os.path.join(os.getcwd(), "bench-out", "logs")
     os.makedirs(log_dir, exist_ok=True)
     workers = _worker_processes(specs, policy, env, opts, log_dir)
@@ -137,7 +142,9 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
             dag_cls = expiring_dag(Dag, lambda t: getattr(workload.slo(t), "deadline_ms", None))
         dags = {name: dag_cls.from_spec(app, spec, task=kind.infer_task,
                                         step_task=kind.step_task,
-                                        declare_exec_ms=kind.declare_exec_ms)
+                                        declare_exec_ms=kind.declare_exec_ms,
+                                        batched={n: t for (d, n), t in batched_nodes.items()
+                                                 if d == name})
                 for name, spec in workload.dags.items()}
         stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
         if opts.long_task_s is not None:  # first, so that it is warm-up for the latencies
@@ -160,6 +167,8 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         result = _measured(sent, workload, stream, opts, _cache_counters(client, prefix))
     # counted once the workers stopped: nothing can run again behind the count's back
     result.update(_delivery_counts(ledger, client, prefix, stranded))
+    if batched:  # every batched pass the workers ran: sizes and time held open
+        result["batching"] = read_batches(ledger, keys.key(BENCH_BATCHES, prefix))
     result["faults"] = faults
     result["admission"] = admission_on(opts, policy)
     result["admission_headroom"] = app.compass.settings.get("admission_headroom")
@@ -170,13 +179,16 @@ def _forget_previous_run(client: Any, ledger: Any, prefix: str) -> None:
     """Delete a previous run's state, jobs, queues and ledger under ``prefix``."""
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
-    ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix))
+    ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix),
+                  keys.key(BENCH_BATCHES, prefix))
     forget_unacked(client, prefix)
 
 
 def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_url: str,
-               opts: BenchOptions, names: list[str]) -> Any:
-    """The submitting side's Celery app, configured as the workers are."""
+               opts: BenchOptions, names: list[str],
+               batched: dict[str, dict[str, Any]] | None = None) -> Any:
+    """The submitting side's Celery app, configured as the workers are (``batched``: the
+    workload's batched tasks, :func:`~compass_celery.emulated.batched_tasks`)."""
     amqp = is_amqp(broker)
     app = worker_kind(opts).app(broker, state_url=redis_url if amqp else None,
                    compass_policy=planner_policy(policy), compass_key_prefix=prefix,
@@ -186,6 +198,8 @@ def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_
                    compass_models=dict(workload.models), compass_job_timeout_s=3600,
                    compass_slo_classes=dict(workload.slo_classes),
                    compass_admission=admission_on(opts, policy),
+                   compass_batching=opts.batching, compass_batch_aware=opts.batch_aware,
+                   batched=batched or {},
                    **({} if opts.headroom is None
                       else {"compass_admission_headroom": opts.headroom}))
     if amqp:  # a previous run's messages in this vhost would run or count as stranded
@@ -211,6 +225,8 @@ def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis
             "COMPASS_CACHE_POLICY": opts.cache_policy or (
                 "lru" if planner_policy(policy) == "celery-default" else "lookahead"),
             "COMPASS_TIME_SCALE": str(opts.time_scale),
+            "COMPASS_BATCHING": "1" if opts.batching else "0",
+            "COMPASS_BATCH_AWARE": "1" if opts.batch_aware else "0",
             "COMPASS_HEARTBEAT_TIMEOUT_S": str(opts.heartbeat_timeout_s),
             "COMPASS_BENCH_LEDGER_URL": ledger_url or redis_url,
             # kombu sweeps expired unacked messages every 1 s, not every 100 s, so plain

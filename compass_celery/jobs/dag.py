@@ -219,16 +219,21 @@ class Dag:
 
     @classmethod
     def from_spec(cls, app: Celery, spec: DagSpec, *, task: str, step_task: str,
-                  args: Mapping[str, Any] | None = None, declare_exec_ms: bool = True
-                  ) -> Dag:
+                  args: Mapping[str, Any] | None = None, declare_exec_ms: bool = True,
+                  batched: Mapping[str, str] | None = None) -> Dag:
         """A Dag of a workload template (the benchmark's, a workload file's): sources run
         ``task(model, exec_ms, data)``, other nodes ``step_task(inputs, model, exec_ms)``;
         both are task names of ``app``. With ``declare_exec_ms`` off the template's run
-        times are not declared to the planner, which learns them from measured runs."""
+        times are not declared to the planner, which learns them from measured runs.
+        ``batched`` maps a node to the batched task it runs instead (``compass_batch``:
+        one input per call, ``data`` for a source, the inputs for the others)."""
         dag = cls(app, spec.name)
         for name in spec.topological_order():
             t = spec.nodes[name]
-            if spec.preds(name):
+            if name in (batched or {}):
+                sig = app.signature(batched[name], args=() if spec.preds(name)  # type: ignore[index]
+                                    else ((args or {}).get(name),))
+            elif spec.preds(name):
                 sig = app.signature(step_task, args=(t.model, t.exec_ms))
             else:
                 sig = app.signature(task, args=(t.model, t.exec_ms, (args or {}).get(name)))
