@@ -30,7 +30,7 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
     if needs is None:
         return None
     decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                      c.settings["validate"])
+                      c.settings["validate"], batch_aware=c.settings["batch_aware"])
     charge_backlog(c, decision, +1)
     announce(c, decision)
     return decision

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import CompassInputError
-from .planner.batch import BatchError, BatchSpec, batch_spec
+from .planner.batch import BatchError, BatchSpec, batch_key, batch_spec
 from .planner.types import TaskSpec
 
 #: How to declare a model compass does not know, said by every refusal of one.
@@ -34,11 +34,20 @@ class TaskNeeds:
     exec_ms: float
     output_kb: float
     exec_source: str  # "call", "declared", "learned" or "default"
+    #: Its ``compass_batch``, keyed by task and model (``planner.batch``); None: unbatched.
+    batch: BatchSpec | None = None
 
-    def spec(self) -> TaskSpec:
-        """The planner's :class:`TaskSpec` for these needs."""
+    @property
+    def batch_key(self) -> str:
+        """The key its inputs are counted under on a worker ('' when unbatched)."""
+        return self.batch.key if self.batch is not None else ""
+
+    def spec(self, batch_aware: bool = True) -> TaskSpec:
+        """The planner's :class:`TaskSpec` for these needs (``batch_aware`` off: placed as
+        an unbatched task, blind to the batches forming in queues)."""
         return TaskSpec(name=self.task, model=self.model, exec_ms=self.exec_ms,
-                        output_kb=self.output_kb)
+                        output_kb=self.output_kb,
+                        batch=self.batch if batch_aware else None)
 
 
 def profile_key(task: str, model: str | None) -> str:
@@ -144,4 +153,7 @@ def resolve_needs(name: str, task: Any, call_options: Mapping[str, Any] | None,
         exec_ms, source = learned[key], "learned"
     else:
         exec_ms, source = default_exec_ms, "default"
-    return TaskNeeds(name, model, exec_ms, output_kb, source)
+    batch = batch_options(task)
+    if batch is not None:
+        batch = replace(batch, key=batch_key(name, model))
+    return TaskNeeds(name, model, exec_ms, output_kb, source, batch)

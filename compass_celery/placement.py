@@ -56,6 +56,9 @@ class Decision:
     expires_at: float = 0.0
     #: Admitted although the plan said it would miss its deadline.
     late: bool = False
+    #: A batched task's batch key (``planner.batch``): its worker counts it among the
+    #: inputs of that key waiting there until it starts. '' when unbatched.
+    batch: str = ""
 
     def as_header(self) -> dict[str, Any]:
         """The decision as a plain dict, for the message's ``compass`` header."""
@@ -81,9 +84,12 @@ def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Deci
 
 def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
-           validate: bool = False, priority: int | None = None) -> Decision:
+           validate: bool = False, priority: int | None = None,
+           batch_aware: bool = True) -> Decision:
     """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``; a task of
-    ``priority`` waits only for work in flight and queued at its level or above."""
+    ``priority`` waits only for work in flight and queued at its level or above. A
+    batched task joins a batch forming on a worker where that finishes first, and is
+    charged what it adds to it (``batch_aware`` off: placed as an unbatched task)."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
@@ -94,7 +100,7 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         snapshot = replace(snapshot, workers=workers)
     cluster = cluster_view(snapshot, model_sizes_mb)
     try:
-        dag = DagSpec.single(needs.spec())
+        dag = DagSpec.single(needs.spec(batch_aware))
         plan = policy.plan(dag, cluster)
         if validate:
             check_plan(plan, dag, cluster)
@@ -105,7 +111,8 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                         policy=policy.name, charge_ms=0.0, est_finish_ms=p.finish_ms,
                         run_ms=p.run_ms, reason=p.reason or "shared queue")
+    charge = p.charge_ms if p.charge_ms is not None else p.run_ms or needs.exec_ms
     return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
-                    policy=policy.name, charge_ms=p.run_ms or needs.exec_ms,
-                    est_finish_ms=p.finish_ms,
-                    wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason)
+                    policy=policy.name, charge_ms=charge, est_finish_ms=p.finish_ms,
+                    wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason,
+                    batch=needs.batch_key)

@@ -23,7 +23,7 @@ from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
 from .state.connection import StateUnavailable
-from .state.keys import queued_field
+from .state.keys import forming_field, queued_field
 from .state.store import Snapshot
 
 if TYPE_CHECKING:
@@ -40,8 +40,10 @@ def charge_backlog(c: CompassContext, decision: Decision, sign: int) -> None:
         if decision.priority is not None:
             c.store.charge(queued_field(decision.worker, decision.priority),
                            sign * decision.charge_ms)
+        if decision.batch:
+            c.store.charge(forming_field(decision.worker, decision.batch), sign)
         c.reader.note_charge(decision.worker, sign * decision.charge_ms,
-                             level=decision.priority)
+                             level=decision.priority, batch=decision.batch)
 
 
 def announce(c: CompassContext, decision: Decision) -> None:
@@ -89,7 +91,8 @@ class CompassRouter:
             decision = self._fallback(needs, why)
         else:
             decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                              c.settings["validate"], priority=level)
+                              c.settings["validate"], priority=level,
+                              batch_aware=c.settings["batch_aware"])
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
@@ -122,9 +125,12 @@ class CompassRouter:
             # this process's charges are in Redis before the reader reads there, and
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
-        c.reader.note_charge(decision.worker, decision.charge_ms, level=level)
+        c.reader.note_charge(decision.worker, decision.charge_ms, level=level,
+                             batch=decision.batch)
         self.charges.add(decision.worker, decision.charge_ms)
         self.charges.add(queued_field(decision.worker, level), decision.charge_ms)
+        if decision.batch:  # one more input waits there under its batch key
+            self.charges.add(forming_field(decision.worker, decision.batch), 1.0)
 
     def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot) -> Decision:
         """Judge the placement against the task's deadline and the queue bound; refused,

@@ -19,6 +19,7 @@ from celery import Celery
 from celery.canvas import Signature
 
 from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
+from ..planner.batch import BatchSpec, batch_record
 from ..planner.priority import PriorityError, resolve_priority
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
@@ -47,6 +48,8 @@ class Node:
     dag: str = field(default="", compare=False)
     #: Whether nobody declared its run time: submission then takes the learned one.
     learn: bool = False
+    #: Its task's ``compass_batch`` (``planner.batch``); None: unbatched.
+    batch: BatchSpec | None = None
 
 
 class Dag:
@@ -99,7 +102,8 @@ class Dag:
         node = Node(name, sig, needs.model if needs else None,
                     needs.exec_ms if needs else c.settings["default_exec_ms"],
                     needs.output_kb if needs else 0.0, dag=self.name,
-                    learn=needs is None or needs.exec_source == "default")
+                    learn=needs is None or needs.exec_source == "default",
+                    batch=needs.batch if needs else None)
         self.nodes[name] = node
         for pred in preds:
             self.edge(pred, name)
@@ -146,12 +150,14 @@ class Dag:
 
     def spec(self) -> DagSpec:
         """The planner's view of this DAG (validated)."""
+        c = self.app.compass
+        aware = c.settings["batch_aware"]
         spec = DagSpec(
-            nodes={n.name: TaskSpec(n.name, n.model, n.exec_ms, n.output_kb)
+            nodes={n.name: TaskSpec(n.name, n.model, n.exec_ms, n.output_kb,
+                                    batch=n.batch if aware else None)
                    for n in self.nodes.values()},
             edges=tuple((p, n.name) for n in self.nodes.values() for p in n.preds),
             name=self.name)
-        c = self.app.compass
         return validate_dag(spec, known_models=c.model_sizes(),
                             max_nodes=c.settings["max_dag_nodes"])
 
@@ -173,7 +179,7 @@ class Dag:
                          "exec_ms": node.exec_ms, "output_kb": node.output_kb,
                          "preds": list(node.preds), "succs": spec.succs(name),
                          "learn": node.learn,
-                         "priority": level}
+                         "priority": level, "batch": batch_record(node.batch)}
         return out
 
     def apply_async(self, *, timeout_s: float | None = None, priority: Any = None,

@@ -23,11 +23,12 @@ from ..needs import learned_loads, plan_error_key
 from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.admission import ERROR_QUANTILE, ERROR_STEP_MS, should_shed
+from ..planner.batch import batch_from_record
 from ..planner.demand import cluster_demand
 from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
-from ..state.keys import queued_field
+from ..state.keys import forming_field, queued_field
 from ..state.scripts import register_script
 from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys
@@ -233,9 +234,12 @@ class JobRuntime:
                         if decision.priority is not None:  # queued at its level
                             c.store.charge(queued_field(decision.worker, decision.priority),
                                            decision.charge_ms, pipe=pipe)
+                        if decision.batch:  # one more input waits there under its key
+                            c.store.charge(forming_field(decision.worker, decision.batch),
+                                           1.0, pipe=pipe)
                         # the next re-placement here sees it before the next read
                         c.reader.note_charge(decision.worker, decision.charge_ms,
-                                             level=decision.priority)
+                                             level=decision.priority, batch=decision.batch)
                     if planned and planned.get("worker") not in (None, SHARED) and not resumed:
                         c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
                                             pipe=pipe)  # no longer pending
@@ -267,7 +271,9 @@ class JobRuntime:
             # its record: a plan that still holds is kept without building the cluster view
             record = next((w for w in workers if w.name == planned_worker), None)
             better = choose_successor(
-                TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"]),
+                TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"],
+                         batch=batch_from_record(node.get("batch"))
+                         if c.settings.get("batch_aware", True) else None),
                 planned_worker,
                 lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
                                        demand=cluster_demand(workers),

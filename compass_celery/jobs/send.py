@@ -33,7 +33,10 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     if not p or p.get("worker") in (None, SHARED):
         queue, worker, charge = c.shared_queue, SHARED, 0.0
     else:
-        queue, worker, charge = p["queue"], p["worker"], float(p.get("run_ms") or 0.0)
+        # joining a forming batch, it adds one input's share (charge_ms), not its run
+        queue, worker = p["queue"], p["worker"]
+        charge = float(p["charge_ms"] if p.get("charge_ms") is not None
+                       else p.get("run_ms") or 0.0)
     decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
                         policy=c.policy.name, charge_ms=charge,
                         est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
@@ -41,7 +44,9 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
                         fallback=worker == SHARED, priority=node.get("priority"),
                         queued_at=time.time(), slo=node.get("slo") or "",
-                        due=float(node.get("due") or 0.0), expires_at=_expires_at(c, node))
+                        due=float(node.get("due") or 0.0), expires_at=_expires_at(c, node),
+                        batch=(node.get("batch") or {}).get("key") or ""
+                        if worker != SHARED else "")
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}

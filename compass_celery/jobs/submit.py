@@ -37,7 +37,7 @@ from ..planner.priority import for_priority
 from ..planner.types import ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
-from ..state.keys import queued_field
+from ..state.keys import forming_field, queued_field
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
 from ..state.store import Snapshot
@@ -104,8 +104,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     sources = _send_sources(job, spec, plan)
     # the next job this process plans sees this one at once, as the router's bursts do,
     # not only once its snapshot is read again
-    for worker, ms in sources:
-        c.reader.note_charge(worker, ms)
+    for worker, ms, batch in sources:
+        c.reader.note_charge(worker, ms, batch=batch)
     for worker, ms in pending.values():
         c.reader.note_charge(worker, ms, pending=True)
     return handle
@@ -231,9 +231,9 @@ def _stored(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
-                  ) -> list[tuple[str, float]]:
+                  ) -> list[tuple[str, float, str]]:
     """Send the job's sources (nobody else does), then record them as sent and charge
-    their workers once; -> (worker, ms) charged."""
+    their workers once; -> (worker, ms, batch key) charged."""
     c, job_id = job.c, job.job_id
     sent = {}
     for name in _in_planned_order(spec.sources(), plan):
@@ -243,21 +243,22 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
             lambda n=name, t=task_id: publish_node(c, job_id, n, job.nodes[n], plan.get(n),
                                                    None, None, t),
             give_up_s=job.retry_s, done=lambda t=task_id: queued(c, t))
-    sources = [(d.worker, d.charge_ms) for d in sent.values()
-               if isinstance(d, Decision) and d.charge_ms]
+    charged = [d for d in sent.values() if isinstance(d, Decision) and d.charge_ms]
 
     def confirm(pipe: Any) -> None:
         pipe.hset(job.keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
         pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
 
     def charge(pipe: Any) -> None:
-        queued = [(queued_field(d.worker, d.priority), d.charge_ms) for d in sent.values()
-                  if isinstance(d, Decision) and d.charge_ms and d.priority is not None]
-        _add_once(c, pipe, f"{job_id}:sources", "b", sources + queued)
+        total = [(d.worker, d.charge_ms) for d in charged]
+        queued = [(queued_field(d.worker, d.priority), d.charge_ms) for d in charged
+                  if d.priority is not None]
+        inputs = [(forming_field(d.worker, d.batch), 1.0) for d in charged if d.batch]
+        _add_once(c, pipe, f"{job_id}:sources", "b", total + queued + inputs)
 
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))
-    return sources
+    return [(d.worker, d.charge_ms, d.batch) for d in charged]
 
 
 def _in_planned_order(sources: list[str], plan: dict[str, Placement]) -> list[str]:

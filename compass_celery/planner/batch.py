@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 #: What a task's ``compass_batch`` option (and a workload node's ``batch``) may set.
@@ -117,6 +117,10 @@ class BatchSpec:
     max_size: int
     max_wait_ms: float = 0.0
     curve: BatchCurve | None = None
+    #: The key its batches form under on a real worker (``batch_key`` of its Celery task
+    #: and model), so a Dag node and a plain call of the same task batch together; ''
+    #: keys by the planner's node name (the simulator's workloads).
+    key: str = ""
 
     def __post_init__(self) -> None:
         size = self.max_size
@@ -155,6 +159,31 @@ def batch_spec(raw: Mapping[str, Any], exec_ms: float | None = None) -> BatchSpe
     return BatchSpec(raw["max_size"], raw.get("max_wait_ms", 0.0), curve)
 
 
+def batch_record(spec: BatchSpec | None) -> dict[str, Any] | None:
+    """``spec`` as JSON data (a job's node record): its ``compass_batch`` fields and key."""
+    if spec is None:
+        return None
+    out: dict[str, Any] = {"max_size": spec.max_size, "max_wait_ms": spec.max_wait_ms,
+                           "key": spec.key}
+    if spec.curve is not None:
+        out.update(base_ms=spec.curve.base_ms, per_item_ms=spec.curve.per_item_ms)
+    return out
+
+
+def batch_from_record(raw: Any) -> BatchSpec | None:
+    """A :func:`batch_record` back as a spec; None when absent or not one (a record
+    written before batching, or garbled: the node is then placed as an unbatched task)."""
+    if not isinstance(raw, Mapping):
+        return None
+    fields = {k: v for k, v in raw.items() if k in BATCH_FIELDS}
+    try:
+        spec = batch_spec(fields)
+    except BatchError:
+        return None
+    key = raw.get("key")
+    return replace(spec, key=key) if isinstance(key, str) else spec
+
+
 def batch_key(task: str, model: str | None) -> str:
     """The key a forming batch is published under: same task and same model batch."""
     return f"{task}|{model or ''}"
@@ -178,6 +207,21 @@ def join_finish_ms(forming: Forming | None, spec: BatchSpec, curve: BatchCurve, 
     if forming is None or forming.size >= spec.max_size or ready_ms > forming.start_ms:
         return None
     return forming.start_ms + load_ms + curve.of(forming.size + 1) / speed
+
+
+def forming_from_count(waiting: int, spec: BatchSpec, curve: BatchCurve, *,
+                       queue_ms: float, speed: float) -> Forming | None:
+    """The batch forming behind ``waiting`` queued inputs of one key on a worker whose
+    queue holds ``queue_ms`` of work (what a real worker publishes: a count, not a
+    batch): its open (last) batch holds ``(waiting - 1) % max_size + 1`` of them, queued
+    last, so it starts once the work ahead of them is done. None: nothing waits, or the
+    open batch is full (a task sent now starts a new one)."""
+    if waiting <= 0:
+        return None
+    size = (waiting - 1) % spec.max_size + 1
+    if size >= spec.max_size:
+        return None
+    return Forming(size, max(queue_ms - curve.of(size) / speed, 0.0))
 
 
 def marginal_ms(curve: BatchCurve, size: int) -> float:

@@ -70,6 +70,10 @@ class WorkerView:
     # Batches forming in this worker's queue (``planner.batch``), by ``batch_key(task,
     # model)``: a batchable task placed here joins one that has room. Empty: none.
     forming: Mapping[str, Forming] = field(default_factory=dict, hash=False)
+    # Inputs of batched tasks routed here and not started yet, by batch key: what a real
+    # worker's counters say (the planner reads the forming batch from it,
+    # ``batch.forming_from_count``). Empty: none.
+    queued_inputs: Mapping[str, int] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -190,6 +194,9 @@ class Placement:
     transfer_ms: float = 0.0
     run_ms: float = 0.0
     reason: str = ""
+    #: What it adds to its worker's queue when that is not its run time: joining a
+    #: forming batch, one input's share of it. None: its run time.
+    charge_ms: float | None = None
 
 
 @dataclass(frozen=True)

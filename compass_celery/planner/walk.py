@@ -13,11 +13,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .batch import Forming, batch_key, join_finish_ms
+from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
 from .cost import WorkerArrays, finish_ms, run_ms, worker_arrays
 from .rank import rank_order, successors, topo_order
-from .types import ClusterView, DagSpec, Placement, PlanningError
+from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
 
 class Estimate(NamedTuple):
@@ -121,14 +121,28 @@ class Walk:
             if task.batch is not None and self.use_batch else None
         return Estimate(*masks, ready, start, load, transfer, run, fin, joins)
 
-    def forming(self, key: str) -> dict[int, Forming]:
-        """Batches of ``key`` forming per worker index, as this plan has left them."""
+    def forming(self, task: TaskSpec) -> dict[int, Forming]:
+        """Batches of batchable ``task``'s key forming per worker index, as this plan has
+        left them: read from the views on first need (a published batch, or a count of
+        queued inputs, ``batch.forming_from_count``)."""
+        spec = task.batch
+        assert spec is not None
+        key = spec.key or batch_key(task.name, task.model)
         if self._forming is None:
             self._forming = {}
+        got = self._forming.get(key)
+        if got is None:
+            got = self._forming[key] = {}
+            curve = spec.curve_for(task.exec_ms)
             for i, w in enumerate(self.cluster.workers):
-                for k, f in w.forming.items():
-                    self._forming.setdefault(k, {})[i] = Forming(*f)
-        return self._forming.setdefault(key, {})
+                f = w.forming.get(key)
+                if f is None and w.queued_inputs.get(key):
+                    f = forming_from_count(w.queued_inputs[key], spec, curve,
+                                           queue_ms=float(self.avail[i]),
+                                           speed=float(self.arr.speed[i]))
+                if f is not None:
+                    got[i] = Forming(*f)
+        return got
 
     def _joins(self, name: str, ready: np.ndarray, start: np.ndarray, load: np.ndarray,
                run: np.ndarray, fin: np.ndarray) -> dict[int, float] | None:
@@ -138,7 +152,7 @@ class Walk:
         task = self.dag.nodes[name]
         spec = task.batch
         assert spec is not None
-        forming = self.forming(batch_key(task.name, task.model))
+        forming = self.forming(task)
         if not forming:
             return None
         curve = spec.curve_for(task.exec_ms)
@@ -181,13 +195,13 @@ class Walk:
         joined = est.joins.get(i) if est.joins is not None else None
         if joined is not None:  # the batch ahead grows by one input; so does the queue
             self.avail[i] += joined
-            forming = self.forming(batch_key(task.name, task.model))
+            forming = self.forming(task)
             forming[i] = Forming(forming[i].size + 1, forming[i].start_ms)
             reason += f"; joins a forming batch ({forming[i].size} inputs)"
         else:
             self.avail[i] = fin
             if task.batch is not None and self.use_batch:  # a new batch forms behind
-                self.forming(batch_key(task.name, task.model))[i] = Forming(1, start)
+                self.forming(task)[i] = Forming(1, start)
         self.finish[name] = fin
         self.worker[name] = i
         if task.model is not None and self.use_load:
@@ -203,4 +217,5 @@ class Walk:
             transfer_ms=float(est.transfer[i]),
             run_ms=float(est.run[i]),
             reason=reason,
+            charge_ms=joined,
         )

@@ -34,10 +34,15 @@ BEATS = "{{{p}}}:beats"
 # hash: worker name -> ms queued and running; counter.lua, run by state/store.py (charge,
 # set_backlog), and once.lua, run by jobs/submit.py (a job's sources). Its members
 # "<worker>\x1f<level>" (queued_field) hold the ms queued at each priority level and
-# not started yet: charged with the backlog, taken off when the task starts
+# not started yet: charged with the backlog, taken off when the task starts. Its members
+# "<worker>\x1e<batch key>" (forming_field) count the inputs of a batched task waiting
+# there (added by whoever sends one, taken off when it starts, set by the worker's
+# reconcile): the planner reads the batch forming there from them
 BACKLOG = "{{{p}}}:backlog"
 #: Separates a worker's name from a priority level in a BACKLOG member.
 QUEUED_SEP = "\x1f"
+#: Separates a worker's name from a batch key in a BACKLOG member.
+FORMING_SEP = "\x1e"
 # hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
 # (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
 PENDING = "{{{p}}}:pending"
@@ -118,8 +123,20 @@ def queued_field(worker: str, level: int) -> str:
 
 
 def split_queued(member: str) -> tuple[str, int | None]:
-    """A BACKLOG member as (worker, level); level None for the worker's own total."""
+    """A BACKLOG member as (worker, level); level None for the worker's own total (or a
+    batch count, :func:`split_forming`)."""
     worker, sep, level = member.rpartition(QUEUED_SEP)
     if not sep or not level.isdigit():
-        return member, None
+        return split_forming(member)[0], None
     return worker, int(level)
+
+
+def forming_field(worker: str, batch: str) -> str:
+    """The BACKLOG member counting the inputs of batch key ``batch`` waiting on ``worker``."""
+    return f"{worker}{FORMING_SEP}{batch}"
+
+
+def split_forming(member: str) -> tuple[str, str | None]:
+    """A BACKLOG member as (worker, batch key); None when it is not a batch count."""
+    worker, sep, batch = member.partition(FORMING_SEP)
+    return (worker, batch) if sep and batch else (member, None)

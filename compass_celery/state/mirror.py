@@ -21,7 +21,7 @@ from ..planner.cost import evolve
 from ..planner.priority import LEVELS
 from ..planner.types import WorkerView
 from .connection import text
-from .keys import queued_field, split_queued
+from .keys import forming_field, queued_field, split_forming, split_queued
 from .records import dead_reason, decode_ms, judge_record, parse_profile
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
@@ -55,6 +55,8 @@ class StateMirror:
         self.decoded: dict[str, tuple[Any, WorkerView | str]] = {}  # raw -> view or why not
         self.beats: dict[str, float] = {}  # Redis TIME of the last beat this mirror saw
         self.backlog: dict[str, float] = {}
+        # worker -> the batch keys it has a count of queued inputs for (BACKLOG members)
+        self.batch_keys: dict[str, set[str]] = {}
         self.pending: dict[str, float] = {}
         self.profiles: dict[str, float] = {}
         self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
@@ -139,6 +141,9 @@ class StateMirror:
         self.records = records
         self.decoded = {n: v for n, v in self.decoded.items() if n in records}
         self.backlog = {n: decode_ms(v) for n, v in backlog.items()}
+        self.batch_keys = {}
+        for member in self.backlog:
+            self._index_batch(member)
         self.pending = {n: decode_ms(v) for n, v in pending.items()}
         self.profiles = {k: ms for k, ms in ((k, parse_profile(v)) for k, v in profiles.items())
                          if ms is not None}
@@ -167,6 +172,8 @@ class StateMirror:
                     table.pop(name, None)
                 else:
                     table[name] = decode_ms(value)
+                    if kind == "b":
+                        self._index_batch(name)
                 name = split_queued(name)[0]  # a level's queued work: its worker's view
             elif kind == "f":
                 profiles = dict(self.profiles) if profiles is None else profiles
@@ -199,6 +206,18 @@ class StateMirror:
         self.beats = beats if every else {**old, **beats}
         names = set(old) | set(beats) if every else set(beats)
         return {n for n in names if old.get(n) != beats.get(n)}
+
+    def _index_batch(self, member: str) -> None:
+        """Note a BACKLOG member that counts a worker's queued inputs of a batch key."""
+        worker, batch = split_forming(member)
+        if batch is not None:
+            self.batch_keys.setdefault(worker, set()).add(batch)
+
+    def _inputs(self, name: str) -> dict[str, int]:
+        """``name``'s queued inputs per batch key (keys with none left out)."""
+        got = ((k, round(self.backlog.get(forming_field(name, k), 0.0)))
+               for k in self.batch_keys.get(name, ()))
+        return {k: n for k, n in got if n > 0}
 
     def _queued(self, name: str) -> dict[int, float]:
         """``name``'s queued work per priority level (levels with none left out)."""
@@ -248,7 +267,8 @@ class StateMirror:
                     view = evolve(view, heartbeat=min(now, beat + offset),
                                   backlog_ms=self.backlog.get(name, 0.0),
                                   pending_ms=self.pending.get(name, 0.0),
-                                  queued_ms=self._queued(name))
+                                  queued_ms=self._queued(name),
+                                  queued_inputs=self._inputs(name))
             if view is None:
                 if self.live.pop(name, None) is not None:
                     members_changed = True

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from ..planner.cost import evolve
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
-from .keys import split_queued
+from .keys import split_forming, split_queued
 from .store import Snapshot, StateStore
 
 logger = logging.getLogger("compass_celery.state")
@@ -203,9 +203,10 @@ class SnapshotReader:
                     self._read_done.notify_all()
 
     def note_charge(self, worker: str, ms: float, pending: bool = False,
-                    level: int | None = None) -> None:
+                    level: int | None = None, batch: str = "") -> None:
         """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work; with
-        ``level``, queued work of that priority too) in this process's snapshot only."""
+        ``level``, queued work of that priority too; with ``batch``, one input more (ms
+        > 0) or less waiting under that batch key) in this process's snapshot only."""
         with self._lock:
             snap = self._snap
             if snap is None:
@@ -216,8 +217,10 @@ class SnapshotReader:
             i = self._index.get(worker)
             if i is None:
                 return
-            workers = (*workers[:i], _charge(workers[i], ms, pending, level),
-                       *workers[i + 1:])
+            w = _charge(workers[i], ms, pending, level)
+            if batch:
+                w = _count_input(w, batch, 1 if ms > 0 else -1)
+            workers = (*workers[:i], w, *workers[i + 1:])
             self._indexed = workers
             self._snap = replace(snap, workers=workers)
 
@@ -262,19 +265,32 @@ def _charge(w: WorkerView, ms: float, pending: bool = False,
     return evolve(w, **changes)
 
 
+def _count_input(w: WorkerView, batch: str, n: float) -> WorkerView:
+    """``w`` with ``n`` more inputs of batch key ``batch`` waiting (never below zero)."""
+    inputs = dict(w.queued_inputs)
+    left = max(0, round(inputs.get(batch, 0) + n))
+    if left:
+        inputs[batch] = left
+    else:
+        inputs.pop(batch, None)
+    return evolve(w, queued_inputs=inputs)
+
+
 def _charged(snap: Snapshot, charges: dict[str, float]) -> Snapshot:
     """``snap`` with ``charges`` (backlog member -> ms: a worker's total, or its queued
-    work at one level) added to the workers' views."""
+    work at one level; or a count of queued inputs of a batch key) added to the views."""
     if not charges:
         return snap
-    by_worker: dict[str, list[tuple[int | None, float]]] = {}
+    by_worker: dict[str, list[tuple[int | None, str | None, float]]] = {}
     for member, ms in charges.items():
-        worker, level = split_queued(member)
-        by_worker.setdefault(worker, []).append((level, ms))
+        worker, batch = split_forming(member)
+        level = None if batch is not None else split_queued(member)[1]
+        by_worker.setdefault(worker, []).append((level, batch, ms))
 
     def charged(w: WorkerView) -> WorkerView:
-        for level, ms in by_worker[w.name]:
-            w = _charge(w, ms, level=level, total=level is None)
+        for level, batch, ms in by_worker[w.name]:
+            w = _count_input(w, batch, ms) if batch is not None else \
+                _charge(w, ms, level=level, total=level is None)
         return w
     workers = tuple(charged(w) if w.name in by_worker else w for w in snap.workers)
     return replace(snap, workers=workers)

@@ -26,10 +26,11 @@ from ..cache import EmulatedBackend, ModelCache, TorchBackend, set_current_cache
 from ..jobs.runtime import JobRuntime
 from ..needs import LOAD_PROFILE
 from ..placement import Decision
+from ..planner.batch import batch_key
 from ..planner.priority import LEVELS
 from ..planner.types import ClusterView
 from ..state.connection import StateUnavailable
-from ..state.keys import queued_field
+from ..state.keys import forming_field, queued_field
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
 from .leases import Leases
@@ -69,6 +70,11 @@ class WorkerRuntime:
                               self.leases, self.queued_decisions, self.publisher.wake,
                               self._stopping)
         self.batches = BatchRunner(compass, queue, self.cfg, self.tasks, self.jobs, self.leases)
+        # batch keys whose count of waiting inputs a reconcile sets (to 0 when none wait):
+        # every batched task's, so a restarted worker clears what its last life left
+        self._batch_keys = {batch_key(t.name, getattr(t, "compass_model", None))
+                            for t in compass.app.tasks.values()
+                            if getattr(t, "compass_batch", None) is not None}
         self.watchdog = Watchdog(compass, name, self.publisher,
                                  self.cfg["heartbeat_timeout_s"], self._stopping)
 
@@ -243,14 +249,20 @@ class WorkerRuntime:
         store = self.compass.store
         waiting = [d for d in self.queued_decisions() if d.worker == self.name]
         by_level = dict.fromkeys(LEVELS, 0.0)
+        inputs = dict.fromkeys(self._batch_keys, 0)  # keys seen before: back to 0
         for d in waiting:
             if d.priority is not None:
                 by_level[d.priority] = by_level.get(d.priority, 0.0) + d.charge_ms
+            if d.batch:
+                inputs[d.batch] = inputs.get(d.batch, 0) + 1
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         store.set_backlog(self.name, self.tasks.running_charge_ms()
                           + sum(d.charge_ms for d in waiting), pipe=pipe)
         for level, ms in by_level.items():
             store.set_backlog(queued_field(self.name, level), ms, pipe=pipe)
+        for batch, n in inputs.items():
+            store.set_backlog(forming_field(self.name, batch), n, pipe=pipe)
+        self._batch_keys = {b for b, n in inputs.items() if n}
         if pipe is not None:
             store.execute(pipe)  # type: ignore[attr-defined]
 

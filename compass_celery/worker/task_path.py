@@ -24,7 +24,7 @@ from ..jobs.retry import retry_transient
 from ..needs import profile_key, resolve_needs
 from ..placement import Decision
 from ..state.connection import StateUnavailable
-from ..state.keys import queued_field
+from ..state.keys import forming_field, queued_field
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -180,13 +180,16 @@ class TaskPath:
 
     def _started_queued(self, decision: Decision | None) -> None:
         """A task that starts no longer waits: take it off its level's queued work, which
-        tasks of higher priority skip (best effort: reconciliation corrects it)."""
-        if decision is None or decision.worker != self.name or not decision.charge_ms \
-                or decision.priority is None:
+        tasks of higher priority skip, and off its batch key's count of waiting inputs
+        (best effort: reconciliation corrects both)."""
+        if decision is None or decision.worker != self.name or not decision.charge_ms:
             return
+        store = self.compass.store
         with contextlib.suppress(StateUnavailable):
-            self.compass.store.charge(queued_field(self.name, decision.priority),
-                                      -decision.charge_ms)
+            if decision.priority is not None:
+                store.charge(queued_field(self.name, decision.priority), -decision.charge_ms)
+            if decision.batch:
+                store.charge(forming_field(self.name, decision.batch), -1.0)
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:

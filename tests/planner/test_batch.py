@@ -4,6 +4,7 @@ first, take the idle worker when it does."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -15,6 +16,7 @@ from compass_celery.planner.batch import (
     Forming,
     batch_key,
     batch_spec,
+    forming_from_count,
     hold_until_ms,
     join_finish_ms,
     marginal_ms,
@@ -165,7 +167,7 @@ def test_commit_adds_only_the_marginal_cost_and_grows_the_batch() -> None:
     assert est.joins == {0: 2.0}
     walk.commit("embed", 0, est, "x")
     assert walk.avail[0] == CURVE.of(3) + 2.0
-    assert walk.forming(KEY)[0] == Forming(4, 0.0)
+    assert walk.forming(EMBED)[0] == Forming(4, 0.0)
     other = walk.estimate("other")  # everything queued after the batch moved back 2 ms
     assert other.joins is None and other.finish[0] == CURVE.of(4) + 20.0
 
@@ -175,7 +177,7 @@ def test_a_new_batch_forms_where_a_batchable_task_is_placed_alone() -> None:
     walk = Walk(DagSpec.single(EMBED), cluster)
     est = walk.estimate("embed")
     walk.commit("embed", 0, est, "x")
-    assert walk.forming(KEY) == {0: Forming(1, 7.0)} and walk.avail[0] == 27.0
+    assert walk.forming(EMBED) == {0: Forming(1, 7.0)} and walk.avail[0] == 27.0
 
 
 def test_use_batch_off_ignores_forming_batches() -> None:
@@ -206,3 +208,32 @@ def test_hold_rules() -> None:
     assert hold_until_ms(0.0, BatchSpec(8, 0.0), waiting=3, others_ready=False) == start
     assert hold_until_ms(2.0, SPEC, waiting=3, others_ready=False) == 7.0
     assert hold_until_ms(2.0, SPEC, waiting=3, others_ready=False, latest_start_ms=4.0) == 4.0
+
+
+def _counted(name: str, backlog: float, waiting: int) -> WorkerView:
+    """A worker as a real one publishes itself: a count of queued inputs, no batch."""
+    return replace(view(name, backlog), queued_inputs={"emulated.embed|m": waiting})
+
+
+KEYED = replace(EMBED, batch=replace(SPEC, key="emulated.embed|m"))
+
+
+def test_a_count_of_queued_inputs_reads_as_the_open_batch_queued_last() -> None:
+    # 10 ms of other work, then 3 inputs (the open batch, 24 ms): it starts at 10
+    cluster = ClusterView.of([_counted("w0", 10 + CURVE.of(3), 3)], {"m": 1000.0})
+    assert Walk(DagSpec.single(KEYED), cluster).forming(KEYED) == {0: Forming(3, 10.0)}
+    # 11 waiting with batches of 8: one full batch ahead, the open one holds 3
+    assert forming_from_count(11, SPEC, CURVE, queue_ms=100.0, speed=1.0) == \
+        Forming(3, 100.0 - CURVE.of(3))
+    assert forming_from_count(8, SPEC, CURVE, queue_ms=100.0, speed=1.0) is None  # full
+    assert forming_from_count(0, SPEC, CURVE, queue_ms=100.0, speed=1.0) is None
+
+
+def test_a_counted_batch_is_joined_and_charged_one_input() -> None:
+    p = plan(KEYED, _counted("w0", CURVE.of(3), 3), view("w1", 25.0))
+    assert p.worker == "w0" and p.finish_ms == CURVE.of(4) and p.charge_ms == 2.0
+    alone = plan(KEYED, view("w0", 0.0), view("w1", 25.0))  # nothing to join: a full run
+    assert alone.charge_ms is None and alone.run_ms == 20.0
+    # the key is the task's, not the node's: another task's inputs are not joined
+    other = plan(EMBED, _counted("w0", CURVE.of(3), 3), view("w1", 40.0))
+    assert other.finish_ms == CURVE.of(3) + 20.0 and other.charge_ms is None
