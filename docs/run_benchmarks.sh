@@ -243,10 +243,10 @@ batching() {
 run python -m compass_celery.sim.batching --workload dags/batch-embed.json --jobs 6000 \
     | tee "$out/batching-sim.txt"
 run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
-    --rates 100,200,300,400,500,600 --jobs 1000 --time-scale 5 --compare-sim \
+    --rates 100,200,300,400,500,600,700 --jobs 1000 --time-scale 5 --compare-sim \
     --json "$out/batching-emulated.json" | tee "$out/batching-emulated.txt"
 run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
-    --rates 10,20,40,60,80 --jobs 600 --compare-sim \
+    --rates 40,80,120,160,200,240 --jobs 600 --compare-sim \
     --json "$out/batching-real.json" | tee "$out/batching-real.txt"
 }
 

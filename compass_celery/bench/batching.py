@@ -55,7 +55,7 @@ assert list(VARIANTS) == list(SIM_VARIANTS)
 #: them, are what saturates, on two cores shared by the workers, Redis and the sender.
 EMULATED_SCALE = 5.0
 DEFAULTS = {False: ("dags/batch-embed.json", "100,200,300,400,500", EMULATED_SCALE),
-            True: ("dags/embed-real.json", "10,20,40,60", 1.0)}
+            True: ("dags/embed-real.json", "40,80,120,160,200,240", 1.0)}
 
 
 def options_for(base: BenchOptions, variant: str, rate: float) -> BenchOptions:
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workload", help="default dags/batch-embed.json, with --real "
                     "dags/embed-real.json")
     ap.add_argument("--rates", help="jobs/s, comma-separated (default 100,200,300,400,500; "
-                    "with --real 10,20,40,60)")
+                    "with --real 40,80,120,160,200,240)")
     ap.add_argument("--slo-ms", type=float, default=300.0, help="p99 latency target, ms")
     ap.add_argument("--jobs", type=int, default=400, help="jobs per run (default 400)")
     ap.add_argument("--time-scale", type=float, help="real ms per workload ms (default "

@@ -185,11 +185,18 @@ class TaskPath:
         if decision is None or decision.worker != self.name or not decision.charge_ms:
             return
         store = self.compass.store
-        with contextlib.suppress(StateUnavailable):
+        if decision.priority is None and not decision.batch:
+            return
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):  # one round trip
+            pipe = store.client.pipeline(transaction=False) \
+                if store.client is not None else None
             if decision.priority is not None:
-                store.charge(queued_field(self.name, decision.priority), -decision.charge_ms)
+                store.charge(queued_field(self.name, decision.priority), -decision.charge_ms,
+                             pipe=pipe)
             if decision.batch:
-                store.charge(forming_field(self.name, decision.batch), -1.0)
+                store.charge(forming_field(self.name, decision.batch), -1.0, pipe=pipe)
+            if pipe is not None:
+                store.execute(pipe)  # type: ignore[attr-defined]
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
