@@ -24,7 +24,7 @@ from celery import Celery
 from compass_celery import Compass
 from compass_celery.broker.amqp import is_amqp
 from compass_celery.cache import current_cache
-from compass_celery.planner.batch import BatchSpec, batch_spec
+from compass_celery.planner.batch import BatchSpec, batch_record, batch_spec
 from compass_celery.state import keys
 
 if TYPE_CHECKING:
@@ -240,10 +240,7 @@ def batched_tasks(dags: Mapping[str, DagSpec], namespace: str
 
 def batch_fields(spec: BatchSpec) -> dict[str, Any]:
     """A :class:`BatchSpec` back as the ``compass_batch`` option that declares it."""
-    out: dict[str, Any] = {"max_size": spec.max_size, "max_wait_ms": spec.max_wait_ms}
-    if spec.curve is not None:
-        out.update(base_ms=spec.curve.base_ms, per_item_ms=spec.curve.per_item_ms)
-    return out
+    return {k: v for k, v in (batch_record(spec) or {}).items() if k != "key"}
 
 
 def batched_from_env() -> dict[str, dict[str, Any]]:

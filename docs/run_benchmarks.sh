@@ -245,6 +245,9 @@ run python -m compass_celery.sim.batching --workload dags/batch-embed.json --job
 run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
     --rates 100,200,300,400,500,600,700 --jobs 1000 --time-scale 5 --compare-sim \
     --json "$out/batching-emulated.json" | tee "$out/batching-emulated.txt"
+run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
+    --rates 450,500,550,600,650 --jobs 2000 --time-scale 5 --variants compass+batch,compass+blind \
+    --json "$out/batching-emulated-fine.json" | tee "$out/batching-emulated-fine.txt"
 run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
     --rates 40,80,120,160,200,240 --jobs 600 --compare-sim \
     --json "$out/batching-real.json" | tee "$out/batching-real.txt"

@@ -237,3 +237,14 @@ def test_a_counted_batch_is_joined_and_charged_one_input() -> None:
     # the key is the task's, not the node's: another task's inputs are not joined
     other = plan(EMBED, _counted("w0", CURVE.of(3), 3), view("w1", 40.0))
     assert other.finish_ms == CURVE.of(3) + 20.0 and other.charge_ms is None
+
+
+def test_a_node_records_batch_survives_the_round_trip_and_garbage_reads_as_unbatched() -> None:
+    from compass_celery.planner.batch import batch_from_record, batch_record
+
+    keyed = replace(SPEC, key="j.embed|m")
+    assert batch_from_record(batch_record(keyed)) == keyed
+    assert batch_record(None) is None and batch_from_record(None) is None
+    # a record written before batching, or garbled: placed as an unbatched task
+    assert batch_from_record({"max_size": "lots"}) is None
+    assert batch_from_record("junk") is None
