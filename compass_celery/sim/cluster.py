@@ -10,9 +10,11 @@ next ready task, the way prefetch-one Celery workers pull from a broker.
 A batchable task (``TaskSpec.batch``, ``planner.batch``) is run with up to
 ``max_size - 1`` more queued tasks of the same task and model, as one pass timed by the
 batch curve; the worker may hold a batch open for more (``batch.hold_until_ms``). Under
-``batching="on"`` a worker publishes the batches forming in its queue and charges each
-task what it adds to its batch; under ``"blind"`` it batches all the same but publishes
-what today's workers do (every task at its full run time, no forming batches).
+``batching="on"`` a worker publishes how many inputs of each batch key wait in its queue,
+as a real worker's counters do (the planner reads the forming batch from the count, the
+same rule on both), and charges each task what it adds to its batch; under ``"blind"`` it
+batches all the same but publishes as an unbatched worker (every task at its full run
+time, no counts).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
 from ..planner.admission import should_shed
-from ..planner.batch import BatchSpec, Forming, batch_key, hold_until_ms, marginal_ms
+from ..planner.batch import BatchSpec, batch_key, hold_until_ms, marginal_ms
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
@@ -104,13 +106,10 @@ class SimWorker:
         self.listed_idle = False  # in the cluster's idle list (celery-default)
         self.settling = False  # a settle() is scheduled
         self._view: WorkerView | None = None
-        # Batching: "on" publishes forming batches and charges marginal costs; "blind"
-        # batches but publishes as an unbatched worker does.
+        # Batching: "on" publishes its counts of waiting inputs and charges marginal costs;
+        # "blind" batches but publishes as an unbatched worker does.
         self.aware = batching == "on"
         self.keyed: dict[str, int] = {}  # batch key -> queued tasks with that key
-        self.specs: dict[str, BatchSpec] = {}  # batch key -> its spec (and curve)
-        self.enqueued_ms = 0.0  # all charges ever made: positions in the queue's work
-        self.group_at: dict[str, float] = {}  # key -> enqueued_ms when its open batch began
         self.members: list[SimTask] = []  # the running batch (empty: not batching)
         self.batch_ms = 0.0  # the running batch's pass
         self.hold_at = -1.0  # a hold's end is scheduled at this time
@@ -132,20 +131,8 @@ class SimWorker:
                 backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
-                forming=self.forming() if self.keyed and self.aware else {})
+                queued_inputs=dict(self.keyed) if self.keyed and self.aware else {})
         return self._view
-
-    def forming(self) -> dict[str, Forming]:
-        """The batches with room forming in this queue, by key, as a real worker publishes
-        them: inputs waiting in the open (last) batch of each key, and the work queued
-        ahead of its first input (backlog less what was queued from it on)."""
-        out: dict[str, Forming] = {}
-        for key, count in self.keyed.items():
-            size = (count - 1) % self.specs[key].max_size + 1
-            if size < self.specs[key].max_size:
-                behind = self.enqueued_ms - self.group_at[key]
-                out[key] = Forming(size, max(self.backlog_ms - behind, 0.0))
-        return out
 
     def preload(self, models: Iterable[str]) -> None:
         """Make ``models`` resident before the run, pinned: never evicted, no load counted
@@ -180,7 +167,6 @@ class SimWorker:
         if task.batch is not None:
             self._join(task)
         self.backlog_ms += task.charged_ms
-        self.enqueued_ms += task.charged_ms
         self.queue.append(task)
         if task.model is not None:
             self.queued_models[task.model] = self.queued_models.get(task.model, 0) + 1
@@ -199,10 +185,7 @@ class SimWorker:
         assert spec is not None
         key = task.key = batch_key(task.node, task.model)
         count = self.keyed.get(key, 0)
-        if count % spec.max_size == 0:
-            self.group_at[key] = self.enqueued_ms
         self.keyed[key] = count + 1
-        self.specs[key] = spec
         if self.aware:
             curve = spec.curve_for(task.exec_ms)
             task.charged_ms = marginal_ms(curve, count % spec.max_size) / self.spec.speed
@@ -216,7 +199,6 @@ class SimWorker:
             self.keyed[task.key] = left
         else:
             del self.keyed[task.key]
-            del self.group_at[task.key]
 
     def _queued(self, skip: int = 0) -> list[str | None]:
         """The queued tasks' models from position ``skip`` on, for the cache decider.

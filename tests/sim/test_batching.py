@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from compass_celery.planner.batch import Forming, batch_key
+from compass_celery.planner.batch import Forming, batch_key, forming_from_count
 from compass_celery.sim import Simulation, simulate
 from compass_celery.sim.batching import main as sweep_main
 from compass_celery.sim.batching import sustained
@@ -113,13 +113,17 @@ def test_workers_publish_forming_batches() -> None:
     sim = Simulation(w, "compass", job_stream(w), warm=False)
     sim.run(until_ms=1.0)  # the model is still loading: everything waits
     view = sim.cluster.workers[0].view()
-    # 5 queued in batches of 4: the open one has 1 input, behind 20 + 3 x 2 ms of work
-    assert view.forming == {batch_key("a", "m"): Forming(1, BASE + 3 * PER)}
+    # 5 queued, counted as a real worker counts them; the planner reads the open batch of
+    # 4 from the count: 1 input, behind 20 + 3 x 2 ms of work
+    assert view.queued_inputs == {batch_key("a", "m"): 5} and view.forming == {}
     assert view.backlog_ms == pytest.approx(2 * BASE + 3 * PER)
+    spec = w.dags["one"].nodes["a"].batch
+    assert forming_from_count(5, spec, spec.curve_for(BASE), queue_ms=view.backlog_ms,
+                              speed=1.0) == Forming(1, BASE + 3 * PER)
     blind = Simulation(w, "compass", job_stream(w), warm=False, batching="blind")
     blind.run(until_ms=1.0)
     bv = blind.cluster.workers[0].view()
-    assert bv.forming == {} and bv.backlog_ms == pytest.approx(5 * BASE)
+    assert bv.queued_inputs == {} and bv.backlog_ms == pytest.approx(5 * BASE)
 
 
 def test_batching_off_and_no_batch_workloads_are_unchanged() -> None:
