@@ -82,9 +82,16 @@ class Compass:
     @cached_property
     def settings(self) -> dict[str, Any]:
         """The typed ``compass_*`` settings, after refusing pickle anywhere in the app."""
+        from .broker.amqp import is_amqp
+
         conf = self.app.conf
         settings_mod.refuse_pickle(conf)
-        return settings_mod.resolve(conf)
+        out = settings_mod.resolve(conf)
+        if out["batch_aware"] and is_amqp(conf.broker_url):
+            # a RabbitMQ worker cannot take waiting messages by content: it runs each input
+            # alone, so there is never a batch to join and each input costs a full run
+            out["batch_aware"] = False
+        return out
 
     @property
     def eager(self) -> bool:

@@ -326,3 +326,13 @@ def test_other_serializers_are_not_refused() -> None:
                    "result_accept_content": None})
     app = new_app(accept_content=["json", "msgpack"])
     assert Compass(app).settings["policy"] == "compass"
+
+
+@pytest.mark.parametrize(("broker", "aware"), [("redis://127.0.0.1:1/0", True),
+                                               ("amqp://guest:guest@127.0.0.1:1//", False)])
+def test_placement_is_batch_aware_only_where_workers_can_batch(broker: str, aware: bool):
+    # a RabbitMQ worker runs each batched input alone: planning joins there would
+    # charge each input one input's share of a batch that never forms
+    app = Celery(f"batch-{uuid.uuid4().hex}", broker=broker, set_as_current=False)
+    Compass(app)
+    assert app.compass.settings["batch_aware"] is aware
