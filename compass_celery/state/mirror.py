@@ -170,6 +170,8 @@ class StateMirror:
                 table = self.backlog if kind == "b" else self.pending
                 if value is None:
                     table.pop(name, None)
+                    if kind == "b":
+                        self._index_batch(name, drop=True)
                 else:
                     table[name] = decode_ms(value)
                     if kind == "b":
@@ -207,11 +209,18 @@ class StateMirror:
         names = set(old) | set(beats) if every else set(beats)
         return {n for n in names if old.get(n) != beats.get(n)}
 
-    def _index_batch(self, member: str) -> None:
-        """Note a BACKLOG member that counts a worker's queued inputs of a batch key."""
+    def _index_batch(self, member: str, drop: bool = False) -> None:
+        """Note a BACKLOG member that counts a worker's queued inputs of a batch key (with
+        ``drop``, that it is gone: a removed worker leaves nothing behind here)."""
         worker, batch = split_forming(member)
-        if batch is not None:
+        if batch is None:
+            return
+        if not drop:
             self.batch_keys.setdefault(worker, set()).add(batch)
+        elif worker in self.batch_keys:
+            self.batch_keys[worker].discard(batch)
+            if not self.batch_keys[worker]:
+                del self.batch_keys[worker]
 
     def _inputs(self, name: str) -> dict[str, int]:
         """``name``'s queued inputs per batch key (keys with none left out)."""
