@@ -23,7 +23,6 @@ from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
 from .state.connection import StateUnavailable
-from .state.keys import forming_field, queued_field
 from .state.store import Snapshot
 
 if TYPE_CHECKING:
@@ -36,12 +35,8 @@ def charge_backlog(c: CompassContext, decision: Decision, sign: int) -> None:
     """Add (``+1``) or take back (``-1``) a decision's run time on its worker's backlog,
     in the store and in this process's snapshot, so the next decision sees it at once."""
     if decision.charge_ms:
-        c.store.charge(decision.worker, sign * decision.charge_ms)
-        if decision.priority is not None:
-            c.store.charge(queued_field(decision.worker, decision.priority),
-                           sign * decision.charge_ms)
-        if decision.batch:
-            c.store.charge(forming_field(decision.worker, decision.batch), sign)
+        for member, amount in decision.backlog_charges():
+            c.store.charge(member, sign * amount)
         c.reader.note_charge(decision.worker, sign * decision.charge_ms,
                              level=decision.priority, batch=decision.batch)
 
@@ -117,8 +112,9 @@ class CompassRouter:
         c = self.compass
         if not decision.charge_ms:
             return
+        decision = replace(decision, priority=level)
         if c.store.client is None:
-            charge_backlog(c, replace(decision, priority=level), +1)
+            charge_backlog(c, decision, +1)
             return
         if self.charges is None:
             self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
@@ -127,10 +123,8 @@ class CompassRouter:
             c.reader.charges = self.charges
         c.reader.note_charge(decision.worker, decision.charge_ms, level=level,
                              batch=decision.batch)
-        self.charges.add(decision.worker, decision.charge_ms)
-        self.charges.add(queued_field(decision.worker, level), decision.charge_ms)
-        if decision.batch:  # one more input waits there under its batch key
-            self.charges.add(forming_field(decision.worker, decision.batch), 1.0)
+        for member, amount in decision.backlog_charges():
+            self.charges.add(member, amount)
 
     def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot) -> Decision:
         """Judge the placement against the task's deadline and the queue bound; refused,

@@ -28,7 +28,6 @@ from ..planner.demand import cluster_demand
 from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
-from ..state.keys import forming_field, queued_field
 from ..state.scripts import register_script
 from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys
@@ -230,13 +229,8 @@ class JobRuntime:
                 pipe.hset(keys.tasks, mapping={succ: tid for succ, tid, _, _ in sent})
                 for _, _, decision, planned in sent:
                     if decision.charge_ms:
-                        c.store.charge(decision.worker, decision.charge_ms, pipe=pipe)
-                        if decision.priority is not None:  # queued at its level
-                            c.store.charge(queued_field(decision.worker, decision.priority),
-                                           decision.charge_ms, pipe=pipe)
-                        if decision.batch:  # one more input waits there under its key
-                            c.store.charge(forming_field(decision.worker, decision.batch),
-                                           1.0, pipe=pipe)
+                        for member, amount in decision.backlog_charges():
+                            c.store.charge(member, amount, pipe=pipe)
                         # the next re-placement here sees it before the next read
                         c.reader.note_charge(decision.worker, decision.charge_ms,
                                              level=decision.priority, batch=decision.batch)

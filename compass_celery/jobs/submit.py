@@ -37,7 +37,6 @@ from ..planner.priority import for_priority
 from ..planner.types import ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
-from ..state.keys import forming_field, queued_field
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
 from ..state.store import Snapshot
@@ -250,11 +249,8 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
         pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
 
     def charge(pipe: Any) -> None:
-        total = [(d.worker, d.charge_ms) for d in charged]
-        queued = [(queued_field(d.worker, d.priority), d.charge_ms) for d in charged
-                  if d.priority is not None]
-        inputs = [(forming_field(d.worker, d.batch), 1.0) for d in charged if d.batch]
-        _add_once(c, pipe, f"{job_id}:sources", "b", total + queued + inputs)
+        _add_once(c, pipe, f"{job_id}:sources", "b",
+                  [x for d in charged for x in d.backlog_charges()])
 
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))

@@ -24,7 +24,6 @@ from ..jobs.retry import retry_transient
 from ..needs import profile_key, resolve_needs
 from ..placement import Decision
 from ..state.connection import StateUnavailable
-from ..state.keys import forming_field, queued_field
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -182,19 +181,17 @@ class TaskPath:
         """A task that starts no longer waits: take it off its level's queued work, which
         tasks of higher priority skip, and off its batch key's count of waiting inputs
         (best effort: reconciliation corrects both)."""
-        if decision is None or decision.worker != self.name or not decision.charge_ms:
+        if decision is None or decision.worker != self.name:
+            return
+        waited = decision.backlog_charges(total=False)
+        if not waited:
             return
         store = self.compass.store
-        if decision.priority is None and not decision.batch:
-            return
         with contextlib.suppress(StateUnavailable, RedisError, OSError):  # one round trip
             pipe = store.client.pipeline(transaction=False) \
                 if store.client is not None else None
-            if decision.priority is not None:
-                store.charge(queued_field(self.name, decision.priority), -decision.charge_ms,
-                             pipe=pipe)
-            if decision.batch:
-                store.charge(forming_field(self.name, decision.batch), -1.0, pipe=pipe)
+            for member, amount in waited:
+                store.charge(member, -amount, pipe=pipe)
             if pipe is not None:
                 store.execute(pipe)  # type: ignore[attr-defined]
 
