@@ -262,7 +262,7 @@ class WorkerRuntime:
             store.set_backlog(queued_field(self.name, level), ms, pipe=pipe)
         for batch, n in inputs.items():
             store.set_backlog(forming_field(self.name, batch), n, pipe=pipe)
-        self._batch_keys = {b for b, n in inputs.items() if n}
+        self._batch_keys |= inputs.keys()  # once seen, always set: a stale count is reset
         if pipe is not None:
             store.execute(pipe)  # type: ignore[attr-defined]
 

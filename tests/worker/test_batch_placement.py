@@ -112,3 +112,7 @@ def test_dag_nodes_are_counted_and_a_wrong_count_is_reconciled(compass_redis_url
     assert app.compass.store.snapshot(time.time(), 3.0).workers[0].queued_inputs == {}
     client.hset(keys.key(keys.BACKLOG, "compass"), forming_field("bp3@batch", KEY), 7)
     wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "the reconcile")
+    # and again, long after the count was last set to 0 with nothing waiting
+    time.sleep(2.5)
+    client.hset(keys.key(keys.BACKLOG, "compass"), forming_field("bp3@batch", KEY), 4)
+    wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "a later reconcile")
