@@ -267,7 +267,7 @@ class JobRuntime:
             better = choose_successor(
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"],
                          batch=batch_from_record(node.get("batch"))
-                         if c.settings.get("batch_aware", True) else None),
+                         if c.settings["batch_aware"] else None),
                 planned_worker,
                 lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
                                        demand=cluster_demand(workers),

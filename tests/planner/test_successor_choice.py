@@ -73,7 +73,8 @@ def runtime_choice(sim: Simulation, job: Job, node: str, factor: float,
         reader=SimpleNamespace(get=lambda ahead_s=None: SimpleNamespace(
             workers=list(snap.workers), taken_at=snap.now, profiles={})),
         model_sizes=lambda: dict(snap.model_sizes_mb),
-        settings={"move_factor": factor, "snapshot_refresh_ahead_s": 0.05},
+        settings={"move_factor": factor, "snapshot_refresh_ahead_s": 0.05,
+                  "batch_aware": True},
         policy=SimpleNamespace(adjusts=True),
     )
     rt = JobRuntime.__new__(JobRuntime)  # no Redis: only the adjustment path runs
