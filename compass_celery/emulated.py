@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from celery import Celery
 
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from compass_celery.planner.types import DagSpec
 
 logger = logging.getLogger("compass_celery.emulated")
+T = TypeVar("T")
 
 _ledger_client: tuple[int, Any] | None = None
 
@@ -287,6 +288,17 @@ def record_batch(task: Any, size: int, hold_ms: float) -> None:
         logger.warning("bench ledger unavailable, batch of %d not recorded: %s", size, exc)
 
 
+def counted_pass(task: Any, n: int, run: Callable[[], T]) -> T:
+    """``run()``, one batched pass over ``n`` inputs, as the benchmark's ledger counts it:
+    its start and end, then its size and how long it was held open for more inputs."""
+    hold = held_ms(task)
+    count_execution(task, keys.BENCH_STARTS)
+    out = run()
+    count_execution(task, keys.BENCH_EXECS)
+    record_batch(task, n, hold)
+    return out
+
+
 def _register_batched(app: Celery, tasks: Mapping[str, Mapping[str, Any]]) -> None:
     """One emulated batched task per entry of :func:`batched_tasks`: a pass over n inputs
     sleeps the curve's run time for n (times the time scale) with the model resident, as
@@ -296,12 +308,8 @@ def _register_batched(app: Celery, tasks: Mapping[str, Mapping[str, Any]]) -> No
         curve = batch_spec(raw, exec_ms).curve_for(exec_ms)
 
         def body(self: Any, inputs: list[Any], _curve: Any = curve) -> list[dict[str, Any]]:
-            hold = held_ms(self)
             run_ms = _curve.of(len(inputs))
-            count_execution(self, keys.BENCH_STARTS)
-            current_cache().run(run_ms)
-            count_execution(self, keys.BENCH_EXECS)
-            record_batch(self, len(inputs), hold)
+            counted_pass(self, len(inputs), lambda: current_cache().run(run_ms))
             worker = self.request.hostname or socket.gethostname()
             return [{"model": self.compass_model, "worker": worker, "batch": len(inputs),
                      "exec_ms": round(run_ms / len(inputs), 3), "data": _lineage(x)}

@@ -27,8 +27,7 @@ from ..emulated import (
     batched_from_env,
     configured_app,
     count_execution,
-    held_ms,
-    record_batch,
+    counted_pass,
     timed_base,
 )
 from ..jobs.dag import Dag
@@ -196,11 +195,8 @@ def _register_batched(app: Celery, tasks: Mapping[str, Mapping[str, Any]]) -> No
         raw = {k: v for k, v in spec["batch"].items() if k in ("max_size", "max_wait_ms")}
 
         def body(self: Any, inputs: list[Any]) -> list[dict[str, Any]]:
-            hold = held_ms(self)
-            count_execution(self, keys.BENCH_STARTS)
-            out = _canned_pass(self.compass_model, len(inputs))
-            count_execution(self, keys.BENCH_EXECS)
-            record_batch(self, len(inputs), hold)
+            out = counted_pass(self, len(inputs),
+                               lambda: _canned_pass(self.compass_model, len(inputs)))
             return [{"model": self.compass_model, "worker": _worker(self), "batch": len(inputs),
                      "out": n} for n in out]
 
