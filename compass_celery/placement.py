@@ -129,4 +129,4 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
                     policy=policy.name, charge_ms=charge, est_finish_ms=p.finish_ms,
                     wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason,
-                    batch=needs.batch_key)
+                    priority=priority, batch=needs.batch_key)

@@ -94,7 +94,7 @@ class CompassRouter:
                 # a refusal raises: nothing charged
                 decision = self._admit(decision, slo, snapshot)
                 try:
-                    self._charge(decision, level)
+                    self._charge(decision)
                 except StateUnavailable as exc:
                     decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:
@@ -105,14 +105,13 @@ class CompassRouter:
         announce(c, decision)
         return {"queue": c.destination(decision.queue)}
 
-    def _charge(self, decision: Decision, level: int) -> None:
-        """Charge the chosen worker, in total and as queued work of ``level``: at once in
-        this process's snapshot; in Redis through the batcher, off the enqueue path
-        (in-process stores directly)."""
+    def _charge(self, decision: Decision) -> None:
+        """Charge the chosen worker (``Decision.backlog_charges``): at once in this
+        process's snapshot; in Redis through the batcher, off the enqueue path (in-process
+        stores directly)."""
         c = self.compass
         if not decision.charge_ms:
             return
-        decision = replace(decision, priority=level)
         if c.store.client is None:
             charge_backlog(c, decision, +1)
             return
@@ -121,7 +120,7 @@ class CompassRouter:
             # this process's charges are in Redis before the reader reads there, and
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
-        c.reader.note_charge(decision.worker, decision.charge_ms, level=level,
+        c.reader.note_charge(decision.worker, decision.charge_ms, level=decision.priority,
                              batch=decision.batch)
         for member, amount in decision.backlog_charges():
             self.charges.add(member, amount)
