@@ -109,6 +109,9 @@ OPTIONS: dict[str, Option] = {
     "preload": Option([], (list, tuple, str), "models to load at worker start"),
     "cache_policy": Option("lookahead", str, "eviction policy: lookahead, lru or fifo"),
     "prefetch_depth": Option(3, int, "queued tasks to look ahead when prefetching", "", 0),
+    "prefetch_poll_s": Option(0.05, (int, float), "while a task runs, how often the worker "
+                              "peeks its queue for models to load behind it (0: only when a "
+                              "task starts)", "s", 0.0),
     "move_factor": Option(DEFAULT_MOVE_FACTOR, (int, float), "re-place a successor when its "
                           "worker's backlog exceeds this times its run time", "", 0.0),
     "job_ttl_s": Option(3600, (int, float), "expiry of job records and outputs", "s", 1.0),

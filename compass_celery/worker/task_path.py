@@ -300,14 +300,30 @@ class TaskPath:
             return []
 
     def prefetch_loop(self) -> None:
-        """Peek this worker's queue and prefetch what is next, when a task started on a
-        resident model asks for it."""
+        """Keep the models of the next queued tasks loading behind the running one.
+
+        A task's start asks for a peek (``PREFETCH_AFTER_S`` in, skipped for a task over
+        by then). While a task runs, the queue is also peeked every ``prefetch_poll_s``,
+        so a task routed here mid-run has its model loaded during its wait, as the
+        planner and the simulator assume; a peek that finds the models of the last one
+        asks the cache for nothing."""
+        poll = float(self.cfg.get("prefetch_poll_s") or 0.0)
+        last: list[str | None] | None = None
         while not self._stopping.is_set():
-            if self._prefetch_due.wait(1.0):
+            busy = self.running() > 0
+            due = self._prefetch_due.wait(poll if busy and poll > 0 else 1.0)
+            if due:
                 self._prefetch_due.clear()
                 # a task over by then leaves no run for a load to overlap: no peek for it
-                if not self._stopping.wait(PREFETCH_AFTER_S) and self.running():
-                    self.cache.prefetch(self._queued_models())
+                if self._stopping.wait(PREFETCH_AFTER_S) or not self.running():
+                    continue
+            elif not busy or not self.running():
+                last = None
+                continue
+            models = self._queued_models()
+            if due or models != last:
+                self.cache.prefetch(models)
+            last = models
 
     def stop(self) -> None:
         """Wake the prefetch loop so it sees the stop (and skips its peek)."""
