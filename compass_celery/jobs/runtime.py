@@ -204,8 +204,9 @@ class JobRuntime:
                 self._saw_running(job_id)
         late = self._too_late(released) if status != "duplicate" else None
         if late is not None:  # shed before spending: none of them would meet the deadline
-            self.shed(job, task_id, task=task, node=late[0], released=released,
-                      tail_ms=late[1])
+            succ, tail_ms, succ_task = late
+            self.shed(job, task_id, task=succ_task, node=succ, released=released,
+                      tail_ms=tail_ms)
             return []
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
                                    pipe=pipe, unsettled_ms=unsettled_ms)
@@ -285,16 +286,17 @@ class JobRuntime:
         return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
                             planned=(planned or {}).get("worker"), remember=False)
 
-    def _too_late(self, released: list[tuple[str, ...]]) -> tuple[str, float] | None:
+    def _too_late(self, released: list[tuple[str, ...]]
+                  ) -> tuple[str, float, str | None] | None:
         """The first released successor that, started now, cannot meet its job's deadline
         (its record carries the due time and its planned time to the job's end), with
-        that time."""
+        that time and its task's name."""
         now = time.time()
         for succ, _, spec, _, _ in released:
             node = json.loads(spec)
             if node.get("tail_ms") is not None and should_shed(
                     now, node.get("due"), float(node["tail_ms"]), self.c.settings["time_scale"]):
-                return succ, float(node["tail_ms"])
+                return succ, float(node["tail_ms"]), node.get("task")
         return None
 
     def shed(self, job: dict[str, Any], task_id: str, task: str | None = None,

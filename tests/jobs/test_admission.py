@@ -111,6 +111,7 @@ def test_a_job_that_falls_behind_is_shed_before_its_next_node_runs(one):
         job.get(timeout=30)
     assert time.time() - t0 < 5  # at a's end, not at the job timeout
     assert err.value.info["node"] == "b" and "shed" in err.value.info["exc"]
+    assert err.value.info["task"] == "emulated.step"  # b's own task, not a's
     time.sleep(0.5)
     assert _started(app, f"{job.id}.a") == 1 and _started(app, f"{job.id}.b") == 0
 
