@@ -12,8 +12,9 @@ a fresh cluster per variant:
 - ``celery-default``: one shared queue, no batching.
 
 Workers start warm (the batched nodes' models preloaded, as the simulator's
-workers are) and admission is off, so every job runs and the p99 is of all of them.
-It prints, per
+workers are) and admission is off, so every job runs and the p99 is of all of them;
+with ``--deadline-ms D`` every job carries a D ms deadline and admission is on, and the
+measure is goodput (``sim.batching``). It prints, per
 variant, the highest rate of the sweep whose p99 stays within ``--slo-ms`` (every lower
 rate too), then per rate: p50 and p99, goodput (jobs within their deadline per second),
 batch sizes and the latency that forming batches added, in the simulator's table; with
@@ -34,7 +35,7 @@ from typing import Any
 from ..errors import CompassInputError
 from ..local import LocalRedisError, RedisServer
 from ..sim.batching import VARIANTS as SIM_VARIANTS
-from ..sim.batching import row, run_variant, tables
+from ..sim.batching import peak_goodput, row, run_variant, tables, with_deadline
 from ..tables import text_table
 from ..workload import Workload, load_workload
 from .options import BenchOptions
@@ -58,11 +59,12 @@ DEFAULTS = {False: ("dags/batch-embed.json", "100,200,300,400,500", EMULATED_SCA
             True: ("dags/embed-real.json", "40,80,120,160,200,240", 1.0)}
 
 
-def options_for(base: BenchOptions, variant: str, rate: float) -> BenchOptions:
+def options_for(base: BenchOptions, variant: str, rate: float, admission: bool = False
+                ) -> BenchOptions:
     """``base`` for one variant at one rate (admission off: every job runs)."""
     policy, batching, aware = VARIANTS[variant]
     return replace(base, policies=[policy], rate=rate, batching=batching,
-                   batch_aware=aware, admission=False)
+                   batch_aware=aware, admission=admission)
 
 
 def warm(base: BenchOptions, workload: Workload) -> BenchOptions:
@@ -74,14 +76,19 @@ def warm(base: BenchOptions, workload: Workload) -> BenchOptions:
 
 
 def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, base: BenchOptions,
-          *, variants: Sequence[str] = tuple(VARIANTS), echo: Callable[[str], Any] = print
-          ) -> dict[str, Any]:
+          *, variants: Sequence[str] = tuple(VARIANTS), echo: Callable[[str], Any] = print,
+          deadline_ms: float | None = None) -> dict[str, Any]:
     """Every variant at every rate on fresh clusters over one private Redis (rate by rate,
-    so that a slow spell of a shared machine falls on every variant alike)."""
+    so that a slow spell of a shared machine falls on every variant alike); with
+    ``deadline_ms``, every job under that deadline and admission on."""
+    admission = deadline_ms is not None
+    if admission:
+        workload = with_deadline(workload, deadline_ms)
     out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms,
                            "time_scale": base.time_scale, "real": base.real,
                            "jobs": base.jobs, "rates": {v: {} for v in variants},
-                           "runs": {v: {} for v in variants}, "sustained": {}}
+                           "runs": {v: {} for v in variants}, "sustained": {},
+                           "deadline_ms": deadline_ms}
     with contextlib.ExitStack() as stack:
         url = stack.enter_context(RedisServer()).url
         try:  # the execution ledger apart, as the benchmark keeps it
@@ -91,7 +98,7 @@ def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, base: Bench
         for rate in rates:
             for v in variants:
                 echo(f"{v} at {rate:g} jobs/s")
-                opts = options_for(base, v, rate)
+                opts = options_for(base, v, rate, admission)
                 record = run_policy(workload, opts.policies[0], url, opts, echo,
                                     ledger_url=ledger_url)
                 out["rates"][v][str(rate)] = r = row(record)
@@ -99,7 +106,10 @@ def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, base: Bench
                 echo(f"  p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, batch mean "
                      f"{r['size_mean']:.2f}, done {run['completed']}/{run['jobs']}")
     for v in variants:
-        out["sustained"][v] = sustained(out["rates"][v], slo_ms)
+        if admission:
+            out.setdefault("peak_goodput", {})[v] = peak_goodput(out["rates"][v])
+        else:
+            out["sustained"][v] = sustained(out["rates"][v], slo_ms)
     return out
 
 
@@ -123,13 +133,21 @@ def sustained(by_rate: dict[str, dict[str, Any]], slo_ms: float) -> float:
 
 
 def simulated(workload: Workload, rates: Sequence[float], slo_ms: float,
-              variants: Sequence[str], jobs: int | None) -> dict[str, Any]:
-    """The simulator's numbers for the same workload, rates and job count."""
+              variants: Sequence[str], jobs: int | None, deadline_ms: float | None = None
+              ) -> dict[str, Any]:
+    """The simulator's numbers for the same workload, rates, job count and deadline."""
+    admission = deadline_ms is not None
+    if admission:
+        workload = with_deadline(workload, deadline_ms)
     out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms, "rates": {},
-                           "sustained": {}}
+                           "sustained": {}, "deadline_ms": deadline_ms}
     for v in variants:
-        out["rates"][v] = {str(r): row(run_variant(workload, v, r, jobs=jobs)) for r in rates}
-        out["sustained"][v] = sustained(out["rates"][v], slo_ms)
+        out["rates"][v] = {str(r): row(run_variant(workload, v, r, jobs=jobs,
+                                                   admission=admission)) for r in rates}
+        if admission:
+            out.setdefault("peak_goodput", {})[v] = peak_goodput(out["rates"][v])
+        else:
+            out["sustained"][v] = sustained(out["rates"][v], slo_ms)
     return out
 
 
@@ -156,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-scale", type=float, help="real ms per workload ms (default "
                     f"{EMULATED_SCALE:g}; 1 with --real)")
     ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--deadline-ms", type=float, help="every job under this deadline, "
+                    "admission on: report goodput (default: admission off, p99)")
     ap.add_argument("--real", action="store_true",
                     help="real forward passes on the CPU instead of emulated GPUs")
     ap.add_argument("--compare-sim", action="store_true",
@@ -176,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     time_scale = args.time_scale if args.time_scale is not None else scale
     if not time_scale > 0:
         ap.error("--time-scale must be > 0")
+    if args.deadline_ms is not None and not args.deadline_ms > 0:
+        ap.error("--deadline-ms must be > 0")
     try:
         workload = load_workload(args.workload or path)
     except CompassInputError as exc:
@@ -184,9 +206,10 @@ def main(argv: list[str] | None = None) -> int:
     base = warm(BenchOptions(jobs=args.jobs, time_scale=time_scale, real=args.real,
                              progress=False), workload)
     result = sweep(workload, rates, args.slo_ms, base, variants=names,
-                   echo=lambda m: print(m, file=sys.stderr))
+                   echo=lambda m: print(m, file=sys.stderr), deadline_ms=args.deadline_ms)
     if args.compare_sim:
-        result["simulated"] = simulated(workload, rates, args.slo_ms, names, args.jobs)
+        result["simulated"] = simulated(workload, rates, args.slo_ms, names, args.jobs,
+                                        args.deadline_ms)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             fh.write(json.dumps(result, indent=2) + "\n")

@@ -41,6 +41,7 @@ def test_variants_map_to_the_two_settings():
         is False
     off = options_for(BASE, "compass", 10.0)
     assert (off.batching, off.admission, off.rate) == (False, False, 10.0)
+    assert options_for(BASE, "compass+batch", 10.0, admission=True).admission is True
     assert warm(BASE, load_workload("dags/batch-embed.json")).extra_env == {
         "COMPASS_PRELOAD": "bert-base"}
     assert sustained({"10": {"p99": 5}, "20": {"p99": 50}, "30": {"p99": 8}}, 10) == 10

@@ -10,8 +10,8 @@ import pytest
 
 from compass_celery.planner.batch import Forming, batch_key, forming_from_count
 from compass_celery.sim import Simulation, simulate
+from compass_celery.sim.batching import REQUEST_CLASS, sustained, sweep, with_deadline
 from compass_celery.sim.batching import main as sweep_main
-from compass_celery.sim.batching import sustained
 from compass_celery.workload import job_stream, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -168,3 +168,38 @@ def test_sweep_cli(capsys: pytest.CaptureFixture[str]) -> None:
                        "--variants", "compass+batch,celery-default"]) == 0
     out = capsys.readouterr().out
     assert "compass+batch" in out and "jobs/s within p99" in out
+
+
+def test_with_a_deadline_every_job_is_admitted_against_it() -> None:
+    w = with_deadline(load_workload(ROOT / "dags" / "batch-embed.json"), 80.0)
+    for template in w.dags:
+        slo = w.slo(template)
+        assert slo is not None and slo.deadline_ms == 80.0 and slo.on_miss == "reject"
+    bare = with_deadline(workload([0.0]), 50.0)  # no class of its own: one is made
+    assert bare.dag_slo == {"one": REQUEST_CLASS} and bare.slo("one").deadline_ms == 50.0
+    kept = with_deadline(workload([0.0], deadline_ms=400.0), 50.0)  # its class, retimed
+    assert kept.dag_slo == {"one": "s"} and kept.slo("one").on_miss == "reject"
+
+
+def test_aware_placement_admits_what_blind_placement_refuses() -> None:
+    """Under a deadline, a planner blind to batches charges each queued input a whole
+    run, predicts waits the batch will not make and refuses jobs that would have met
+    their deadline: aware placement answers more jobs in time."""
+    w = load_workload(ROOT / "dags" / "batch-embed.json")
+    out = sweep(w, [400.0], 300.0, variants=["compass+batch", "compass+blind", "compass"],
+                jobs=1500, deadline_ms=100.0)
+    peak = {v: p["goodput"] for v, p in out["peak_goodput"].items()}
+    rows = {v: r["400.0"] for v, r in out["rates"].items()}
+    assert peak["compass+batch"] > 1.1 * peak["compass+blind"], peak
+    assert peak["compass+blind"] > peak["compass"], peak
+    assert rows["compass+batch"]["rejected"] < rows["compass+blind"]["rejected"], rows
+    assert out["sustained"] == {}  # admission on: goodput, not a p99 sweep
+
+
+def test_sweep_cli_with_a_deadline(capsys: pytest.CaptureFixture[str]) -> None:
+    path = str(ROOT / "dags" / "batch-embed.json")
+    assert sweep_main(["--workload", path, "--rates", "200", "--jobs", "200",
+                       "--variants", "compass+batch", "--deadline-ms", "100"]) == 0
+    assert "peak goodput/s (deadline 100 ms, admission on)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        sweep_main(["--workload", path, "--deadline-ms", "0"])
