@@ -176,9 +176,12 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
 
 
 def _forget_previous_run(client: Any, ledger: Any, prefix: str) -> None:
-    """Delete a previous run's state, jobs, queues and ledger under ``prefix``."""
-    for key in client.scan_iter(f"{prefix}*"):
-        client.delete(key)
+    """Delete a previous run's state, jobs, queues and ledger under ``prefix``: its queues
+    (``prefix.*``) and everything under its hash tag (``{prefix}:*``: worker records,
+    learned times and plan error, jobs)."""
+    for pattern in (f"{prefix}*", f"{{{prefix}}}*"):
+        for key in client.scan_iter(pattern):
+            client.delete(key)
     ledger.delete(keys.key(keys.BENCH_EXECS, prefix), keys.key(keys.BENCH_STARTS, prefix),
                   keys.key(BENCH_BATCHES, prefix))
     forget_unacked(client, prefix)
