@@ -50,6 +50,13 @@ IDLE_SHARE = 0.05
 #: of (measured - predicted) job finish it tracks, and the step (ms) of each update.
 ERROR_QUANTILE, ERROR_STEP_MS = 0.95, 4.0
 
+#: The learned plan error a job is charged is at most this share of its deadline.
+#: Overload can teach admission that plans run later than the deadline itself; charged
+#: in full, every job of the class would be refused, none would end, and the error
+#: (learned only from jobs that end) would stay there for good. Capped, a job whose
+#: plan is short is still taken (and shed if it falls behind), and its end teaches.
+ERROR_CAP_SHARE = 0.5
+
 
 class SloError(ValueError):
     """An SLO class or deadline that makes no sense; the message names it."""
@@ -166,7 +173,8 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     (no live worker) is admitted: nothing says it will miss. ``headroom`` (a share of
     the deadline, see :data:`DEFAULT_HEADROOM`) is kept in reserve: the plan must finish
     within ``(1 - headroom) x deadline``, after adding ``error_ms``, how late plans have
-    been running (the learned quantile of :func:`plan_error_step`; never negative here).
+    been running (the learned quantile of :func:`plan_error_step`; never negative here,
+    and at most :data:`ERROR_CAP_SHARE` of the deadline).
 
     A job that misses only because its plan loads models (``load_ms``, the loads it
     plans) onto a worker that would start it at once (``wait_ms`` within
@@ -185,7 +193,7 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     if deadline is None or math.isnan(predicted_ms):
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)
     target = deadline * (1.0 - headroom)
-    predicted_ms = predicted_ms + max(0.0, error_ms)
+    predicted_ms = predicted_ms + min(max(0.0, error_ms), ERROR_CAP_SHARE * deadline)
     miss = predicted_ms - target
     if miss <= 0:
         return Verdict(True, predicted_ms=predicted_ms, deadline_ms=deadline)

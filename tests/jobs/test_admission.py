@@ -7,6 +7,7 @@ so an admitted job falls behind its plan the way a real one does under a surpris
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -193,3 +194,19 @@ def test_admission_learns_how_late_its_plans_run(one):
     memory = MemoryStateStore()
     memory.record_quantile(key, 250.0, ERROR_QUANTILE, ERROR_STEP_MS)
     assert memory.snapshot(time.time(), 3.0).profiles[key] == pytest.approx(learned)
+
+
+def test_a_learned_plan_error_past_the_deadline_does_not_lock_the_class_out(one):
+    """Overload can teach admission that plans run later than the deadline itself; the
+    error it adds is capped, so a job whose plan is short is still taken, finishes, and
+    keeps teaching. Uncapped, every job is refused and none ever ends to lower it."""
+    from compass_celery.needs import plan_error_key
+
+    one.log.hset(keys.key(keys.PROFILES, "compass"), plan_error_key("interactive"),
+                 json.dumps({"exec_ms": 5000.0, "n": 500}))  # as ewma.lua keeps it
+    url = one.conf.broker_url
+    app = make_app(url, state_url=url, compass_snapshot_ttl_s=0.0)  # reads it all afresh
+    assert app.compass.store.snapshot(time.time(), 3.0).profiles[
+        plan_error_key("interactive")] == 5000.0
+    job = _chain(app, "honest", 50.0, 50.0).apply_async(slo="interactive")  # 400 ms
+    assert set(job.get(timeout=20)) == {"b"}

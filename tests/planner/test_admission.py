@@ -8,6 +8,7 @@ import pytest
 
 from compass_celery.planner.admission import (
     DEFAULT_SLO_CLASSES,
+    ERROR_CAP_SHARE,
     Slo,
     SloError,
     job_finish_ms,
@@ -117,6 +118,15 @@ def test_the_learned_plan_error_is_added_to_the_prediction():
     late = judge(STRICT, 300.0, headroom=0.1, error_ms=80.0)
     assert not late.admitted and late.predicted_ms == 380.0
     assert judge(STRICT, 300.0, headroom=0.1, error_ms=-50.0).admitted  # never a bonus
+
+
+def test_the_plan_error_charged_is_capped_so_a_class_is_never_locked_out():
+    # STRICT: 400 ms. An error learned past the deadline charges at most half of it:
+    # a short plan is still taken, a long one refused
+    assert ERROR_CAP_SHARE == 0.5
+    short = judge(STRICT, 100.0, headroom=0.1, error_ms=5000.0)
+    assert short.admitted and short.predicted_ms == 300.0
+    assert not judge(STRICT, 200.0, headroom=0.1, error_ms=5000.0).admitted  # 400 > 360
 
 
 def test_the_plan_error_quantile_settles_where_tau_of_the_errors_are_within_it():
