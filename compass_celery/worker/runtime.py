@@ -34,6 +34,7 @@ from ..state.keys import forming_field, queued_field
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
 from .leases import Leases
+from .memory import FullCollector
 from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back
 from .served import RankFollower, ServedDemand
@@ -120,8 +121,10 @@ class WorkerRuntime:
         if self.jobs is not None:
             self._take_back()
         self._connect_signals()
+        collector = FullCollector(float(self.cfg["gc_interval_s"]), self.tasks.running,
+                                  self._stopping)
         loops = [(self.publisher.loop, "publisher"), (self._reconcile_loop, "reconciler"),
-                 (self.tasks.prefetch_loop, "prefetch")]
+                 (self.tasks.prefetch_loop, "prefetch"), (collector.loop, "gc")]
         queues = self.compass.queues
         if self.jobs is not None:  # Redis-backed: watch for dead peers, lease what runs
             loops.append((self.watchdog.loop, "watchdog"))
