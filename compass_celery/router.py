@@ -92,7 +92,8 @@ class CompassRouter:
                 decision = self._fallback(needs, decision.reason)
             else:
                 # a refusal raises: nothing charged
-                decision = self._admit(decision, slo, snapshot)
+                decision = self._admit(decision, slo, snapshot,
+                                       guessed=needs.exec_source == "default")
                 try:
                     self._charge(decision)
                 except StateUnavailable as exc:
@@ -125,14 +126,15 @@ class CompassRouter:
         for member, amount in decision.backlog_charges():
             self.charges.add(member, amount)
 
-    def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot) -> Decision:
+    def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot,
+               guessed: bool = False) -> Decision:
         """Judge the placement against the task's deadline and the queue bound; refused,
         :class:`~compass_celery.errors.Rejected` is raised before anything is written.
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, decision.load_ms, snapshot.profiles)
+                        decision.wait_ms, decision.load_ms, snapshot.profiles, guessed)
         if slo is None:
             return decision
         due = due_at(c, slo)

@@ -90,11 +90,11 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     job_id = uuid.uuid4().hex
     job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
-    spec = _learned(c, spec, nodes)
+    spec, guessed = _learned(c, spec, nodes)
     plan, snapshot = _plan(c, spec,
                            max((v.get("priority") or 0 for v in nodes.values()), default=0))
     verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    job_load_ms(plan), snapshot.profiles if snapshot else None)
+                    job_load_ms(plan), snapshot.profiles if snapshot else None, guessed)
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
@@ -127,22 +127,27 @@ def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
             node["tail_ms"] = tails[name]
 
 
-def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]) -> DagSpec:
+def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]
+             ) -> tuple[DagSpec, bool]:
     """Nodes whose run time nobody declared take the one learned from measured runs of
     the same task and model (as a plain task's routing does); their records say so too,
-    for successor re-placement. Without state, or nothing learned, the spec is as given."""
+    for successor re-placement. Without state, or nothing learned, the spec is as given.
+    Also says whether a node is left on the default run time (guessed, for admission)."""
+    learn = [name for name, node in nodes.items() if node.get("learn")]
     try:
         profiles = c.reader.get().profiles
     except StateUnavailable:
-        return spec
+        return spec, bool(learn)
     changed = {}
-    for name, node in nodes.items():
-        ms = profiles.get(profile_key(node["task"], node["model"])) if node.get("learn") \
-            else None
+    for name in learn:
+        node = nodes[name]
+        ms = profiles.get(profile_key(node["task"], node["model"]))
         if ms is not None:
             node["exec_ms"] = float(ms)
             changed[name] = dataclasses.replace(spec.nodes[name], exec_ms=float(ms))
-    return dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec
+    guessed = len(changed) < len(learn)
+    return (dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec,
+            guessed)
 
 
 def _plan(c: CompassContext, spec: DagSpec, level: int = 0

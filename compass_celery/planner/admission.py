@@ -164,7 +164,8 @@ class Verdict:
 
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
           max_queue_ms: float | None = None, admission: bool = True,
-          load_ms: float = 0.0, headroom: float = 0.0, error_ms: float = 0.0) -> Verdict:
+          load_ms: float = 0.0, headroom: float = 0.0, error_ms: float = 0.0,
+          guessed: bool = False) -> Verdict:
     """Admit, admit late, or reject a job whose plan finishes at ``predicted_ms`` (from
     now; NaN when it could not be planned) and starts after ``wait_ms`` of queued work.
 
@@ -183,7 +184,13 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     model: refusing it would leave the model where it is (or nowhere, at a cold start),
     and every later job needing another copy refused too, for good, whenever the
     deadline is shorter than the load. With no idle worker the miss is a lack of
-    capacity, and the job is refused."""
+    capacity, and the job is refused.
+
+    Likewise a plan that rests on a run time nobody declared and none was measured yet
+    (``guessed``: ``compass_default_exec_ms`` stood in) is no evidence of a miss: on an
+    idle worker the job is taken late (``kind='unlearned'``), so that its run is
+    measured. Refused instead, a task without a declared run time under a deadline
+    shorter than the default would never run, and never be learned."""
     deadline = slo.deadline_ms if slo is not None else None
     if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
         return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
@@ -208,6 +215,11 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
                        miss_ms=miss, kind="cold",
                        reason=why + f", only because it loads {load_ms:.0f} ms of models: "
                                     "taken late, so that they load")
+    if guessed and wait_ms <= IDLE_SHARE * deadline:
+        return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
+                       miss_ms=miss, kind="unlearned",
+                       reason=why + ", on a run time nobody declared and none measured "
+                                    "yet: taken late, so that it is learned")
     return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
                    retry_after_ms=miss, reason=why, kind="deadline")
 

@@ -212,3 +212,25 @@ def test_a_learned_plan_error_past_the_deadline_does_not_lock_the_class_out(one)
         plan_error_key("interactive")] == 5000.0
     job = _chain(app, "honest", 50.0, 50.0).apply_async(slo="interactive")  # 400 ms
     assert set(job.get(timeout=20)) == {"b"}
+
+
+def test_a_run_time_nobody_declared_is_learned_not_refused_for_good(one):
+    """A node without a declared run time is planned at compass_default_exec_ms (100 ms)
+    until a run is measured. Under a 50 ms deadline that plan misses; on an idle worker
+    the job is taken late, so the run is measured, and the next job is judged on it."""
+    app = one
+    infer = app.tasks["emulated.infer"]
+
+    def job(name):
+        dag = Dag(app, name)
+        dag.node("only", infer.s(M, 10.0, 0), model=M)  # 10 ms, declared by nobody
+        return dag.apply_async(deadline_ms=50)
+
+    first = job("first")
+    assert app.log.hget(f"compass:job:{{{first.id}}}", "late") == b"1"  # taken late
+    assert set(first.get(timeout=20)) == {"only"}
+    wait_until(lambda: app.compass.store.snapshot(time.time(), 3.0).profiles.get(
+        f"emulated.infer|{M}") is not None, 5, "the learned run time")
+    second = job("second")  # judged on the measured ~10 ms: on time
+    assert app.log.hget(f"compass:job:{{{second.id}}}", "late") != b"1"
+    assert set(second.get(timeout=20)) == {"only"}

@@ -154,3 +154,12 @@ def test_only_a_job_taken_as_on_time_is_shed_when_it_falls_behind():
     assert judge(STRICT, 300.0).sheds
     assert not judge(STRICT, 900.0, admission=False).sheds  # taken late: runs to the end
     assert not judge(Slo("report", 400.0, "late"), 900.0).sheds
+
+
+def test_a_guessed_run_time_is_taken_late_on_an_idle_worker_and_refused_behind_a_queue():
+    idle = judge(STRICT, 500.0, 0.0, guessed=True)
+    assert idle.admitted and idle.late and idle.kind == "unlearned"
+    assert "none measured yet" in idle.reason
+    assert not judge(STRICT, 500.0, 0.0).admitted  # the same plan, on a known run time
+    busy = judge(STRICT, 500.0, 300.0, guessed=True)  # a queue ahead: lack of capacity
+    assert not busy.admitted and busy.kind == "deadline"
