@@ -310,14 +310,14 @@ class TaskPath:
         poll = float(self.cfg.get("prefetch_poll_s") or 0.0)
         last: list[str | None] | None = None
         while not self._stopping.is_set():
-            busy = self.running() > 0
-            due = self._prefetch_due.wait(poll if busy and poll > 0 else 1.0)
+            polling = poll > 0 and self.running() > 0
+            due = self._prefetch_due.wait(poll if polling else 1.0)
             if due:
                 self._prefetch_due.clear()
                 # a task over by then leaves no run for a load to overlap: no peek for it
                 if self._stopping.wait(PREFETCH_AFTER_S) or not self.running():
                     continue
-            elif not busy or not self.running():
+            elif not polling or not self.running():
                 last = None
                 continue
             models = self._queued_models()
