@@ -81,9 +81,7 @@ def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, base: Bench
     """Every variant at every rate on fresh clusters over one private Redis (rate by rate,
     so that a slow spell of a shared machine falls on every variant alike); with
     ``deadline_ms``, every job under that deadline and admission on."""
-    admission = deadline_ms is not None
-    if admission:
-        workload = with_deadline(workload, deadline_ms)
+    admission, workload = deadline_ms is not None, with_deadline(workload, deadline_ms)
     out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms,
                            "time_scale": base.time_scale, "real": base.real,
                            "jobs": base.jobs, "rates": {v: {} for v in variants},
@@ -105,12 +103,7 @@ def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, base: Bench
                 out["runs"][v][str(rate)] = run = run_summary(record)
                 echo(f"  p50 {r['p50']:.1f} ms, p99 {r['p99']:.1f} ms, batch mean "
                      f"{r['size_mean']:.2f}, done {run['completed']}/{run['jobs']}")
-    for v in variants:
-        if admission:
-            out.setdefault("peak_goodput", {})[v] = peak_goodput(out["rates"][v])
-        else:
-            out["sustained"][v] = sustained(out["rates"][v], slo_ms)
-    return out
+    return headline(out, slo_ms, admission)
 
 
 def run_summary(record: dict[str, Any]) -> dict[str, Any]:
@@ -119,6 +112,17 @@ def run_summary(record: dict[str, Any]) -> dict[str, Any]:
                                        "stranded", "throughput_jobs_per_s")} | {
         "passes": (record.get("batching") or {}).get("passes", 0),
         "inputs": (record.get("batching") or {}).get("inputs", 0)}
+
+
+def headline(out: dict[str, Any], slo_ms: float, admission: bool) -> dict[str, Any]:
+    """``out`` with each variant's headline from its rows: the peak goodput under
+    admission, else the highest rate sustained within ``slo_ms``."""
+    for v, by_rate in out["rates"].items():
+        if admission:
+            out.setdefault("peak_goodput", {})[v] = peak_goodput(by_rate)
+        else:
+            out["sustained"][v] = sustained(by_rate, slo_ms)
+    return out
 
 
 def sustained(by_rate: dict[str, dict[str, Any]], slo_ms: float) -> float:
@@ -136,19 +140,13 @@ def simulated(workload: Workload, rates: Sequence[float], slo_ms: float,
               variants: Sequence[str], jobs: int | None, deadline_ms: float | None = None
               ) -> dict[str, Any]:
     """The simulator's numbers for the same workload, rates, job count and deadline."""
-    admission = deadline_ms is not None
-    if admission:
-        workload = with_deadline(workload, deadline_ms)
+    admission, workload = deadline_ms is not None, with_deadline(workload, deadline_ms)
     out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms, "rates": {},
                            "sustained": {}, "deadline_ms": deadline_ms}
     for v in variants:
         out["rates"][v] = {str(r): row(run_variant(workload, v, r, jobs=jobs,
                                                    admission=admission)) for r in rates}
-        if admission:
-            out.setdefault("peak_goodput", {})[v] = peak_goodput(out["rates"][v])
-        else:
-            out["sustained"][v] = sustained(out["rates"][v], slo_ms)
-    return out
+    return headline(out, slo_ms, admission)
 
 
 def runs_table(result: dict[str, Any]) -> str:

@@ -50,9 +50,11 @@ VARIANTS: dict[str, tuple[str, str]] = {
 REQUEST_CLASS = "request"
 
 
-def with_deadline(workload: Workload, deadline_ms: float) -> Workload:
+def with_deadline(workload: Workload, deadline_ms: float | None) -> Workload:
     """``workload`` with every job under one deadline that admission enforces: a job whose
-    plan misses it is refused at once (``on_miss`` reject)."""
+    plan misses it is refused at once (``on_miss`` reject); None: ``workload`` as it is."""
+    if deadline_ms is None:
+        return workload
     dag_slo = {t: workload.dag_slo.get(t, REQUEST_CLASS) for t in workload.dags}
     body = {"deadline_ms": float(deadline_ms), "on_miss": "reject"}
     classes = {**workload.slo_classes, **{c: dict(body) for c in set(dag_slo.values())}}
@@ -105,9 +107,7 @@ def sweep(workload: Workload, rates: Sequence[float], slo_ms: float, *,
           deadline_ms: float | None = None) -> dict[str, Any]:
     """Every variant at every rate, and each variant's sustained rate within ``slo_ms``;
     with ``deadline_ms``, admission on and each variant's peak goodput instead."""
-    admission = deadline_ms is not None
-    if admission:
-        workload = with_deadline(workload, deadline_ms)
+    admission, workload = deadline_ms is not None, with_deadline(workload, deadline_ms)
     out: dict[str, Any] = {"workload": workload.name, "slo_p99_ms": slo_ms, "rates": {},
                            "sustained": {}, "deadline_ms": deadline_ms}
     for v in variants:

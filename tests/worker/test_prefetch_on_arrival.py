@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_live
 from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
@@ -22,11 +22,7 @@ def test_a_model_is_loaded_while_the_task_ahead_runs(compass_redis_url, compass_
     w = compass_workers("tests.support.jobapp", "pf1@prefetch", *GPU,
                         env={"COMPASS_BROKER_URL": compass_redis_url})
     app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0)
-    try:
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
-                   30, "the worker")
-    except TimeoutError:
-        raise AssertionError(worker_logs([w])) from None
+    wait_live(app, 1, [w])
 
     slow = app.tasks["j.wait"].delay(1, 2.0)  # 2 s on the resident "small"
     time.sleep(0.4)  # an idle worker has started it by now: a load from here overlaps it
