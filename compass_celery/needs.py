@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import CompassInputError
-from .planner.batch import BatchError, BatchSpec, batch_key, batch_spec
+from .planner.batch import BatchCurve, BatchError, BatchSpec, batch_key, batch_spec
 from .planner.types import TaskSpec
 
 #: How to declare a model compass does not know, said by every refusal of one.
@@ -53,6 +53,12 @@ class TaskNeeds:
 def profile_key(task: str, model: str | None) -> str:
     """Field of a learned run time in the profiles table."""
     return f"{task}|{model or ''}"
+
+
+def batch_profile_key(task: str, model: str | None) -> str:
+    """Field of a batched task's learned ``per_item_ms`` (what each input after the first
+    adds to a pass) in the profiles table; its ``base_ms`` is under :func:`profile_key`."""
+    return f"{profile_key(task, model)}|per_item"
 
 
 #: Task part of a learned load time's field in the profiles table (no task is named so).
@@ -155,5 +161,24 @@ def resolve_needs(name: str, task: Any, call_options: Mapping[str, Any] | None,
         exec_ms, source = default_exec_ms, "default"
     batch = batch_options(task)
     if batch is not None:
-        batch = replace(batch, key=batch_key(name, model))
+        batch = with_learned_curve(replace(batch, key=batch_key(name, model)), exec_ms,
+                                   learned.get(batch_profile_key(name, model)))
     return TaskNeeds(name, model, exec_ms, output_kb, source, batch)
+
+
+def with_learned_curve(batch: BatchSpec, exec_ms: float, per_item_ms: float | None
+                       ) -> BatchSpec:
+    """``batch`` with the curve its workers learned (``per_item_ms`` under
+    :func:`batch_profile_key`, from ``exec_ms`` for one input) where none is declared;
+    as it is when a curve is declared or nothing was learned yet (then every input is
+    charged a whole run: no gain is claimed before one is measured)."""
+    if batch.curve is not None or per_item_ms is None:
+        return batch
+    return replace(batch, curve=BatchCurve(exec_ms, min(float(per_item_ms), exec_ms)))
+
+
+def wants_learned(needs: TaskNeeds) -> bool:
+    """Whether learned profiles would change ``needs``: its run time is the default, or
+    it is batched with no curve declared."""
+    return needs.exec_source == "default" or (needs.batch is not None
+                                              and needs.batch.curve is None)

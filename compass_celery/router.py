@@ -16,7 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from .admission import admit, due_at, slo_of_call
-from .needs import call_slo, resolve_needs
+from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
 from .planner.admission import Slo, latest_start
 from .planner.priority import resolve_priority, user_priority
@@ -80,7 +80,7 @@ class CompassRouter:
         except StateUnavailable as exc:
             snapshot = None
             why = f"state unavailable ({exc})"
-        if snapshot is not None and needs.exec_source == "default":  # a learned run time?
+        if snapshot is not None and wants_learned(needs):  # a learned run time or curve?
             needs = resolve_needs(name, task, options, snapshot.profiles, default_ms)
         if snapshot is None:
             decision = self._fallback(needs, why)

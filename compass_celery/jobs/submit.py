@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..admission import admit, due_at
-from ..needs import learned_loads, profile_key
+from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
 from ..placement import Decision
 from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
+from ..planner.batch import batch_record
 from ..planner.check import check_plan
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
@@ -138,16 +139,22 @@ def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]
         profiles = c.reader.get().profiles
     except StateUnavailable:
         return spec, bool(learn)
-    changed = {}
-    for name in learn:
-        node = nodes[name]
-        ms = profiles.get(profile_key(node["task"], node["model"]))
-        if ms is not None:
-            node["exec_ms"] = float(ms)
-            changed[name] = dataclasses.replace(spec.nodes[name], exec_ms=float(ms))
-    guessed = len(changed) < len(learn)
+    changed, learned = {}, 0
+    for name, node in nodes.items():
+        task = spec.nodes[name]
+        if name in learn and (ms := profiles.get(profile_key(node["task"], node["model"]))
+                              ) is not None:
+            node["exec_ms"], learned = float(ms), learned + 1
+            task = dataclasses.replace(task, exec_ms=float(ms))
+        if task.batch is not None:  # a curve its workers learned, where none is declared
+            batch = with_learned_curve(task.batch, task.exec_ms, profiles.get(
+                batch_profile_key(node["task"], node["model"])))
+            node["batch"] = batch_record(batch)
+            task = dataclasses.replace(task, batch=batch)
+        if task != spec.nodes[name]:
+            changed[name] = task
     return (dataclasses.replace(spec, nodes={**spec.nodes, **changed}) if changed else spec,
-            guessed)
+            learned < len(learn))
 
 
 def _plan(c: CompassContext, spec: DagSpec, level: int = 0

@@ -96,16 +96,57 @@ class BatchCurve:
             if not n >= 1 or not math.isfinite(ms) or ms < 0:
                 raise BatchError(f"batch fit: bad sample ({n!r}, {ms!r}); sizes >= 1, "
                                  "times >= 0 ms")
-        xs = [n - 1.0 for n, _ in pts]
-        mx = sum(xs) / len(xs)
-        my = sum(ms for _, ms in pts) / len(pts)
-        sxx = sum((x - mx) ** 2 for x in xs)
-        if sxx == 0.0:
-            single = my / (mx + 1.0)  # every sample the same size: ms per input
-            return cls(single, single)
-        slope = sum((x - mx) * (ms - my) for x, (_, ms) in zip(xs, pts, strict=True)) / sxx
-        slope = max(slope, 0.0)
-        return cls(max(my - slope * mx, 0.0), slope)
+        k = float(len(pts))
+        return _line(sum(n - 1.0 for n, _ in pts) / k, sum(ms for _, ms in pts) / k,
+                     sum((n - 1.0) ** 2 for n, _ in pts) / k,
+                     sum((n - 1.0) * ms for n, ms in pts) / k, len({n for n, _ in pts}))
+
+
+def _line(mx: float, my: float, mxx: float, mxy: float, sizes: int) -> BatchCurve:
+    """The least-squares curve from the means of x = size - 1, ms, x*x and x*ms over
+    samples of ``sizes`` distinct batch sizes (one size: its ms per input, no gain)."""
+    var = mxx - mx * mx
+    if sizes < 2 or var <= 1e-9:
+        single = my / (mx + 1.0)
+        return BatchCurve(single, single)
+    slope = max((mxy - mx * my) / var, 0.0)
+    return BatchCurve(max(my - slope * mx, 0.0), slope)
+
+
+class CurveLearner:
+    """A batched task's cost curve, learned from the passes a worker measures.
+
+    :meth:`BatchCurve.fit` over exponentially decayed moments of (size, ms): recent
+    passes count most, so the curve follows a model that got faster or a machine that
+    got busier, and no list of samples grows. A sample may carry a weight (each input
+    of a pass of n reports the pass once with weight 1/n, so a pass counts once). Until
+    two sizes have been seen the slope is unknown and the curve claims no gain."""
+
+    #: Weight of one whole pass in the moments: about the last 1/alpha passes count.
+    ALPHA = 0.05
+
+    def __init__(self, alpha: float = ALPHA) -> None:
+        self.alpha = alpha
+        self._m = [0.0, 0.0, 0.0, 0.0, 0.0]  # weight, x, y, xx, xy (x = size - 1)
+        self._sizes: set[int] = set()
+
+    def add(self, size: int, ms: float, weight: float = 1.0) -> None:
+        """Fold in one measured pass of ``size`` inputs that took ``ms``."""
+        if size < 1 or not math.isfinite(ms) or ms < 0 or weight <= 0:
+            return
+        a, x = min(1.0, self.alpha * weight), float(size - 1)
+        if self._m[0] == 0.0:
+            a = 1.0
+        sample = (1.0, x, ms, x * x, x * ms)
+        self._m = [(1.0 - a) * m + a * v for m, v in zip(self._m, sample, strict=True)]
+        self._sizes.add(size)
+
+    def curve(self) -> BatchCurve | None:
+        """The fitted curve; None before any pass."""
+        w, mx, my, mxx, mxy = self._m
+        if w == 0.0:
+            return None
+        return _line(mx / w, my / w, mxx / w, mxy / w, len(self._sizes))
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,9 @@ from redis import RedisError
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
-from ..needs import profile_key, resolve_needs
+from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
+from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ class TaskPath:
         self._running: dict[str, tuple[Decision | None, str | None, bool, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
+        self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
 
     # -- what runs now ------------------------------------------------------------------
     def running(self) -> int:
@@ -216,8 +218,7 @@ class TaskPath:
             store.charge(self.name, -decision.charge_ms, pipe=pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
         if started is not None and state == "SUCCESS":
-            store.record_run(profile_key(task.name, model), share_ms,
-                             self.cfg["ewma_alpha"], pipe=pipe)
+            self._learn_run(task, model, size, run_ms, pipe)
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
             # never skipped; a completed node's sends are confirmed on the same pipeline
@@ -228,6 +229,25 @@ class TaskPath:
         except StateUnavailable as exc:
             logger.warning("compass: bookkeeping skipped, %s", exc)
         self._wake.set()
+
+    def _learn_run(self, task: Any, model: str | None, size: int, run_ms: float,
+                   pipe: Any) -> None:
+        """Fold a measured run into what the planner learns: a plain task's run time,
+        or a batched task's curve (its single-input run under the usual field, what each
+        input after the first adds under the batch field), fitted here from the passes
+        this worker ran, each member reporting its pass with a share of the weight."""
+        store, key = self.compass.store, profile_key(task.name, model)
+        if getattr(task, "compass_batch", None) is None:
+            store.record_run(key, run_ms / size, self.cfg["ewma_alpha"], pipe=pipe)
+            return
+        with self._lock:
+            learner = self._curves.setdefault(key, CurveLearner())
+            learner.add(size, run_ms, 1.0 / size)
+            curve = learner.curve()
+        if curve is not None:  # the fit is the smoothing: stored as it is
+            store.record_run(key, curve.base_ms, 1.0, pipe=pipe)
+            store.record_run(batch_profile_key(task.name, model), curve.per_item_ms, 1.0,
+                             pipe=pipe)
 
     def task_revoked(self, request: Any) -> None:
         """Take a revoked task's charge off this worker's backlog."""

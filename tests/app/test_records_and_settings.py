@@ -132,6 +132,28 @@ def test_demand_resolution_order():
     assert resolve_needs("plain", object(), None, learned, 100) is None
 
 
+def test_a_batched_task_takes_the_curve_its_workers_learned_unless_one_is_declared():
+    class Batched:
+        compass_model = "m"
+        compass_batch = {"max_size": 8}
+
+    class Declared(Batched):
+        compass_batch = {"max_size": 8, "per_item_ms": 3}
+        compass_exec_ms = 30
+
+    learned = {"b|m": 90.0, "b|m|per_item": 12.0, "d|m|per_item": 12.0}
+    needs = resolve_needs("b", Batched, None, learned, 100)
+    assert (needs.exec_ms, needs.batch.curve.base_ms, needs.batch.curve.per_item_ms) \
+        == (90.0, 90.0, 12.0)
+    assert needs.batch.key == "b|m"
+    assert resolve_needs("b", Batched, None, {}, 100).batch.curve is None  # none learned
+    declared = resolve_needs("d", Declared, None, learned, 100).batch.curve
+    assert (declared.base_ms, declared.per_item_ms) == (30.0, 3.0)
+    # a learned increment over a whole run is charged as a whole run, never more
+    assert resolve_needs("b", Batched, None, {"b|m": 20.0, "b|m|per_item": 50.0},
+                         100).batch.curve.per_item_ms == 20.0
+
+
 @pytest.mark.parametrize("call, message", [
     ({"exec_ms": -1}, "exec_ms must be >= 0"),
     ({"exec_ms": float("inf")}, "finite"),

@@ -13,6 +13,7 @@ from compass_celery.planner.batch import (
     BatchCurve,
     BatchError,
     BatchSpec,
+    CurveLearner,
     Forming,
     batch_key,
     batch_spec,
@@ -71,6 +72,34 @@ def test_fit_with_a_single_size_claims_no_gain() -> None:
     assert BatchCurve.fit([(1, 12.0), (1, 14.0)]) == BatchCurve(13.0, 13.0)
     c = BatchCurve.fit([(4, 40.0)])  # ms per input of the only size seen
     assert c.base_ms == c.per_item_ms == 10.0
+
+
+def test_a_learner_finds_the_curve_of_the_passes_it_is_shown() -> None:
+    learner = CurveLearner()
+    assert learner.curve() is None
+    learner.add(1, 100.0)
+    assert learner.curve() == BatchCurve(100.0, 100.0)  # one size: no gain claimed yet
+    for size in (1, 6, 3, 8, 2, 5) * 20:
+        for _ in range(size):  # each input of a pass reports it with a share of weight
+            learner.add(size, 100.0 + 20.0 * (size - 1), 1.0 / size)
+    c = learner.curve()
+    assert c is not None
+    assert c.base_ms == pytest.approx(100.0) and c.per_item_ms == pytest.approx(20.0)
+
+
+def test_a_learner_follows_a_model_that_got_faster_and_ignores_bad_samples() -> None:
+    learner = CurveLearner()
+    for size in (1, 4, 8) * 30:
+        learner.add(size, 50.0 + 10.0 * (size - 1))
+    for size in (1, 4, 8) * 60:
+        learner.add(size, 20.0 + 2.0 * (size - 1))
+    for bad in ((0, 5.0), (2, math.nan), (2, -1.0)):
+        learner.add(*bad)
+    learner.add(3, 1e6, weight=0.0)
+    c = learner.curve()
+    assert c is not None
+    assert c.base_ms == pytest.approx(20.0, rel=0.05)
+    assert c.per_item_ms == pytest.approx(2.0, rel=0.1)
 
 
 def test_fit_clips_noise_below_zero_and_rejects_bad_samples() -> None:

@@ -145,6 +145,15 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         time.sleep(0.2 + 0.01 * (len(xs) - 1))
         return [ValueError(f"bad input {x!r}") if x == "bad" else f"e({x})" for x in xs]
 
+    @app.task(name="j.embed_curve", bind=True, shared=False, compass_model="small",
+              compass_batch={"max_size": 8, "max_wait_ms": 0})
+    def embed_curve(self: Any, xs: list[Any]) -> list[Any]:
+        """Batched, with no run time or curve declared: 100 ms for the first input and
+        20 ms for each other, for the worker to learn."""
+        log.rpush("batches", str(len(xs)))
+        time.sleep(0.1 + 0.02 * (len(xs) - 1))
+        return [f"e({x})" for x in xs]
+
     @app.task(name="j.embed_slow", bind=True, shared=False, compass_model="small",
               compass_exec_ms=20, compass_batch={"max_size": 8, "max_wait_ms": 0})
     def embed_slow(self: Any, xs: list[Any]) -> list[Any]:

@@ -3,6 +3,7 @@ result or its own failure, nothing lost or run twice when the worker dies mid-ba
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -10,7 +11,7 @@ import redis
 
 from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
-from compass_celery.needs import TaskDeclarationError
+from compass_celery.needs import TaskDeclarationError, batch_profile_key, resolve_needs
 from compass_celery.testing import worker_logs
 from tests.support.jobapp import make_app
 
@@ -176,3 +177,35 @@ def test_eager_mode_runs_a_batch_of_one():
         embed.delay("").get()
     with pytest.raises(TaskDeclarationError, match="send one input per call"):
         embed.delay("a", "b")
+
+
+def test_a_worker_learns_a_batched_tasks_cost_curve(compass_redis_url, compass_workers):
+    """Nothing declared: the planner's curve comes from the passes measured, so joining a
+    forming batch is charged what one more input adds (20 ms), not a whole run (100)."""
+    app, ws = _cluster(compass_redis_url, compass_workers, ["b9@batch"])
+    embed, wait = app.tasks["j.embed_curve"], app.tasks["j.wait"]
+    for size in (1, 6, 1, 3, 8, 1, 5, 2):
+        busy = wait.delay(0, 0.4)  # the worker is busy: ``size`` inputs queue up
+        time.sleep(0.1)
+        results = [embed.delay(f"x{size}-{i}") for i in range(size)]
+        busy.get(timeout=20)
+        assert [r.get(timeout=20) for r in results] == [f"e(x{size}-{i})"
+                                                       for i in range(size)]
+    assert len(set(_batches(app))) >= 4, _batches(app)
+    profiles = wait_until(
+        lambda: (p := app.compass.reader.get().profiles)
+        and batch_profile_key("j.embed_curve", "small") in p and p, 10, "a learned curve")
+    needs = resolve_needs("j.embed_curve", embed, None, profiles, 100.0)
+    curve = needs.batch.curve
+    assert curve is not None, profiles
+    assert 60 <= curve.base_ms <= 160, curve
+    assert 8 <= curve.per_item_ms <= 40, curve
+    assert needs.exec_ms == curve.base_ms  # blind placement charges a whole single run
+    # a Dag node of the task is planned, and recorded for its re-placement, on that curve
+    dag = Dag(app, "curve")
+    dag.node("e", embed.s("d"))
+    job = dag.apply_async()
+    assert job.get(timeout=20) == {"e": "e(d)"}
+    node = json.loads(app.log.hget(job.keys.job, "n:e"))
+    assert node["batch"]["per_item_ms"] == pytest.approx(curve.per_item_ms, rel=0.5)
+    assert node["batch"]["base_ms"] == pytest.approx(curve.base_ms, rel=0.5)
