@@ -251,13 +251,16 @@ run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
 run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
     --rates 40,80,120,160,200,240 --jobs 600 --compare-sim \
     --json "$out/batching-real.json" | tee "$out/batching-real.txt"
+run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
+    --rates 40,60,80,100,120 --jobs 600 --compare-sim \
+    --json "$out/batching-real-fine.json" | tee "$out/batching-real-fine.txt"
 # under a deadline, admission on: goodput, where placement's view of batches decides
 # what is admitted
 run python -m compass_celery.bench.batching --workload dags/batch-embed.json \
     --rates 200,300,400,500,600 --jobs 1500 --time-scale 5 --deadline-ms 100 --compare-sim \
     --json "$out/batching-deadline-emulated.json" | tee "$out/batching-deadline-emulated.txt"
 run python -m compass_celery.bench.batching --real --workload dags/embed-real.json \
-    --rates 80,120,160,200 --jobs 600 --deadline-ms 50 --compare-sim \
+    --rates 120,160,200,240 --jobs 600 --deadline-ms 300 --compare-sim \
     --json "$out/batching-deadline-real.json" | tee "$out/batching-deadline-real.txt"
 run python -m compass_celery.sim.batching --workload dags/batch-embed.json --jobs 6000 \
     --rates 200,400,600,800 --deadline-ms 100 | tee "$out/batching-deadline-sim.txt"
