@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import statistics
 import sys
 import threading
 import time
@@ -467,7 +468,8 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
                          outcome.end_ms - outcome.arrival_ms))
     return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs),
                            "loads": load_outcomes(rows)},
-            "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale)}
+            "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale),
+            "hop_mean_ms": hop_ms(infos, opts.time_scale, statistics.fmean)}
 
 
 def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> RedisServer:

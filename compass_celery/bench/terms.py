@@ -9,7 +9,7 @@ and a test compute them alike.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -104,12 +104,13 @@ def job_rows(plans: Iterable[tuple[float, float]]) -> dict[str, float]:
     return _stats(np.array([p for p, _ in pairs]), np.array([m for _, m in pairs]))
 
 
-def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float = 1.0
-           ) -> float | None:
-    """The median per-task hop a busy worker paid (workload ms): from one node's recorded
-    end to the next node's pick on the same worker, when the next was already waiting.
-    It is bookkeeping, result store, ack, the next message's fetch and receipt: real
-    cost the planner and the simulator (at ``--hop-ms 0``) leave out."""
+def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float = 1.0,
+           stat: Callable[[list[float]], float] = statistics.median) -> float | None:
+    """The per-task hop a busy worker paid (workload ms; its median, or ``stat``): from
+    one node's recorded end to the next node's pick on the same worker, when the next
+    was already waiting. It is bookkeeping, result store, ack, the next message's fetch
+    and receipt: real cost the planner and the simulator (at ``--hop-ms 0``) leave out.
+    Its mean is the constant that adds the busy time the hops really took."""
     by_worker: dict[str, list[tuple[float, float, float]]] = {}
     for info in infos:
         for m in info.values():
@@ -122,7 +123,15 @@ def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float =
         for (_, end, _), (pick, _, sent) in zip(nodes, nodes[1:], strict=False):
             if sent <= end <= pick:  # it waited while the previous one finished
                 gaps.append((pick - end) * 1000.0 / time_scale)
-    return round(statistics.median(gaps), 2) if gaps else None
+    return round(stat(gaps), 2) if gaps else None
+
+
+def run_overshoot_ms(rows: Iterable[Mapping[str, Any]]) -> float:
+    """How much longer than planned a task's run measured (median, workload ms; 0 when
+    none ran): on emulated GPUs the sleep's overshoot and the worker's own work in the
+    timed window, a per-task cost like the hop."""
+    gaps = [float(r["meas_run"]) - float(r["pred_run"]) for r in rows]
+    return round(statistics.median(gaps), 2) if gaps else 0.0
 
 
 def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 
@@ -76,6 +77,24 @@ def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
     assert hop_ms([job1, job2]) == pytest.approx(25.0)  # gaps of 20 and 30 ms
     assert hop_ms([job1, job2], time_scale=0.5) == pytest.approx(50.0)
     assert hop_ms([{"x": job2["d"]}]) is None
+    job3 = {"f": {"worker": "w0", "sent": 0.95, "started": 1.09, "finished": 1.2}}
+    # gaps of 20, 30 and 90 ms: the mean is the busy time they took, the median hides it
+    assert hop_ms([job1, job2, job3]) == pytest.approx(30.0)
+    assert hop_ms([job1, job2, job3], stat=statistics.fmean) == pytest.approx(46.67)
+
+
+def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
+    from compass_celery.bench.terms import run_overshoot_ms
+    from compass_celery.cli import _per_task_cost
+
+    rows = [{"pred_run": 20.0, "meas_run": m} for m in (22.0, 23.0, 30.0)]
+    assert run_overshoot_ms(rows) == 3.0 and run_overshoot_ms([]) == 0.0
+    result = {"policies": {"compass": {"hop_ms": 8.0, "hop_mean_ms": 10.0,
+                                       "prediction_rows": rows}}}
+    assert _per_task_cost(result, real=False) == (13.0, "mean hop 10 ms + run overshoot 3 ms")
+    # real compute: the simulator already runs the measured run times
+    assert _per_task_cost(result, real=True) == (10.0, "mean hop 10 ms")
+    assert _per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "")
 
 
 def test_a_predicted_load_a_prefetch_already_did_is_told_apart():
