@@ -180,7 +180,7 @@ def batch_spec(raw: Mapping[str, Any], exec_ms: float | None = None) -> BatchSpe
 
     ``{"max_size": 32, "max_wait_ms": 5, "per_item_ms": 2.7}``; ``base_ms`` defaults to
     the task's ``exec_ms`` (its single-input run time), and with neither ``per_item_ms``
-    nor ``base_ms`` the curve is left to be learned (:meth:`BatchCurve.fit`). A bad field
+    nor ``base_ms`` the curve is left to be learned (:class:`CurveLearner`). A bad field
     raises :class:`BatchError` naming it."""
     if not isinstance(raw, Mapping):
         raise BatchError(f"batch: expected an object with {', '.join(BATCH_FIELDS)}, "

@@ -229,8 +229,13 @@ def test_a_run_time_nobody_declared_is_learned_not_refused_for_good(one):
     first = job("first")
     assert app.log.hget(f"compass:job:{{{first.id}}}", "late") == b"1"  # taken late
     assert set(first.get(timeout=20)) == {"only"}
-    wait_until(lambda: app.compass.store.snapshot(time.time(), 3.0).profiles.get(
-        f"emulated.infer|{M}") is not None, 5, "the learned run time")
+
+    def judged_on_it() -> bool:  # what the submission reads (a snapshot read ahead)
+        snap = app.compass.reader.get()
+        return snap.profiles.get(f"emulated.infer|{M}") is not None \
+            and all(w.backlog_ms < 1 for w in snap.workers)
+
+    wait_until(judged_on_it, 5, "the learned run time, and the first job's charge settled")
     second = job("second")  # judged on the measured ~10 ms: on time
     assert app.log.hget(f"compass:job:{{{second.id}}}", "late") != b"1"
     assert set(second.get(timeout=20)) == {"only"}
