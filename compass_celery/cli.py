@@ -310,20 +310,17 @@ def _per_task_cost(result: dict[str, Any], real: bool) -> tuple[float, str]:
     time (a real-compute run feeds the simulator measured run times instead)."""
     from .bench.terms import run_overshoot_ms
 
-    costs, parts = [], []
+    parts = []  # (mean hop, run overshoot) per policy
     for r in result["policies"].values():
         hop = r.get("hop_mean_ms") or r.get("hop_ms")
-        if not hop:
-            continue
-        over = 0.0 if real else max(0.0, run_overshoot_ms(r.get("prediction_rows", [])))
-        costs.append(hop + over)
-        parts.append((hop, over))
-    if not costs:
+        if hop:
+            parts.append((hop, 0.0 if real else max(
+                0.0, run_overshoot_ms(r.get("prediction_rows", [])))))
+    if not parts:
         return 0.0, ""
-    i = sorted(range(len(costs)), key=costs.__getitem__)[len(costs) // 2]
-    hop, over = parts[i]
+    hop, over = sorted(parts, key=sum)[len(parts) // 2]
     why = f"mean hop {hop:g} ms" + (f" + run overshoot {over:g} ms" if over else "")
-    return round(costs[i], 1), why
+    return round(hop + over, 1), why
 
 
 def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,

@@ -127,26 +127,22 @@ class CurveLearner:
 
     def __init__(self, alpha: float = ALPHA) -> None:
         self.alpha = alpha
-        self._m = [0.0, 0.0, 0.0, 0.0, 0.0]  # weight, x, y, xx, xy (x = size - 1)
+        self._m: tuple[float, ...] = (0.0,) * 4  # decayed means: x, ms, x*x, x*ms (x = n-1)
         self._sizes: set[int] = set()
 
     def add(self, size: int, ms: float, weight: float = 1.0) -> None:
         """Fold in one measured pass of ``size`` inputs that took ``ms``."""
         if size < 1 or not math.isfinite(ms) or ms < 0 or weight <= 0:
             return
-        a, x = min(1.0, self.alpha * weight), float(size - 1)
-        if self._m[0] == 0.0:
-            a = 1.0
-        sample = (1.0, x, ms, x * x, x * ms)
-        self._m = [(1.0 - a) * m + a * v for m, v in zip(self._m, sample, strict=True)]
+        x = float(size - 1)
+        a = min(1.0, self.alpha * weight) if self._sizes else 1.0  # the first sets them
+        sample = (x, ms, x * x, x * ms)
+        self._m = tuple((1.0 - a) * m + a * v for m, v in zip(self._m, sample, strict=True))
         self._sizes.add(size)
 
     def curve(self) -> BatchCurve | None:
         """The fitted curve; None before any pass."""
-        w, mx, my, mxx, mxy = self._m
-        if w == 0.0:
-            return None
-        return _line(mx / w, my / w, mxx / w, mxy / w, len(self._sizes))
+        return _line(*self._m, len(self._sizes)) if self._sizes else None
 
 
 @dataclass(frozen=True)
