@@ -89,6 +89,7 @@ class Job:
     due: float | None = None
     tails: dict[str, float] = field(default_factory=dict)
     plan_end: float | None = None  # when its plan said it would end (workload ms)
+    predicted_ms: float | None = None  # its plan's finish, ms after arrival (any job)
     rejected: bool = False  # refused at arrival: nothing was sent (end = arrival)
     shed: bool = False  # dropped once it could no longer meet its deadline (end = then)
     late: bool = False  # admitted although predicted to miss its deadline
@@ -192,6 +193,7 @@ class Simulation:
             self.plan_ns.append(time.perf_counter_ns() - started)
         if not self._admit(job, plan.placements, snapshot):
             return
+        job.predicted_ms = job_finish_ms(plan.placements)
         preds = self.preds[dag.name]
         for node, placement in plan.placements.items():
             job.planned[node] = placement.worker

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -32,6 +33,7 @@ def summarize(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float,
     result.update(load_fraction(jobs, cluster, warmup_frac))
     result["breakdown_ms"] = breakdown(jobs, warmup_frac)
     result["plan_ms"] = plan_summary(plan_ns)
+    result["finish_error"] = finish_error(jobs, warmup_frac)
     if cluster.batches:  # batched passes ran: else the record is as before
         result["batching"] = batch_summary(jobs, cluster, warmup_frac)
     return result
@@ -118,6 +120,24 @@ def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
             sums[k] += j.parts[k]
     n = sums[4]
     return {key: round(sums[k] / n, 3) if n else 0.0 for k, key in enumerate(BREAKDOWN_KEYS)}
+
+
+def finish_error(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
+    """How right each job's plan was about its finish, over the completed jobs after
+    warm-up: the median of |simulated - predicted| / simulated, and the median error in
+    ms (positive: later than planned). The real benchmark reports the same from its
+    workers' measurements (``bench.terms``)."""
+    skip = int(len(jobs) * warmup_frac)
+    done = [j for j in jobs if j.index >= skip and j.end is not None
+            and not (j.failed or j.shed or j.rejected)
+            and j.predicted_ms is not None and math.isfinite(j.predicted_ms)]  # (shared
+    if not done:  # queue: no estimate)
+        return {"n": 0, "rel_err_median": 0.0, "bias_median_ms": 0.0}
+    took = np.array([j.end - j.arrival for j in done])
+    err = took - np.array([j.predicted_ms for j in done])
+    return {"n": int(len(err)),
+            "rel_err_median": round(float(np.median(np.abs(err) / np.maximum(took, 1.0))), 3),
+            "bias_median_ms": round(float(np.median(err)), 2)}
 
 
 def plan_summary(plan_ns: Sequence[int]) -> dict[str, float]:

@@ -108,7 +108,7 @@ def test_every_job_completes_under_every_policy(edge_all):
     assert set(edge_all) == {"workload", "policies"} and set(edge_all["policies"]) == set(ALL)
     keys = {"jobs", "completed", "failed", "lost", "latency_ms", "cache_hit_rate", "model_loads",
             "throughput_jobs_per_s", "breakdown_ms", "plan_ms", "loads_after_warmup",
-            "load_fraction"}
+            "load_fraction", "finish_error"}
     for name, r in edge_all["policies"].items():
         assert set(r) == keys and set(r["latency_ms"]) == {"mean", "p50", "p95", "p99"}
         assert (r["jobs"], r["completed"], r["failed"], r["lost"]) == (300, 300, 0, 0), name
