@@ -39,6 +39,9 @@ def node_rows(plan: Mapping[str, Mapping[str, Any]], info: Mapping[str, Mapping[
                     "finish_ms": (float(m["finished"]) - created_s) * 1000.0 / time_scale}
         rows.append({"node": name, "worker": p.get("worker"),
                      "model": (nodes.get(name) or {}).get("model"),
+                     # the part of its load the plan expected a prefetch to make while
+                     # it queued (not in pred_load, which is what delays its start)
+                     "pred_prefetch": float(p.get("prefetch_ms", 0.0)),
                      **{f"pred_{t}": predicted[pf] for t, (pf, _) in TERMS.items()},
                      **{f"meas_{t}": measured[mf] for t, (_, mf) in TERMS.items()}})
     return rows
@@ -136,15 +139,25 @@ def run_overshoot_ms(rows: Iterable[Mapping[str, Any]]) -> float:
 
 def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0
                   ) -> dict[str, Any]:
-    """What became of the loads the plan predicted: how many the task really waited for
-    (and the error of those), how many a prefetch had already done while the task
-    queued, and how many came unpredicted. A load is one over ``real_ms`` either side."""
+    """What became of the loads the plan predicted (whole: the part it expected to wait
+    for and the part it expected a prefetch to make while the task queued): how many the
+    task really waited for (and the error of those), how many a prefetch had already
+    done while the task queued, and how many came unpredicted; and of the loads planned
+    as prefetches, how many were done before the task's turn. A load is one over
+    ``real_ms`` either side."""
     rows = list(rows)
-    both = [r for r in rows if r["pred_load"] >= real_ms and r["meas_load"] >= real_ms]
-    hidden = sum(1 for r in rows if r["pred_load"] >= real_ms and r["meas_load"] < LOAD_MS)
-    unpredicted = sum(1 for r in rows if r["meas_load"] >= real_ms and r["pred_load"] < LOAD_MS)
+
+    def planned(r: Mapping[str, Any]) -> float:
+        return float(r["pred_load"]) + float(r.get("pred_prefetch", 0.0))
+    both = [r for r in rows if planned(r) >= real_ms and r["meas_load"] >= real_ms]
+    hidden = sum(1 for r in rows if planned(r) >= real_ms and r["meas_load"] < LOAD_MS)
+    unpredicted = sum(1 for r in rows if r["meas_load"] >= real_ms and planned(r) < LOAD_MS)
+    ahead = [r for r in rows if r.get("pred_prefetch", 0.0) >= real_ms]
     out: dict[str, Any] = {"predicted_and_waited_for": len(both),
-                           "done_by_prefetch_first": hidden, "unpredicted": unpredicted}
+                           "done_by_prefetch_first": hidden, "unpredicted": unpredicted,
+                           "planned_as_prefetch": len(ahead),
+                           "planned_as_prefetch_and_hidden": sum(
+                               1 for r in ahead if r["meas_load"] < LOAD_MS)}
     if both:
         out["when_waited_for"] = _stats(np.array([r["pred_load"] for r in both]),
                                         np.array([r["meas_load"] for r in both]))

@@ -64,4 +64,5 @@ def placement_json(p: Placement) -> dict[str, Any]:
     """A plan entry as stored in the job record (and read back by complete.lua)."""
     return {"worker": p.worker, "queue": p.queue, "start_ms": p.start_ms,
             "finish_ms": p.finish_ms, "load_ms": p.load_ms, "run_ms": p.run_ms,
-            "reason": p.reason, **({} if p.charge_ms is None else {"charge_ms": p.charge_ms})}
+            "reason": p.reason, **({} if p.charge_ms is None else {"charge_ms": p.charge_ms}),
+            **({"prefetch_ms": p.prefetch_ms} if p.prefetch_ms else {})}

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .choose import candidates, check_task, choose
-from .cost import finish_ms, run_ms, worker_arrays
+from .cost import finish_ms, hidden_load_ms, run_ms, worker_arrays
 from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
@@ -106,12 +106,14 @@ def reassign(
             kb[i] = total - here
     transfer = kb * arr.ms_per_kb
     avail = arr.backlog_ms
-    load = np.zeros(len(arr))
+    load = hidden = np.zeros(len(arr))
+    start = np.maximum(avail, transfer)
     if task.model is not None:
         fit, evict = arr.load_columns(task.model, size)
-        load = np.where(size > arr.gpu_free_mb, evict, fit)
+        fits = size <= arr.gpu_free_mb
+        load = np.where(fits, fit, evict)
+        hidden = hidden_load_ms(transfer, start, load, fits)
     run = run_ms(task.exec_ms, arr.speed)
-    start = np.maximum(avail, transfer)
     finish = finish_ms(start, load, run)
     score = finish
     if cluster.demand and task.model is not None:
@@ -137,10 +139,11 @@ def reassign(
         worker=arr.names[best],
         queue=arr.queues[best],
         start_ms=float(start[best]),
-        finish_ms=float(finish[best]),
+        finish_ms=float(start[best] + (load[best] - hidden[best]) + run[best]),
         wait_ms=float(start[best] - transfer[best]),
-        load_ms=float(load[best]),
+        load_ms=float(load[best] - hidden[best]),
         transfer_ms=float(transfer[best]),
         run_ms=float(run[best]),
         reason=f"moved: {why}",
+        prefetch_ms=float(hidden[best]),
     )

@@ -295,6 +295,21 @@ def run_ms(exec_ms: float, speed: np.ndarray) -> np.ndarray:
     return exec_ms / speed
 
 
+def hidden_load_ms(ready: np.ndarray | float, start: np.ndarray, load: np.ndarray,
+                   fits: np.ndarray, loader_free: np.ndarray | float = 0.0) -> np.ndarray:
+    """ms of each worker's load that runs while the task waits in its queue.
+
+    A worker prefetches a queued task's model into free memory while the tasks ahead
+    run, one load at a time (``ModelCache.prefetch``; the simulated worker alike). A load
+    that fits (``fits``) so starts when the task reaches the queue (``ready``) or when the
+    worker's loader is free, whichever is later, and only the rest of it delays the start.
+    A load that must evict waits for the task's turn: none of it is hidden. The choice
+    still charges the whole load (``finish_ms``): a worker's loads queue behind each
+    other, and a plan that counts them as free piles them onto busy workers."""
+    begin = np.maximum(ready, loader_free)
+    return np.where(fits & (load > 0), np.clip(start - begin, 0.0, load), 0.0)
+
+
 def finish_ms(start_ms: np.ndarray, load: np.ndarray, run: np.ndarray) -> np.ndarray:
     """ms from now until the task is done: start (worker free, inputs in) + load + run."""
     return start_ms + load + run

@@ -197,6 +197,9 @@ class Placement:
     #: What it adds to its worker's queue when that is not its run time: joining a
     #: forming batch, one input's share of it. None: its run time.
     charge_ms: float | None = None
+    #: The part of its model load made while it waits (the worker prefetches into free
+    #: memory): not in ``load_ms``, which is only what delays its start.
+    prefetch_ms: float = 0.0
 
 
 @dataclass(frozen=True)

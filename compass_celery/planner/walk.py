@@ -15,13 +15,17 @@ import numpy as np
 
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
-from .cost import WorkerArrays, finish_ms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, hidden_load_ms, run_ms, worker_arrays
 from .rank import rank_order, successors, topo_order
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
 
 class Estimate(NamedTuple):
-    """Per-worker arrays (ms) for one task; ``mask`` = workers that can hold its model."""
+    """Per-worker arrays (ms) for one task; ``mask`` = workers that can hold its model.
+
+    ``finish`` is what policies choose by: start, the whole load, run. ``hidden`` is the
+    part of the load the worker makes while the task waits (``cost.hidden_load_ms``),
+    which the placement's estimate takes off its finish."""
 
     mask: np.ndarray
     restrict: np.ndarray | None  # the mask, or None when every worker qualifies
@@ -34,6 +38,7 @@ class Estimate(NamedTuple):
     #: Workers where the task would join a forming batch (``planner.batch``): index ->
     #: the ms it adds to that worker's queue. None: no batch to join anywhere.
     joins: Mapping[int, float] | None = None
+    hidden: np.ndarray | None = None
 
 
 class Walk:
@@ -62,6 +67,7 @@ class Walk:
         self.use_transfer = use_transfer
         self.avail = self.arr.available_ms(count_pending)
         self.free = self.arr.gpu_free_mb.copy()
+        self.loader = np.zeros(len(self.arr))  # per worker: when this plan's loads end
         self.finish: dict[str, float] = {}
         self.worker: dict[str, int] = {}
         self.succs = successors(dag)
@@ -111,15 +117,17 @@ class Walk:
                 transfer = self._transfer(preds)
         ready = done + transfer
         start = np.maximum(self.avail, ready)
-        load = self._zeros
+        load = hidden = self._zeros
         if self.use_load and task.model is not None:
             fit, evict = self.load_columns(task.model, size)
-            load = np.where(size > self.free, evict, fit)  # == cost.load_ms, precomputed
+            fits = size <= self.free
+            load = np.where(fits, fit, evict)  # == cost.load_ms, precomputed
+            hidden = hidden_load_ms(ready, start, load, fits, self.loader)
         run = run_ms(task.exec_ms, arr.speed)
         fin = finish_ms(start, load, run)
-        joins = self._joins(name, ready, start, load, run, fin) \
+        joins = self._joins(name, ready, start, load, run, fin, hidden) \
             if task.batch is not None and self.use_batch else None
-        return Estimate(*masks, ready, start, load, transfer, run, fin, joins)
+        return Estimate(*masks, ready, start, load, transfer, run, fin, joins, hidden)
 
     def forming(self, task: TaskSpec) -> dict[int, Forming]:
         """Batches of batchable ``task``'s key forming per worker index, as this plan has
@@ -145,10 +153,11 @@ class Walk:
         return got
 
     def _joins(self, name: str, ready: np.ndarray, start: np.ndarray, load: np.ndarray,
-               run: np.ndarray, fin: np.ndarray) -> dict[int, float] | None:
+               run: np.ndarray, fin: np.ndarray, hidden: np.ndarray) -> dict[int, float] | None:
         """Where the batchable task would join a forming batch, the estimate rewritten
         there in place: it starts with the batch and finishes with it (``batch.
-        join_finish_ms``); the dict says what it adds to each such worker's queue."""
+        join_finish_ms``, no load hidden); the dict says what it adds to each such
+        worker's queue."""
         task = self.dag.nodes[name]
         spec = task.batch
         assert spec is not None
@@ -164,6 +173,8 @@ class Walk:
                                  load_ms=float(load[i]), speed=s)
             if end is None:
                 continue
+            if hidden[i]:
+                hidden[i] = 0.0  # (a fresh array whenever anything is hidden)
             start[i] = f.start_ms
             run[i] = curve.of(f.size + 1) / s
             fin[i] = end
@@ -190,8 +201,10 @@ class Walk:
         """Place ``name`` on worker ``i``: the worker is busy until it finishes, and
         its model is expected resident there for the rest of this plan."""
         task = self.dag.nodes[name]
-        fin = float(est.finish[i])
+        hidden = float(est.hidden[i]) if est.hidden is not None else 0.0
         start, ready = float(est.start[i]), float(est.ready[i])
+        fin = float(est.finish[i]) if not hidden else \
+            start + (float(est.load[i]) - hidden) + float(est.run[i])  # the load's rest only
         joined = est.joins.get(i) if est.joins is not None else None
         if joined is not None:  # the batch ahead grows by one input; so does the queue
             self.avail[i] += joined
@@ -206,6 +219,8 @@ class Walk:
         self.worker[name] = i
         if task.model is not None and self.use_load:
             self._mark_resident(task.model, self.sizes[name], i)
+            if hidden:  # the worker's loader is busy until this prefetch is done
+                self.loader[i] = max(float(self.loader[i]), ready) + float(est.load[i])
         return Placement(
             task=name,
             worker=self.arr.names[i],
@@ -213,9 +228,10 @@ class Walk:
             start_ms=start,
             finish_ms=fin,
             wait_ms=start - ready,
-            load_ms=float(est.load[i]),
+            load_ms=float(est.load[i]) - hidden,
             transfer_ms=float(est.transfer[i]),
             run_ms=float(est.run[i]),
             reason=reason,
             charge_ms=joined,
+            prefetch_ms=hidden,
         )

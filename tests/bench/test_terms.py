@@ -109,3 +109,17 @@ def test_a_predicted_load_a_prefetch_already_did_is_told_apart():
     full = {f"{w}_{t}": 1.0 for w in ("pred", "meas") for t in ("wait", "run", "finish")}
     errs = term_errors([{**full, **rows[0]}])
     assert errs["load"]["abs_err_over_meas"] == pytest.approx(100 / 600, abs=1e-3)
+
+
+def test_a_load_planned_as_a_prefetch_counts_as_planned_and_is_checked():
+    from compass_celery.bench.terms import load_outcomes
+
+    rows = [{"pred_load": 0.0, "pred_prefetch": 500.0, "meas_load": 0.5},   # hidden, as planned
+            {"pred_load": 200.0, "pred_prefetch": 300.0, "meas_load": 240.0},  # rest waited
+            {"pred_load": 0.0, "pred_prefetch": 450.0, "meas_load": 400.0}]   # not hidden
+    out = load_outcomes(rows)
+    assert out["unpredicted"] == 0  # a planned prefetch is a predicted load
+    assert (out["planned_as_prefetch"], out["planned_as_prefetch_and_hidden"]) == (3, 1)
+    assert (out["predicted_and_waited_for"], out["done_by_prefetch_first"]) == (2, 1)
+    assert node_rows({"a": {**PLAN["a"], "prefetch_ms": 60.0}}, INFO, 100.0,
+                     NODES)[0]["pred_prefetch"] == 60.0

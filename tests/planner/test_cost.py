@@ -168,3 +168,43 @@ def test_a_backlog_charge_copies_one_column_and_keeps_the_memos() -> None:
     loaded = replace(c.workers[1], resident=frozenset({"m"}))
     moved = with_rows(arrays, {1: loaded}, {1: c.workers[1]})
     assert moved.load_columns("m", 1000.0)[0].tolist() == [0.0, 0.0]  # memo rebuilt
+
+
+def _one_worker(backlog_ms: float, free_mb: float) -> ClusterView:
+    from compass_celery.planner import WorkerView
+    w = WorkerView(name="w0", queue="q.w0", gpu_total_mb=4000.0, gpu_free_mb=free_mb,
+                   backlog_ms=backlog_ms, load_mb_per_s=1000.0)
+    return ClusterView.of([w], {"a": 200.0, "b": 300.0})
+
+
+def test_a_load_that_fits_is_made_while_the_task_waits() -> None:
+    """The worker prefetches into free memory while the queue ahead runs: the plan's
+    estimate counts only the rest of the load, the choice still the whole of it."""
+    from compass_celery.planner import CompassPolicy
+
+    task = TaskSpec("t", "a", exec_ms=10.0)
+    for backlog, hidden in ((300.0, 200.0), (50.0, 50.0), (0.0, 0.0)):
+        p = CompassPolicy().plan(DagSpec.single(task), _one_worker(backlog, 4000.0)
+                                 ).placements["t"]
+        assert (p.prefetch_ms, p.load_ms) == (hidden, 200.0 - hidden)
+        assert p.finish_ms == backlog + (200.0 - hidden) + 10.0
+    # no free memory: the load evicts when the task's turn comes; nothing is hidden
+    p = CompassPolicy().plan(DagSpec.single(task), _one_worker(300.0, 100.0)).placements["t"]
+    assert p.prefetch_ms == 0.0 and p.load_ms == 200.0 * EVICTION_PENALTY
+
+
+def test_one_worker_loads_one_model_at_a_time() -> None:
+    """Two loads planned onto one worker: the second prefetch starts when the first ends,
+    so less of it hides in the wait."""
+    from compass_celery.planner import CompassPolicy
+
+    dag = DagSpec(nodes={"x": TaskSpec("x", "a", exec_ms=10.0),
+                         "y": TaskSpec("y", "c", exec_ms=10.0)}, edges=(), name="two")
+    view = _one_worker(250.0, 4000.0)
+    view = ClusterView.of(view.workers, {"a": 200.0, "c": 200.0})
+    first, second = sorted(CompassPolicy().plan(dag, view).placements.values(),
+                           key=lambda p: p.start_ms)
+    assert (first.start_ms, first.prefetch_ms, first.finish_ms) == (250.0, 200.0, 260.0)
+    # its load runs from 200 ms (the first load's end) while it waits until 260 ms
+    assert (second.start_ms, second.prefetch_ms, second.load_ms) == (260.0, 60.0, 140.0)
+    assert second.finish_ms == 260.0 + 140.0 + 10.0
