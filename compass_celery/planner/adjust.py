@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .choose import candidates, check_task, choose
-from .cost import finish_ms, hidden_load_ms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, hidden_load_ms, run_ms, worker_arrays
 from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
@@ -106,13 +106,8 @@ def reassign(
             kb[i] = total - here
     transfer = kb * arr.ms_per_kb
     avail = arr.backlog_ms
-    load = hidden = np.zeros(len(arr))
     start = np.maximum(avail, transfer)
-    if task.model is not None:
-        fit, evict = arr.load_columns(task.model, size)
-        fits = size <= arr.gpu_free_mb
-        load = np.where(fits, fit, evict)
-        hidden = hidden_load_ms(transfer, start, load, fits)
+    load, hidden = _load(task, arr, size, transfer, start)
     run = run_ms(task.exec_ms, arr.speed)
     finish = finish_ms(start, load, run)
     score = finish
@@ -147,3 +142,15 @@ def reassign(
         reason=f"moved: {why}",
         prefetch_ms=float(hidden[best]),
     )
+
+
+def _load(task: TaskSpec, arr: WorkerArrays, size: float, ready: np.ndarray,
+          start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker: the task's model load (ms) and the part of it made while it waits."""
+    if task.model is None:
+        zeros = np.zeros(len(arr))
+        return zeros, zeros
+    fit, evict = arr.load_columns(task.model, size)
+    fits = size <= arr.gpu_free_mb
+    load = np.where(fits, fit, evict)
+    return load, hidden_load_ms(ready, start, load, fits)
