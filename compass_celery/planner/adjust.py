@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .choose import candidates, check_task, choose
-from .cost import WorkerArrays, finish_ms, hidden_load_ms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, load_terms, run_ms, worker_arrays
 from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
@@ -134,7 +134,7 @@ def reassign(
         worker=arr.names[best],
         queue=arr.queues[best],
         start_ms=float(start[best]),
-        finish_ms=float(start[best] + (load[best] - hidden[best]) + run[best]),
+        finish_ms=float(finish_ms(start[best], load[best] - hidden[best], run[best])),
         wait_ms=float(start[best] - transfer[best]),
         load_ms=float(load[best] - hidden[best]),
         transfer_ms=float(transfer[best]),
@@ -150,7 +150,4 @@ def _load(task: TaskSpec, arr: WorkerArrays, size: float, ready: np.ndarray,
     if task.model is None:
         zeros = np.zeros(len(arr))
         return zeros, zeros
-    fit, evict = arr.load_columns(task.model, size)
-    fits = size <= arr.gpu_free_mb
-    load = np.where(fits, fit, evict)
-    return load, hidden_load_ms(ready, start, load, fits)
+    return load_terms(arr.load_columns(task.model, size), size, arr.gpu_free_mb, ready, start)

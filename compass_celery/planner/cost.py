@@ -310,6 +310,17 @@ def hidden_load_ms(ready: np.ndarray | float, start: np.ndarray, load: np.ndarra
     return np.where(fits & (load > 0), np.clip(start - begin, 0.0, load), 0.0)
 
 
+def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: np.ndarray,
+               ready: np.ndarray | float, start: np.ndarray,
+               loader_free: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker: the model's load (``columns``: if it fits in free memory, if it must
+    evict) and the part of it made while the task waits (:func:`hidden_load_ms`)."""
+    fit, evict = columns
+    fits = size_mb <= free_mb
+    load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
+    return load, hidden_load_ms(ready, start, load, fits, loader_free)
+
+
 def finish_ms(start_ms: np.ndarray, load: np.ndarray, run: np.ndarray) -> np.ndarray:
     """ms from now until the task is done: start (worker free, inputs in) + load + run."""
     return start_ms + load + run

@@ -15,7 +15,7 @@ import numpy as np
 
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
-from .cost import WorkerArrays, finish_ms, hidden_load_ms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, load_terms, run_ms, worker_arrays
 from .rank import rank_order, successors, topo_order
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
@@ -119,10 +119,8 @@ class Walk:
         start = np.maximum(self.avail, ready)
         load = hidden = self._zeros
         if self.use_load and task.model is not None:
-            fit, evict = self.load_columns(task.model, size)
-            fits = size <= self.free
-            load = np.where(fits, fit, evict)  # == cost.load_ms, precomputed
-            hidden = hidden_load_ms(ready, start, load, fits, self.loader)
+            load, hidden = load_terms(self.load_columns(task.model, size), size, self.free,
+                                      ready, start, self.loader)
         run = run_ms(task.exec_ms, arr.speed)
         fin = finish_ms(start, load, run)
         joins = self._joins(name, ready, start, load, run, fin, hidden) \
@@ -204,7 +202,7 @@ class Walk:
         hidden = float(est.hidden[i]) if est.hidden is not None else 0.0
         start, ready = float(est.start[i]), float(est.ready[i])
         fin = float(est.finish[i]) if not hidden else \
-            start + (float(est.load[i]) - hidden) + float(est.run[i])  # the load's rest only
+            float(finish_ms(start, est.load[i] - hidden, est.run[i]))  # the load's rest only
         joined = est.joins.get(i) if est.joins is not None else None
         if joined is not None:  # the batch ahead grows by one input; so does the queue
             self.avail[i] += joined

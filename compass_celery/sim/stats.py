@@ -103,6 +103,13 @@ def load_fraction(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float
             "load_fraction": round(loads / tasks, 4) if tasks else 0.0}
 
 
+def completed(jobs: Sequence[Any], warmup_frac: float) -> list[Any]:
+    """The jobs after warm-up that ran to their end (not failed, shed or refused)."""
+    skip = int(len(jobs) * warmup_frac)
+    return [j for j in jobs if j.index >= skip and j.end is not None
+            and not (j.failed or j.shed or j.rejected)]
+
+
 def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
     """Mean per task, workload ms, over the completed jobs after warm-up (as the benchmark).
 
@@ -111,11 +118,8 @@ def breakdown(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
     resident; hop: the modelled dispatch overhead; run: its run time on that worker. The
     four add up to each task's time from send to finish.
     """
-    skip = int(len(jobs) * warmup_frac)
     sums = [0.0] * 5
-    for j in jobs:
-        if j.index < skip or j.failed or j.shed or j.rejected or j.end is None:
-            continue
+    for j in completed(jobs, warmup_frac):
         for k in range(5):
             sums[k] += j.parts[k]
     n = sums[4]
@@ -127,11 +131,9 @@ def finish_error(jobs: Sequence[Any], warmup_frac: float) -> dict[str, float]:
     warm-up: the median of |simulated - predicted| / simulated, and the median error in
     ms (positive: later than planned). The real benchmark reports the same from its
     workers' measurements (``bench.terms``)."""
-    skip = int(len(jobs) * warmup_frac)
-    done = [j for j in jobs if j.index >= skip and j.end is not None
-            and not (j.failed or j.shed or j.rejected)
-            and j.predicted_ms is not None and math.isfinite(j.predicted_ms)]  # (shared
-    if not done:  # queue: no estimate)
+    done = [j for j in completed(jobs, warmup_frac)  # (shared queue: no estimate)
+            if j.predicted_ms is not None and math.isfinite(j.predicted_ms)]
+    if not done:
         return {"n": 0, "rel_err_median": 0.0, "bias_median_ms": 0.0}
     took = np.array([j.end - j.arrival for j in done])
     err = took - np.array([j.predicted_ms for j in done])

@@ -170,11 +170,11 @@ def test_a_backlog_charge_copies_one_column_and_keeps_the_memos() -> None:
     assert moved.load_columns("m", 1000.0)[0].tolist() == [0.0, 0.0]  # memo rebuilt
 
 
-def _one_worker(backlog_ms: float, free_mb: float) -> ClusterView:
+def _one_worker(backlog_ms: float, free_mb: float, sizes: dict[str, float]) -> ClusterView:
     from compass_celery.planner import WorkerView
     w = WorkerView(name="w0", queue="q.w0", gpu_total_mb=4000.0, gpu_free_mb=free_mb,
                    backlog_ms=backlog_ms, load_mb_per_s=1000.0)
-    return ClusterView.of([w], {"a": 200.0, "b": 300.0})
+    return ClusterView.of([w], sizes)
 
 
 def test_a_load_that_fits_is_made_while_the_task_waits() -> None:
@@ -184,12 +184,13 @@ def test_a_load_that_fits_is_made_while_the_task_waits() -> None:
 
     task = TaskSpec("t", "a", exec_ms=10.0)
     for backlog, hidden in ((300.0, 200.0), (50.0, 50.0), (0.0, 0.0)):
-        p = CompassPolicy().plan(DagSpec.single(task), _one_worker(backlog, 4000.0)
+        p = CompassPolicy().plan(DagSpec.single(task), _one_worker(backlog, 4000.0, {"a": 200.0})
                                  ).placements["t"]
         assert (p.prefetch_ms, p.load_ms) == (hidden, 200.0 - hidden)
         assert p.finish_ms == backlog + (200.0 - hidden) + 10.0
     # no free memory: the load evicts when the task's turn comes; nothing is hidden
-    p = CompassPolicy().plan(DagSpec.single(task), _one_worker(300.0, 100.0)).placements["t"]
+    p = CompassPolicy().plan(DagSpec.single(task), _one_worker(300.0, 100.0, {"a": 200.0})
+                             ).placements["t"]
     assert p.prefetch_ms == 0.0 and p.load_ms == 200.0 * EVICTION_PENALTY
 
 
@@ -200,8 +201,7 @@ def test_one_worker_loads_one_model_at_a_time() -> None:
 
     dag = DagSpec(nodes={"x": TaskSpec("x", "a", exec_ms=10.0),
                          "y": TaskSpec("y", "c", exec_ms=10.0)}, edges=(), name="two")
-    view = _one_worker(250.0, 4000.0)
-    view = ClusterView.of(view.workers, {"a": 200.0, "c": 200.0})
+    view = _one_worker(250.0, 4000.0, {"a": 200.0, "c": 200.0})
     first, second = sorted(CompassPolicy().plan(dag, view).placements.values(),
                            key=lambda p: p.start_ms)
     assert (first.start_ms, first.prefetch_ms, first.finish_ms) == (250.0, 200.0, 260.0)
