@@ -70,11 +70,11 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
         return
     rows = [[w.name, w.device, f"{w.gpu_free_mb:.0f}/{w.gpu_total_mb:.0f}",
              ",".join(sorted(w.resident)) or "-", f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
-             f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
+             f"{w.hop_ms:.1f}", f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
     click.echo(f"{len(snap.workers)} live compass worker(s) at {masked(redis_url)}")
     if rows:
         click.echo(text_table(rows, ["worker", "device", "free/total MB", "resident models",
-                                 "backlog ms", "pending ms", "heartbeat"]))
+                                 "backlog ms", "pending ms", "hop ms", "heartbeat"]))
     for why in snap.skipped:
         click.echo(f"skipped: {why}")
     if show_settings:
@@ -88,6 +88,7 @@ def _status_json(snap: Any, redis_url: str, values: dict[str, Any]) -> dict[str,
                 "gpu_free_mb": w.gpu_free_mb, "gpu_total_mb": w.gpu_total_mb,
                 "resident": sorted(w.resident), "host_resident": sorted(w.host_resident),
                 "backlog_ms": w.backlog_ms, "pending_ms": w.pending_ms, "speed": w.speed,
+                "hop_ms": w.hop_ms,
                 "heartbeat_age_s": round(time.time() - w.heartbeat, 3)}
                for w in snap.workers]
     settings = {f"compass_{name}": masked(value) if isinstance(value, str) else value
@@ -394,7 +395,8 @@ def _pct(fraction: float | None) -> str:
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
 @click.option("--hop-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="modelled fixed dispatch overhead per task (broker and bookkeeping round "
-              "trips), workload ms; calibrate it from a real bench run (docs/BENCHMARKS.md)")
+              "trips), workload ms, which workers publish and plans count, as real ones "
+              "learn theirs; calibrate it from a real bench run (docs/BENCHMARKS.md)")
 @click.option("--json", "json_out", default=None)
 def simulate(workload_path: str, n_workers: int | None, policies: str | None,
              rate: float | None, n_jobs: int | None, hop_ms: float,

@@ -195,6 +195,7 @@ class CompassStateCollector:
 
     GAUGES = (("backlog_seconds", "Queued and running work"),
               ("pending_seconds", "Planned work not yet sent"),
+              ("hop_seconds", "The worker's own cost per task, learned between tasks"),
               ("gpu_free_bytes", "Free GPU memory"), ("gpu_total_bytes", "GPU memory"),
               ("resident_models", "Models resident in GPU memory"),
               ("heartbeat_age_seconds", "Time since the worker's last beat (Redis's clock)"))
@@ -239,6 +240,7 @@ class CompassStateCollector:
             info.add_metric([w.name, w.queue, str(w.device or "")], 1)
             values = {"backlog_seconds": w.backlog_ms / 1000.0,
                       "pending_seconds": w.pending_ms / 1000.0,
+                      "hop_seconds": w.hop_ms / 1000.0,
                       "gpu_free_bytes": w.gpu_free_mb * MB, "gpu_total_bytes": w.gpu_total_mb * MB,
                       "resident_models": len(w.resident),
                       "heartbeat_age_seconds": max(0.0, snap.taken_at - w.heartbeat)}

@@ -125,7 +125,7 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                         policy=policy.name, charge_ms=0.0, est_finish_ms=p.finish_ms,
                         run_ms=p.run_ms, reason=p.reason or "shared queue")
-    charge = p.charge_ms if p.charge_ms is not None else p.run_ms or needs.exec_ms
+    charge = p.charge_ms if p.charge_ms is not None else (p.run_ms or needs.exec_ms) + p.hop_ms
     return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
                     policy=policy.name, charge_ms=charge, est_finish_ms=p.finish_ms,
                     wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..planner.types import SHARED
 from ..state.connection import text
 from ..state.scripts import register_script
-from .keys import JobKeys, deadlines_key
+from .keys import JobKeys, deadlines_key, planned_charge_ms
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -44,7 +44,7 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     for node, count in left.items():  # planned successors that will never be sent
         p = plan.get(node)
         if count > 0 and p and p["worker"] != SHARED and node not in done:
-            c.store.add_pending(p["worker"], -p["run_ms"])
+            c.store.add_pending(p["worker"], -planned_charge_ms(p))
     revoke = [t for n, t in sent.items() if n not in done and t != error.get("task_id")]
     if revoke:
         c.app.control.revoke(revoke)

@@ -9,13 +9,15 @@ runtime, failure handling and the handle.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ..planner.types import Placement
 from ..state import keys as _keys
 
-__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json"]
+__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json",
+           "planned_charge_ms"]
 
 #: The message header a job node carries: job id, node name, inputs, where it moved from.
 JOB_HEADER = "compass_job"
@@ -65,4 +67,11 @@ def placement_json(p: Placement) -> dict[str, Any]:
     return {"worker": p.worker, "queue": p.queue, "start_ms": p.start_ms,
             "finish_ms": p.finish_ms, "load_ms": p.load_ms, "run_ms": p.run_ms,
             "reason": p.reason, **({} if p.charge_ms is None else {"charge_ms": p.charge_ms}),
-            **({"prefetch_ms": p.prefetch_ms} if p.prefetch_ms else {})}
+            **({"prefetch_ms": p.prefetch_ms} if p.prefetch_ms else {}),
+            **({"hop_ms": p.hop_ms} if p.hop_ms else {})}
+
+
+def planned_charge_ms(p: Mapping[str, Any]) -> float:
+    """What a stored plan entry charges its worker: its run and its worker's per-task
+    dispatch (pending while it waits for inputs, then its queue's backlog)."""
+    return float(p.get("run_ms") or 0.0) + float(p.get("hop_ms") or 0.0)

@@ -30,7 +30,7 @@ from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
 from .failure import fail_job, forget_deadline
-from .keys import INPUT_REF, JobKeys
+from .keys import INPUT_REF, JobKeys, planned_charge_ms
 from .limits import output_too_large
 from .send import publish_node
 
@@ -236,9 +236,9 @@ class JobRuntime:
                         c.reader.note_charge(decision.worker, decision.charge_ms,
                                              level=decision.priority, batch=decision.batch)
                     if planned and planned.get("worker") not in (None, SHARED) and not resumed:
-                        c.store.add_pending(planned["worker"], -float(planned["run_ms"]),
+                        c.store.add_pending(planned["worker"], -planned_charge_ms(planned),
                                             pipe=pipe)  # no longer pending
-                        c.reader.note_charge(planned["worker"], -float(planned["run_ms"]),
+                        c.reader.note_charge(planned["worker"], -planned_charge_ms(planned),
                                              pending=True)
                 c.store.execute(pipe)  # type: ignore[attr-defined]
         return [tid for _, tid, _, _ in sent]
@@ -318,7 +318,7 @@ class JobRuntime:
         for _, _, _, plan, _ in released:  # released, so fail_job does not count them
             planned = json.loads(plan) if plan else None
             if planned and planned.get("worker") not in (None, SHARED):
-                self.c.store.add_pending(planned["worker"], -float(planned["run_ms"]))
+                self.c.store.add_pending(planned["worker"], -planned_charge_ms(planned))
         if state == "FAILURE":
             task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
                            slo=job.get("slo") or "")

@@ -15,7 +15,7 @@ from ..broker.kombu_redis import message_headers
 from ..placement import Decision
 from ..planner.admission import latest_start
 from ..planner.types import SHARED, Placement
-from .keys import JOB_HEADER, placement_json
+from .keys import JOB_HEADER, placement_json, planned_charge_ms
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -35,8 +35,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     else:
         # joining a forming batch, it adds one input's share (charge_ms), not its run
         queue, worker = p["queue"], p["worker"]
-        charge = float(p["charge_ms"] if p.get("charge_ms") is not None
-                       else p.get("run_ms") or 0.0)
+        charge = float(p["charge_ms"]) if p.get("charge_ms") is not None \
+            else planned_charge_ms(p)
     decision = Decision(task=node["task"], model=node["model"], worker=worker, queue=queue,
                         policy=c.policy.name, charge_ms=charge,
                         est_finish_ms=float((p or {}).get("finish_ms", 0.0)),

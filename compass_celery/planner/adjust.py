@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .choose import candidates, check_task, choose
-from .cost import WorkerArrays, finish_ms, load_terms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
 from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
@@ -106,7 +106,7 @@ def reassign(
             kb[i] = total - here
     transfer = kb * arr.ms_per_kb
     avail = arr.backlog_ms
-    start = np.maximum(avail, transfer)
+    start = start_ms(avail, transfer, arr.hop_ms)
     load, hidden = _load(task, arr, size, transfer, start)
     run = run_ms(task.exec_ms, arr.speed)
     finish = finish_ms(start, load, run)
@@ -141,6 +141,7 @@ def reassign(
         run_ms=float(run[best]),
         reason=f"moved: {why}",
         prefetch_ms=float(hidden[best]),
+        hop_ms=float(arr.hop_ms[best]),
     )
 
 

@@ -43,6 +43,7 @@ class WorkerArrays:
     load_mb_per_s: np.ndarray
     host_load_mb_per_s: np.ndarray
     net_mb_per_s: np.ndarray
+    hop_ms: np.ndarray  # per-task dispatch before each start (WorkerView.hop_ms)
     positions: np.ndarray  # 0..n-1
     ms_per_kb: np.ndarray  # transfer cost of one KB of input, from net_mb_per_s
     ms_per_mb: np.ndarray  # load cost of one MB of model from storage
@@ -107,6 +108,7 @@ _FIELDS = (
     "load_mb_per_s",
     "host_load_mb_per_s",
     "net_mb_per_s",
+    "hop_ms",
 )
 _row = attrgetter(*_FIELDS)
 # Memo by snapshot identity (snapshots are immutable values); entries leave with them.
@@ -248,6 +250,13 @@ def _membership(workers: Sequence[WorkerView], attr: str, models: dict[str, int]
     return out
 
 
+def start_ms(available_ms: np.ndarray, ready_ms: np.ndarray | float,
+             hop_ms: np.ndarray | float) -> np.ndarray:
+    """ms from now until the run starts: the worker free and the inputs in, then the
+    worker's per-task dispatch (``WorkerView.hop_ms``: the message's pick, bookkeeping)."""
+    return np.maximum(available_ms, ready_ms) + hop_ms
+
+
 def queue_wait_ms(available_ms: np.ndarray, ready_ms: np.ndarray) -> np.ndarray:
     """ms between the inputs being ready and the worker being free (never negative)."""
     return np.maximum(available_ms, ready_ms) - ready_ms
@@ -364,5 +373,5 @@ def scalar_costs(
         load = size_mb * (MS_PER_S / bw)
         load = load * EVICTION_PENALTY if size_mb > free_mb else load
     run = exec_ms / worker.speed
-    start = max(available_ms, ready)
+    start = max(available_ms, ready) + worker.hop_ms
     return Costs(ready, start - ready, load, transfer, run, start, start + load + run)

@@ -17,11 +17,12 @@ from .types import SHARED, Placement
 def pending_work(
     placements: Mapping[str, Placement], preds: Mapping[str, Sequence[str]]
 ) -> dict[str, tuple[str, float]]:
-    """Node -> (planned worker, run ms) for each task a new plan leaves waiting.
+    """Node -> (planned worker, ms) for each task a new plan leaves waiting: its run
+    and its worker's per-task dispatch (``Placement.hop_ms``), what sending it charges.
 
     Sources are sent at once and shared-queue tasks have no worker to charge, so
     neither is pending. Entries keep the plan's order, so callers charge (and a
     simulator sums) in the same order every run.
     """
-    return {node: (p.worker, p.run_ms) for node, p in placements.items()
+    return {node: (p.worker, p.run_ms + p.hop_ms) for node, p in placements.items()
             if preds.get(node) and p.worker != SHARED}

@@ -57,6 +57,10 @@ class WorkerView:
     net_mb_per_s: float = DEFAULT_NET_MB_PER_S
     heartbeat: float = 0.0
     device: str = "cpu"
+    # What each task costs this worker beyond its run, in ms: from one task's end to the
+    # next queued one's start (result store, ack, the next message's fetch), learned from
+    # measured gaps (``worker.hop``). Every task's start on it is this much later.
+    hop_ms: float = 0.0
     # Work planned onto this worker but not yet sent (successors waiting for
     # inputs), in ms. Counted by compass so concurrent jobs do not stack.
     pending_ms: float = 0.0
@@ -200,6 +204,9 @@ class Placement:
     #: The part of its model load made while it waits (the worker prefetches into free
     #: memory): not in ``load_ms``, which is only what delays its start.
     prefetch_ms: float = 0.0
+    #: Its worker's per-task dispatch (``WorkerView.hop_ms``), in ``wait_ms`` and before
+    #: ``start_ms``: with its run, what it adds to its worker's queue.
+    hop_ms: float = 0.0
 
 
 @dataclass(frozen=True)

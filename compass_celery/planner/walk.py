@@ -15,7 +15,7 @@ import numpy as np
 
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
-from .cost import WorkerArrays, finish_ms, load_terms, run_ms, worker_arrays
+from .cost import WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
 from .rank import rank_order, successors, topo_order
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
@@ -116,7 +116,7 @@ class Walk:
             if self.use_transfer:
                 transfer = self._transfer(preds)
         ready = done + transfer
-        start = np.maximum(self.avail, ready)
+        start = start_ms(self.avail, ready, arr.hop_ms)
         load = hidden = self._zeros
         if self.use_load and task.model is not None:
             load, hidden = load_terms(self.load_columns(task.model, size), size, self.free,
@@ -232,4 +232,5 @@ class Walk:
             reason=reason,
             charge_ms=joined,
             prefetch_ms=hidden,
+            hop_ms=0.0 if joined is not None else float(self.arr.hop_ms[i]),
         )

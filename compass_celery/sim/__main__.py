@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refresh-ms", type=float, default=0.0, help="snapshot staleness, ms")
     ap.add_argument("--hop-ms", type=float, default=0.0,
                     help="modelled dispatch overhead per task, workload ms (calibrate from bench)")
+    ap.add_argument("--hop-unplanned", action="store_true",
+                    help="plans leave the hop out (workers publish none), as before workers "
+                         "learned theirs")
     ap.add_argument("--move-factor", type=float, default=MOVE_FACTOR,
                     help="re-place a successor when its worker's backlog exceeds this times "
                          "its run time (compass_move_factor)")
@@ -78,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
               "refresh_ms": args.refresh_ms, "hop_ms": args.hop_ms,
               "move_factor": args.move_factor, "demand": not args.no_demand,
               "admission": args.admission == "on", "max_queue_ms": args.max_queue_ms,
-              "warm": args.warm}
+              "warm": args.warm, "plan_hop": not args.hop_unplanned}
         if args.compare_pending:
             if args.batching != "on":
                 ap.error("--batching applies to a policy run, not --compare-pending")

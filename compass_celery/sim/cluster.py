@@ -85,9 +85,12 @@ class SimWorker:
 
     def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
                  cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0,
-                 batching: str = "on") -> None:
+                 batching: str = "on", plan_hop: bool = True) -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
         self.hop_ms = hop_ms  # fixed dispatch overhead per task, occupying the worker
+        # what its record says of the hop (a real worker learns it from its gaps), which
+        # plans count and sends charge; 0 when plans are to leave it out
+        self.published_hop_ms = hop_ms if plan_hop else 0.0
         self.name = spec.name
         self.index = 0  # position in the cluster's snapshot, set by SimCluster
         self.sizes = sizes
@@ -131,6 +134,7 @@ class SimWorker:
                 backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
+                hop_ms=self.published_hop_ms,
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {})
         return self._view
 
@@ -162,7 +166,8 @@ class SimWorker:
         now = self.engine.now
         kb = sum(k for where, k in task.inputs if where != self.name)
         task.ready_at = now + kb / KB_PER_MB / self.spec.net_mb_per_s * MS_PER_S
-        task.expected_ms = task.charged_ms = task.exec_ms / self.spec.speed
+        task.expected_ms = task.exec_ms / self.spec.speed
+        task.charged_ms = task.expected_ms + self.published_hop_ms  # as a real send charges
         task.where = self
         if task.batch is not None:
             self._join(task)
@@ -442,7 +447,7 @@ class SimWorker:
 
     def _finish(self, task: SimTask) -> None:
         self.running = None
-        self.backlog_ms -= task.expected_ms
+        self.backlog_ms -= task.charged_ms
         self.touch()
         self.cluster.on_done(task, self)
         if not self.queue:
@@ -490,7 +495,7 @@ class SimCluster:
                  on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
                  hop_ms: float = 0.0, demand: DemandTracker | None = None,
                  on_shed: Callable[[SimTask, SimWorker], None] | None = None,
-                 batching: str = "on") -> None:
+                 batching: str = "on", plan_hop: bool = True) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
@@ -503,7 +508,7 @@ class SimCluster:
         self._built_at = 0.0
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
-        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching)
+        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching, plan_hop)
                         for s in ordered]
         self.batches: list[int] = []  # inputs per batched pass, in start order
         self.holds: list[float] = []  # ms each batched pass was held open for more

@@ -35,6 +35,7 @@ class LiveColumns:
         self.load_mb_per_s = col("load_mb_per_s")
         self.host_load_mb_per_s = col("host_load_mb_per_s")
         self.net_mb_per_s = col("net_mb_per_s")
+        self.hop_ms = col("hop_ms")
         self.positions = np.arange(n)
         self.ms_per_kb = MS_PER_S / (KB_PER_MB * self.net_mb_per_s)
         self.ms_per_mb = MS_PER_S / self.load_mb_per_s
@@ -72,7 +73,8 @@ class LiveColumns:
             speed=self.speed, gpu_free_mb=self.gpu_free_mb.copy(),
             gpu_total_mb=self.gpu_total_mb, load_mb_per_s=self.load_mb_per_s,
             host_load_mb_per_s=self.host_load_mb_per_s, net_mb_per_s=self.net_mb_per_s,
-            positions=self.positions, ms_per_kb=self.ms_per_kb, ms_per_mb=self.ms_per_mb,
+            hop_ms=self.hop_ms, positions=self.positions, ms_per_kb=self.ms_per_kb,
+            ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=self.resident.copy(), host_resident=host,
             host_models=host.any(axis=0).tolist())

@@ -121,7 +121,8 @@ class Simulation:
                  move_factor: float = MOVE_FACTOR, demand: bool = True,
                  rate: float | None = None, admission: bool = True,
                  max_queue_ms: float | None = None, warm: bool = False,
-                 headroom: float = DEFAULT_HEADROOM, batching: str = "on") -> None:
+                 headroom: float = DEFAULT_HEADROOM, batching: str = "on",
+                 plan_hop: bool = True) -> None:
         if batching not in BATCHING:
             raise ValueError(f"batching: expected one of {', '.join(BATCHING)}, "
                              f"got {batching!r}")
@@ -156,7 +157,7 @@ class Simulation:
                                   on_done=self._done, on_failed=self._failed,
                                   on_shed=self._dropped,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand,
-                                  batching=batching)
+                                  batching=batching, plan_hop=plan_hop)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
@@ -329,13 +330,15 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
              move_factor: float = MOVE_FACTOR, details: bool = False,
              demand: bool = True, admission: bool = True,
              max_queue_ms: float | None = None, warm: bool = False,
-             batching: str = "on") -> dict[str, Any]:
+             batching: str = "on", plan_hop: bool = True) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
     periodically); 0 gives every plan the exact current state. ``hop_ms`` is a fixed
     per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
-    bookkeeping round trips); 0, the default, is the limit a real cluster chases.
+    bookkeeping round trips); 0, the default, is the limit a real cluster chases. The
+    workers publish it and plans count it, as real workers learn theirs (``plan_hop``
+    off: plans leave it out, so every task runs later than planned).
     ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
     ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
     producer that tracks the jobs it submits would; off, compass plans without it.
@@ -357,7 +360,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
         sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
                          demand=demand, rate=rate, admission=admission,
-                         max_queue_ms=max_queue_ms, warm=warm, batching=batching)
+                         max_queue_ms=max_queue_ms, warm=warm, batching=batching,
+                         plan_hop=plan_hop)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if sim.assignment is not None:
@@ -373,13 +377,13 @@ def compare_count_pending(workload: Workload, *, workers: int | None = None,
                           warmup_frac: float = 0.1, refresh_ms: float = 0.0,
                           hop_ms: float = 0.0, move_factor: float = MOVE_FACTOR,
                           demand: bool = True, admission: bool = True,
-                          max_queue_ms: float | None = None, warm: bool = False
-                          ) -> dict[str, Any]:
+                          max_queue_ms: float | None = None, warm: bool = False,
+                          plan_hop: bool = True) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
     kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
           "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor,
           "demand": demand, "admission": admission, "max_queue_ms": max_queue_ms,
-          "warm": warm}
+          "warm": warm, "plan_hop": plan_hop}
     on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
     off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
     return {"workload": workload.name, "count_pending": {"on": on, "off": off}}

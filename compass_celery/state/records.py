@@ -40,6 +40,8 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
         "net_mb_per_s": view.net_mb_per_s,
         "heartbeat": view.heartbeat,
     }
+    if view.hop_ms:  # absent until learned: a worker that ran nothing keeps its old bytes
+        body["hop_ms"] = view.hop_ms
     if view.served:  # absent when empty: a worker that served nothing keeps its old bytes
         body["served"] = {m: [d.ms_per_s, d.per_s] for m, d in sorted(view.served.items())}
     body.update(extra)
@@ -137,6 +139,7 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
         net_mb_per_s=net,
         heartbeat=beat,
         served=_served(body, name) if "served" in body else {},
+        hop_ms=_number(body, "hop_ms", name) if "hop_ms" in body else 0.0,
     )
 
 

@@ -20,6 +20,7 @@ from ..state.connection import StateUnavailable
 if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
+    from .hop import DispatchHop
     from .served import RankFollower, ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
@@ -30,9 +31,10 @@ class RecordPublisher:
 
     def __init__(self, compass: CompassContext, name: str, queue: str, cfg: dict[str, Any],
                  cache: ModelCache, served: ServedDemand, rank: RankFollower | None,
-                 stopping: threading.Event) -> None:
+                 stopping: threading.Event, hop: DispatchHop) -> None:
         self.compass, self.name, self.queue, self.cfg = compass, name, queue, cfg
         self.cache, self.served, self.rank, self._stopping = cache, served, rank, stopping
+        self.hop = hop
         self.wake = threading.Event()  # set by a task's end, a load or an eviction
         self._state_down, self._published = False, None
         self._last_publish_ok = 0.0
@@ -54,7 +56,8 @@ class RecordPublisher:
             # liveness is the beat Redis stamps on every publish; the record's own time
             # stays fixed, so an unchanged record is byte-identical and readers reuse it
             net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
-            served=self.served.published())
+            served=self.served.published(),
+            hop_ms=self.hop.ms())
 
     def publish(self, if_changed: bool = False) -> bool:
         """Publish this worker's record and cache counters; False while the store is down.

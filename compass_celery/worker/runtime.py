@@ -33,6 +33,7 @@ from ..state.connection import StateUnavailable
 from ..state.keys import forming_field, queued_field
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
+from .hop import DispatchHop
 from .leases import Leases
 from .memory import FullCollector
 from .publisher import RecordPublisher
@@ -61,15 +62,16 @@ class WorkerRuntime:
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
+        hop = DispatchHop(self.cfg["ewma_alpha"], self.cfg["time_scale"])
         self.cache = self._make_cache()
         self.publisher = RecordPublisher(compass, name, queue, self.cfg, self.cache, served,
                                          RankFollower(self.cache, self._cluster),
-                                         self._stopping)
+                                         self._stopping, hop)
         self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
         self.leases = Leases(compass, self._stopping)
         self.tasks = TaskPath(compass, name, self.cfg, self.cache, served, self.jobs,
                               self.leases, self.queued_decisions, self.publisher.wake,
-                              self._stopping)
+                              self._stopping, hop)
         self.batches = BatchRunner(compass, queue, self.cfg, self.tasks, self.jobs, self.leases)
         # batch keys whose count of waiting inputs a reconcile sets (to 0 when none wait):
         # every batched task's, so a restarted worker clears what its last life left

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
     from ..jobs.runtime import JobRuntime
+    from .hop import DispatchHop
     from .leases import Leases
     from .served import ServedDemand
 
@@ -49,9 +50,11 @@ class TaskPath:
     def __init__(self, compass: CompassContext, name: str, cfg: dict[str, Any],
                  cache: ModelCache, served: ServedDemand, jobs: JobRuntime | None,
                  leases: Leases, queued: Callable[[int], list[Decision]],
-                 wake: threading.Event, stopping: threading.Event) -> None:
+                 wake: threading.Event, stopping: threading.Event,
+                 hop: DispatchHop) -> None:
         self.compass, self.name, self.cfg = compass, name, cfg
         self.cache, self.served, self.jobs, self.leases = cache, served, jobs, leases
+        self.hop = hop  # the gaps between tasks, learned here, published by the record
         self._queued, self._wake, self._stopping = queued, wake, stopping
         self._prefetch_due = threading.Event()
         self._lock = threading.Lock()
@@ -136,6 +139,9 @@ class TaskPath:
         decision = Decision.from_header(getattr(request, "compass", None))
         model = _task_model(task, decision)
         started, picked = time.monotonic(), time.time()  # picked: queue wait ends here
+        with self._lock:
+            alone = not self._running
+        self.hop.started(picked, decision.queued_at if decision is not None else 0.0, alone)
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
             try:
@@ -200,6 +206,7 @@ class TaskPath:
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
         """Release the model, uncharge, learn the run time, record a job node's end."""
+        self.hop.ended(time.time())
         with self._lock:
             _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})

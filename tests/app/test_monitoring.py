@@ -116,7 +116,7 @@ def _view(name: str, now: float, **kw: Any) -> WorkerView:
 def test_state_collector_exports_live_workers() -> None:
     now = time.time()
     store = MemoryStateStore()
-    store.publish(_view("gpu0", now))
+    store.publish(_view("gpu0", now, hop_ms=4.0))
     store.publish(_view("old", now, heartbeat=now - 60))  # dead: skipped, not exported
     store.charge("gpu0", 250.0)
     store.add_pending("gpu0", 40.0)
@@ -128,6 +128,7 @@ def test_state_collector_exports_live_workers() -> None:
     assert get("compass_worker_records_skipped") == 1
     assert get("compass_worker_backlog_seconds", {"worker": "gpu0"}) == 0.25
     assert get("compass_worker_pending_seconds", {"worker": "gpu0"}) == 0.04
+    assert get("compass_worker_hop_seconds", {"worker": "gpu0"}) == 0.004
     assert get("compass_worker_gpu_free_bytes", {"worker": "gpu0"}) == 15050.0 * 10**6
     assert get("compass_worker_gpu_total_bytes", {"worker": "gpu0"}) == 16000.0 * 10**6
     assert get("compass_worker_resident_models", {"worker": "gpu0"}) == 1

@@ -27,6 +27,13 @@ def test_record_round_trip():
     assert decode_record(encode_record(GOOD), field_name="w1") == GOOD
 
 
+def test_a_learned_hop_travels_with_the_record_and_an_old_record_has_none():
+    hopping = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
+                         hop_ms=3.4)
+    assert decode_record(encode_record(hopping), field_name="w1").hop_ms == 3.4
+    assert "hop_ms" not in json.loads(encode_record(GOOD))  # unlearned: the old bytes
+
+
 @pytest.mark.parametrize("raw, message", [
     (b"{not json", "not valid JSON"),
     (b"[1, 2]", "expected a JSON object"),
@@ -41,6 +48,8 @@ def test_record_round_trip():
     (json.dumps({**json.loads(encode_record(GOOD)), "gpu_free_mb": -1}), "must be >= 0"),
     (json.dumps({**json.loads(encode_record(GOOD)), "resident": "a"}), "'resident'"),
     (json.dumps({**json.loads(encode_record(GOOD)), "name": "w2"}), "different worker"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "hop_ms": -2}), "'hop_ms' must be >= 0"),
+    (json.dumps({**json.loads(encode_record(GOOD)), "hop_ms": "3"}), "'hop_ms' must be a"),
     (b"\xff\xfe", "not UTF-8"),
 ])
 def test_garbled_records_are_named(raw, message):

@@ -43,6 +43,7 @@ def clusters(draw: st.DrawFn, *, min_workers: int = 1, max_workers: int = 6) -> 
                 backlog_ms=draw(st.floats(0.0, 2000.0)),
                 pending_ms=draw(st.floats(0.0, 300.0)),
                 speed=draw(st.sampled_from((0.5, 1.0, 2.0))),
+                hop_ms=draw(st.sampled_from((0.0, 3.5, 12.0))),
                 load_mb_per_s=draw(st.floats(200.0, 4000.0)),
                 host_load_mb_per_s=draw(st.floats(4000.0, 20000.0)),
                 net_mb_per_s=draw(st.floats(10.0, 2000.0)),

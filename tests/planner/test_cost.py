@@ -8,7 +8,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compass_celery.planner import ClusterView, DagSpec, TaskSpec
+from compass_celery.planner import ClusterView, DagSpec, TaskSpec, get_policy
 from compass_celery.planner.cost import (
     EVICTION_PENALTY,
     build_worker_arrays,
@@ -19,6 +19,7 @@ from compass_celery.planner.cost import (
     with_rows,
     worker_arrays,
 )
+from compass_celery.planner.pending import pending_work
 from compass_celery.planner.walk import Walk
 
 from .strategies import MODEL_NAMES, clusters, tasks, worker
@@ -208,3 +209,17 @@ def test_one_worker_loads_one_model_at_a_time() -> None:
     # its load runs from 200 ms (the first load's end) while it waits until 260 ms
     assert (second.start_ms, second.prefetch_ms, second.load_ms) == (260.0, 60.0, 140.0)
     assert second.finish_ms == 260.0 + 140.0 + 10.0
+
+
+def test_a_workers_hop_comes_before_each_start_and_with_each_charge() -> None:
+    """Two chained tasks on one worker with a 4 ms hop: each starts a hop after its
+    worker is free (the first on an idle worker too), and what each leaves waiting
+    charges its run and its hop."""
+    cluster = ClusterView.of([worker("w", hop_ms=4.0, resident=frozenset({"m"}))], {"m": 100.0})
+    dag = DagSpec({"a": TaskSpec("a", "m", 30.0), "b": TaskSpec("b", "m", 20.0)},
+                  (("a", "b"),))
+    plan = get_policy("compass").plan(dag, cluster)
+    a, b = plan.placements["a"], plan.placements["b"]
+    assert (a.start_ms, a.wait_ms, a.finish_ms, a.hop_ms) == (4.0, 4.0, 34.0, 4.0)
+    assert (b.start_ms, b.finish_ms) == (38.0, 58.0)
+    assert pending_work(plan.placements, {"b": ["a"]}) == {"b": ("w", 24.0)}

@@ -49,13 +49,14 @@ def slo_workload(dags=None, **kw):
 
 def run(w, *, admission_on=True, max_queue_ms=None, policy="compass", hop_ms=0.0):
     """The finished Simulation (jobs, cluster counters) and its result record; ``hop_ms``
-    is per-task work the plans do not count, so jobs taken as on time fall behind."""
+    is per-task work the plans do not count (``plan_hop`` off), so jobs taken as on time
+    fall behind."""
     stream = job_stream(w)
     sim = Simulation(w, policy, stream, admission=admission_on, max_queue_ms=max_queue_ms,
-                     hop_ms=hop_ms)
+                     hop_ms=hop_ms, plan_hop=False)
     sim.run()
     record = simulate(w, [policy], admission=admission_on, max_queue_ms=max_queue_ms,
-                      hop_ms=hop_ms)["policies"][policy]
+                      hop_ms=hop_ms, plan_hop=False)["policies"][policy]
     return sim, record
 
 
@@ -141,7 +142,7 @@ def test_successors_released_too_late_are_withheld_and_the_job_shed():
     chain = {"nodes": {"a": {"model": "m", "exec_ms": 20}, "b": {"model": "m", "exec_ms": 30}},
              "edges": [["a", "b"]]}
     w = slo_workload({"ab": chain}, rate=40.0, deadline_ms=250.0)
-    sim = Simulation(w, "compass", job_stream(w), hop_ms=40.0)
+    sim = Simulation(w, "compass", job_stream(w), hop_ms=40.0, plan_hop=False)
     sim.run()
     assert sim.cluster.withheld > 0
     withheld = [j for j in sim.jobs if j.shed and "a" in j.finish and

@@ -82,6 +82,18 @@ def test_hop_default_is_zero_and_changes_nothing():
         outcome(simulate(w, ["compass", "jsq"], jobs=80, hop_ms=0.0))
 
 
+def test_plans_that_count_the_hop_predict_each_jobs_finish_without_its_bias():
+    """Workers publish the hop they pay and plans add it before each start: the planned
+    finish loses the hop-per-task bias it has when plans leave the hop out."""
+    w = load_workload(EDGE)
+    kw = {"rate": 0.5, "jobs": 200, "workers": 8, "hop_ms": 20}
+    blind = one(w, plan_hop=False, **kw)["finish_error"]
+    known = one(w, **kw)["finish_error"]
+    assert blind["bias_median_ms"] >= 2 * 20  # two or three hops a job, unplanned
+    assert abs(known["bias_median_ms"]) < 5
+    assert known["rel_err_median"] < blind["rel_err_median"] / 2
+
+
 def test_hop_costs_about_hops_times_hop_ms_at_low_load():
     # edge-vision's critical paths are 3, 3 and 2 tasks long (mix 0.4/0.35/0.25: 2.75)
     w = load_workload(EDGE)
