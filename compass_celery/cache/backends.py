@@ -72,6 +72,9 @@ class EmulatedModel:
 class EmulatedBackend:
     """A GPU of ``capacity_mb`` with a load bandwidth; loads and runs sleep (times ``time_scale``).
 
+    A GPU of ``speed`` s runs a task in its run time over s (``exec_ms`` is speed-1.0 ms),
+    as the planner and the simulator cost it.
+
     Models evicted from the GPU go to a host-RAM tier (LRU within ``host_capacity_mb``)
     and reload at ``host_load_mb_per_s``. A model with a registered loader is also built
     (on the CPU), so a task body gets the real model while memory and load time stay
@@ -89,9 +92,13 @@ class EmulatedBackend:
         time_scale: float = 1.0,
         host_capacity_mb: float = math.inf,
         device: str = "emulated",
+        speed: float = 1.0,
     ) -> None:
-        if capacity_mb <= 0 or load_mb_per_s <= 0 or host_load_mb_per_s <= 0 or time_scale < 0:
-            raise ValueError("emulated GPU needs capacity and bandwidths > 0 and time_scale >= 0")
+        if capacity_mb <= 0 or load_mb_per_s <= 0 or host_load_mb_per_s <= 0 or time_scale < 0 \
+                or speed <= 0:
+            raise ValueError("emulated GPU needs capacity, bandwidths and speed > 0 and "
+                             "time_scale >= 0")
+        self.speed = float(speed)
         self.capacity_mb, self.load_mb_per_s = float(capacity_mb), float(load_mb_per_s)
         self.host_load_mb_per_s, self.time_scale = float(host_load_mb_per_s), float(time_scale)
         self.device = device
@@ -163,9 +170,10 @@ class EmulatedBackend:
         return isinstance(exc, EmulatedOOM)
 
     def run(self, exec_ms: float) -> None:
-        """Sleep the task's run time (times ``time_scale``); a zero one returns at once."""
+        """Sleep the task's run time on this GPU (over its speed, times ``time_scale``); a
+        zero one returns at once."""
         if exec_ms > 0:
-            time.sleep(exec_ms * self.time_scale / 1000.0)
+            time.sleep(exec_ms / self.speed * self.time_scale / 1000.0)
 
     def clear(self) -> None:
         """Empty the GPU and the host tier."""

@@ -87,7 +87,8 @@ class WorkerRuntime:
         if cfg["emulate_gpu_mb"]:
             backend: Any = EmulatedBackend(cfg["emulate_gpu_mb"], cfg["load_mb_per_s"],
                                            cfg["host_load_mb_per_s"], cfg["time_scale"],
-                                           host_capacity_mb=cfg["emulate_host_mb"])
+                                           host_capacity_mb=cfg["emulate_host_mb"],
+                                           speed=cfg["speed"])
         elif (device := cfg["gpu"] or _default_device()) is None:
             logger.warning("compass: torch is not installed; worker %s can only run tasks "
                            "that need no model (pip install 'compass-celery[torch]')", self.name)

@@ -12,8 +12,8 @@ planner's speed-1.0 milliseconds, the unit of ``TaskSpec.exec_ms``. Measured rat
 the producer's estimate because it exists for every task that ran a model (tasks from
 the shared queue, or sent with no compass header, carry no estimate) and because it
 follows what the tasks really cost when the estimate is a default or stale. (An
-emulated worker sleeps ``exec_ms`` whatever its ``speed``, so there a speed other than
-1.0 scales the demand it reports by that speed.)
+emulated GPU sleeps ``exec_ms`` over its ``speed``, so there too the product is the
+task's ``exec_ms``.)
 
 Times are workload time: run times come in workload ms and the tracker's clock is
 ``monotonic() / time_scale``, so rates mean the same (1000 ms/s = one speed-1.0 worker

@@ -224,8 +224,8 @@ class TaskPath:
         if decision is not None and decision.worker == self.name and decision.charge_ms:
             store.charge(self.name, -decision.charge_ms, pipe=pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
-        if started is not None and state == "SUCCESS":
-            self._learn_run(task, model, size, run_ms, pipe)
+        if started is not None and state == "SUCCESS":  # learned in speed-1.0 ms (exec_ms)
+            self._learn_run(task, model, size, run_ms * self.cfg["speed"], pipe)
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
             # never skipped; a completed node's sends are confirmed on the same pipeline
@@ -239,7 +239,8 @@ class TaskPath:
 
     def _learn_run(self, task: Any, model: str | None, size: int, run_ms: float,
                    pipe: Any) -> None:
-        """Fold a measured run into what the planner learns: a plain task's run time,
+        """Fold a measured run (``run_ms``, in speed-1.0 ms: what a plan divides by each
+        worker's speed) into what the planner learns: a plain task's run time,
         or a batched task's curve (its single-input run under the usual field, what each
         input after the first adds under the batch field), fitted here from the passes
         this worker ran, each member reporting its pass with a share of the weight."""
