@@ -445,9 +445,13 @@ def _breakdown(handles: list[tuple[JobOutcome, Any]], warmup_frac: float,
 
 def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
     """Each term the plan predicted against what the workers measured, after warm-up:
-    per node (queue wait, load, run, finish) and per job (finish)."""
+    per node (queue wait, load, run, finish) and per job: its finish as the sender saw
+    it (``jobs``: from the call to the result, so with the submission and the result's
+    delivery, which no plan covers) and as the plan did (``jobs_plan``: from the plan to
+    its last node's end)."""
     rows: list[dict[str, Any]] = []
     jobs: list[tuple[float, float]] = []
+    planned: list[tuple[float, float]] = []
     infos: list[dict[str, Any]] = []
     for outcome, handle in sent.handles:
         if outcome.index < sent.skip or not outcome.completed:
@@ -461,13 +465,16 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
         except Exception:
             continue
         infos.append(info)
-        rows += node_rows(plan, info, float(job.get("created") or 0.0), nodes,
-                          opts.time_scale)
+        created = float(job.get("created") or 0.0)
+        rows += node_rows(plan, info, created, nodes, opts.time_scale)
         if plan:
-            jobs.append((max(float(p["finish_ms"]) for p in plan.values()),
-                         outcome.end_ms - outcome.arrival_ms))
+            finish = max(float(p["finish_ms"]) for p in plan.values())
+            jobs.append((finish, outcome.end_ms - outcome.arrival_ms))
+            ends = [float(m["finished"]) for m in info.values() if "finished" in m]
+            if created and ends:
+                planned.append((finish, (max(ends) - created) * 1000.0 / opts.time_scale))
     return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs),
-                           "loads": load_outcomes(rows)},
+                           "jobs_plan": job_rows(planned), "loads": load_outcomes(rows)},
             "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale),
             "hop_mean_ms": hop_ms(infos, opts.time_scale, statistics.fmean)}
 

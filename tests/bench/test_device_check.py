@@ -46,4 +46,9 @@ def test_device_check_runs_on_cpu_and_reports_every_part(tmp_path):
     # compass planned every node: its predictions are compared with what was measured
     terms = bench["compass"]["prediction"]["nodes"]
     assert terms["run"]["n"] > 0 and terms["finish"]["meas_median_ms"] > 0
+    # a job's end as the plan saw it leaves out the submission and the result's delivery
+    jobs, planned = bench["compass"]["prediction"]["jobs"], bench["compass"]["prediction"][
+        "jobs_plan"]
+    assert planned["n"] == jobs["n"] > 0
+    assert 0 < planned["meas_median_ms"] < jobs["meas_median_ms"]
     assert "| embed, batch 32 |" in proc.stdout
