@@ -4,29 +4,20 @@ measured runs, as a plain task's routing is (real worker, real Redis)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from compass_celery.emulated import make_app
 from compass_celery.jobs.dag import Dag
-from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
+from tests.support.emulated import one_emulated
 
 pytestmark = pytest.mark.redis
 
 
 def test_an_undeclared_node_is_planned_with_its_learned_run_time(compass_redis_url,
                                                                  compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_MODELS": json.dumps({"m": 100})}
-    w = compass_workers("compass_celery.emulated_app", "g0@learn", "--compass-emulate-gpu-mb",
-                        "1000", "--compass-preload", "m", env=env)
-    app = make_app(compass_redis_url, compass_models={"m": 100}, compass_snapshot_ttl_s=0)
-    try:
-        wait_until(lambda: app.compass.store.snapshot(time.time(), 5.0).workers or None, 30,
-                   "the worker's record")
-    except TimeoutError:
-        raise AssertionError(worker_logs([w])) from None
+    app, w = one_emulated(compass_redis_url, compass_workers, "g0@learn", {"m": 100},
+                          "--compass-emulate-gpu-mb", "1000", "--compass-preload", "m")
 
     def planned_run_ms() -> float:
         dag = Dag(app, "learn")
@@ -44,12 +35,8 @@ def test_an_undeclared_node_is_planned_with_its_learned_run_time(compass_redis_u
 
 def test_a_declared_run_time_still_wins_over_the_learned_one(compass_redis_url,
                                                              compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_MODELS": json.dumps({"m": 100})}
-    compass_workers("compass_celery.emulated_app", "g0@declared", "--compass-emulate-gpu-mb",
-                    "1000", "--compass-preload", "m", env=env)
-    app = make_app(compass_redis_url, compass_models={"m": 100}, compass_snapshot_ttl_s=0)
-    wait_until(lambda: app.compass.store.snapshot(time.time(), 5.0).workers or None, 30,
-               "the worker's record")
+    app = one_emulated(compass_redis_url, compass_workers, "g0@declared", {"m": 100},
+                       "--compass-emulate-gpu-mb", "1000", "--compass-preload", "m")[0]
     for _ in range(2):
         dag = Dag(app, "declared")
         dag.node("n", app.signature("emulated.infer", args=("m", 200, None)), model="m",
