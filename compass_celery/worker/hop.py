@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import threading
 
-#: Published to a tenth of a ms: finer would change the record on every task.
-DIGITS = 1
+#: The published hop follows the mean only once it moved this far (ms, or this share of
+#: it, whichever is more): a record that changed on every task would be written, and
+#: decoded by every producer, on every task.
+STEP_MS, STEP_SHARE = 0.5, 0.1
 
 
 class DispatchHop:
@@ -27,6 +29,7 @@ class DispatchHop:
         self._lock = threading.Lock()
         self._ended: float | None = None  # when the last task's run ended (epoch s)
         self._mean: float | None = None
+        self._published = 0.0
         self.samples = 0
 
     def ended(self, at: float) -> None:
@@ -45,11 +48,14 @@ class DispatchHop:
             if end is None or not alone or not 0 < queued_at <= end <= at:
                 return
             ms = (at - end) * 1000.0 / self.time_scale
-            self._mean = ms if self._mean is None else \
-                self._mean + self.alpha * (ms - self._mean)
+            mean = ms if self._mean is None else self._mean + self.alpha * (ms - self._mean)
+            self._mean = mean
             self.samples += 1
+            if abs(mean - self._published) >= max(STEP_MS, STEP_SHARE * self._published):
+                self._published = round(mean, 1)
 
     def ms(self) -> float:
-        """The learned hop (workload ms, 0 before the first back-to-back gap)."""
+        """The learned hop to publish (workload ms, 0 before the first back-to-back gap):
+        the mean, to a tenth of a ms, once it moved a step from what was published."""
         with self._lock:
-            return round(self._mean, DIGITS) if self._mean is not None else 0.0
+            return self._published

@@ -26,6 +26,21 @@ def test_a_gap_counts_only_when_the_next_task_was_already_waiting_alone() -> Non
     assert hop.ms() == pytest.approx(6.0)  # 4 + 0.5 x (8 - 4)
 
 
+def test_the_published_hop_moves_only_in_steps() -> None:
+    """The record carries the hop: one that followed every gap would be rewritten, and
+    decoded by every producer, after every task."""
+    hop = DispatchHop(alpha=0.5)
+    hop.ended(1.0)
+    hop.started(1.010, queued_at=0.5, alone=True)
+    assert hop.ms() == pytest.approx(10.0)
+    hop.ended(2.0)
+    hop.started(2.0108, queued_at=1.5, alone=True)  # mean 10.4: under a 1 ms step
+    assert hop.ms() == pytest.approx(10.0)
+    hop.ended(3.0)
+    hop.started(3.0128, queued_at=2.5, alone=True)  # mean 11.6: a step away
+    assert hop.ms() == pytest.approx(11.6)
+
+
 def test_the_hop_is_learned_in_workload_ms() -> None:
     hop = DispatchHop(alpha=1.0, time_scale=0.5)  # half-speed time: each real ms is two
     hop.ended(1.0)
