@@ -129,6 +129,7 @@ class CurveLearner:
         self.alpha = alpha
         self._m: tuple[float, ...] = (0.0,) * 4  # decayed means: x, ms, x*x, x*ms (x = n-1)
         self._sizes: set[int] = set()
+        self._untaken = 0.0  # weight folded in since the curve was last taken
 
     def add(self, size: int, ms: float, weight: float = 1.0) -> None:
         """Fold in one measured pass of ``size`` inputs that took ``ms``."""
@@ -139,10 +140,19 @@ class CurveLearner:
         sample = (x, ms, x * x, x * ms)
         self._m = tuple((1.0 - a) * m + a * v for m, v in zip(self._m, sample, strict=True))
         self._sizes.add(size)
+        self._untaken += weight
 
     def curve(self) -> BatchCurve | None:
         """The fitted curve; None before any pass."""
         return _line(*self._m, len(self._sizes)) if self._sizes else None
+
+    def take(self) -> BatchCurve | None:
+        """The curve, once a whole pass's weight was folded in since it was last taken;
+        None before: a worker stores the curve once per pass, not once per input."""
+        if self._untaken < 1.0 - 1e-9:
+            return None
+        self._untaken = 0.0
+        return self.curve()
 
 
 @dataclass(frozen=True)

@@ -243,7 +243,8 @@ class TaskPath:
         worker's speed) into what the planner learns: a plain task's run time,
         or a batched task's curve (its single-input run under the usual field, what each
         input after the first adds under the batch field), fitted here from the passes
-        this worker ran, each member reporting its pass with a share of the weight."""
+        this worker ran, each member reporting its pass with a share of the weight and
+        the curve stored once a whole pass is in."""
         store, key = self.compass.store, profile_key(task.name, model)
         if getattr(task, "compass_batch", None) is None:
             store.record_run(key, run_ms / size, self.cfg["ewma_alpha"], pipe=pipe)
@@ -251,7 +252,7 @@ class TaskPath:
         with self._lock:
             learner = self._curves.setdefault(key, CurveLearner())
             learner.add(size, run_ms, 1.0 / size)
-            curve = learner.curve()
+            curve = learner.take()
         if curve is not None:  # the fit is the smoothing: stored as it is
             store.record_run(key, curve.base_ms, 1.0, pipe=pipe)
             store.record_run(batch_profile_key(task.name, model), curve.per_item_ms, 1.0,

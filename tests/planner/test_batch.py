@@ -87,6 +87,20 @@ def test_a_learner_finds_the_curve_of_the_passes_it_is_shown() -> None:
     assert c.base_ms == pytest.approx(100.0) and c.per_item_ms == pytest.approx(20.0)
 
 
+def test_a_learners_curve_is_taken_once_per_whole_pass() -> None:
+    """Each input of a pass reports it with a share of its weight; the curve is taken
+    (stored by the worker) when the last share is in, not once per input."""
+    learner = CurveLearner()
+    taken = []
+    for size in (4, 2, 3):
+        for _ in range(size):
+            learner.add(size, 100.0 + 20.0 * (size - 1), 1.0 / size)
+            taken.append(learner.take() is not None)
+    assert taken == [False, False, False, True, False, True, False, False, True]
+    learner.add(5, 180.0, 0.2)  # an input of a pass whose others failed: carried over
+    assert learner.take() is None and learner.curve() is not None
+
+
 def test_a_learner_follows_a_model_that_got_faster_and_ignores_bad_samples() -> None:
     learner = CurveLearner()
     for size in (1, 4, 8) * 30:
