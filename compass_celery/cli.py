@@ -127,8 +127,9 @@ def demo(redis_url: str | None, n_workers: int, n_tasks: int, n_jobs: int,
                       plot_path=plot_path or None))
 
 
-def _load(path: str) -> Any:
-    """A workload file, or a shipped workload by name (``voice-real``)."""
+def _load(path: str, seed: int | None = None) -> Any:
+    """A workload file, or a shipped workload by name (``voice-real``); ``seed``, when
+    given, replaces its arrival seed (``Workload.reseeded``)."""
     import os
 
     from .workload import WorkloadError, load_workload
@@ -139,11 +140,12 @@ def _load(path: str) -> Any:
         if shipped(name).exists():
             path = str(shipped(name))
     try:
-        return load_workload(path)
+        workload = load_workload(path)
     except WorkloadError as exc:
         raise click.ClickException(f"bad workload {path}: {exc}") from None
     except OSError as exc:
         raise click.ClickException(f"cannot read workload {path}: {exc}") from None
+    return workload if seed is None else workload.reseeded(seed)
 
 
 def _policies(text: str | None, default: list[str],
@@ -177,6 +179,9 @@ def _floats(text: str | None, what: str) -> list[float]:
 @click.option("--plot", "plot_out", default=None, help="write latency CDFs and bars (PNG)")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None, help="jobs per second")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None, help="job count")
+@click.option("--seed", type=int, default=None,
+              help="draw the arrivals and the template mix from this seed instead of the "
+              "workload's (a rerun on fresh arrivals)")
 @click.option("--time-scale", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
               help="real seconds per workload second (emulated sleeps and arrival gaps)")
 @click.option("--warmup-frac", type=click.FloatRange(0, 0.9), default=0.1, show_default=True)
@@ -231,8 +236,8 @@ def _floats(text: str | None, what: str) -> list[float]:
               "(compass_admission_headroom; default: the app's)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def bench(workload_path: str, policies: str | None, json_out: str | None,
-          plot_out: str | None, rate: float | None, n_jobs: int | None, time_scale: float,
-          warmup_frac: float, redis_url: str | None, broker_url: str | None,
+          plot_out: str | None, rate: float | None, n_jobs: int | None, seed: int | None,
+          time_scale: float, warmup_frac: float, redis_url: str | None, broker_url: str | None,
           n_workers: int | None,
           sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
           restart_redis_after: float | None, redis_aof: bool,
@@ -248,7 +253,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     from .bench.slo import slo_table
     from .bench.suite import run_suite
 
-    workload = _load(workload_path)
+    workload = _load(workload_path, seed)
     if redis_url is not None:
         needs_private = [flag for flag, on in (
             ("--restart-redis-after", restart_redis_after is not None),
@@ -393,20 +398,23 @@ def _pct(fraction: float | None) -> str:
               "is a simulator-only reference: replicas sized from the workload, pinned")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
+@click.option("--seed", type=int, default=None,
+              help="draw the arrivals and the template mix from this seed instead of the "
+              "workload's (a rerun on fresh arrivals)")
 @click.option("--hop-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="modelled fixed dispatch overhead per task (broker and bookkeeping round "
               "trips), workload ms, which workers publish and plans count, as real ones "
               "learn theirs; calibrate it from a real bench run (docs/BENCHMARKS.md)")
 @click.option("--json", "json_out", default=None)
 def simulate(workload_path: str, n_workers: int | None, policies: str | None,
-             rate: float | None, n_jobs: int | None, hop_ms: float,
+             rate: float | None, n_jobs: int | None, seed: int | None, hop_ms: float,
              json_out: str | None) -> None:
     """Simulate the policies on the workload; print latency, time per task and planning time."""
     from .bench.runner import POLICIES
     from .sim.runner import SIM_ONLY_POLICIES
     from .sim.runner import simulate as run_sim
 
-    workload = _load(workload_path)
+    workload = _load(workload_path, seed)
     result = run_sim(workload, _policies(policies, POLICIES, SIM_ONLY_POLICIES),
                      workers=n_workers, rate=rate,
                      jobs=n_jobs, hop_ms=hop_ms)

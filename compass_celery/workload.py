@@ -122,6 +122,12 @@ class Workload:
         name = self.dag_slo.get(template)
         return resolve_slo(name, None, self.slo_classes) if name else None
 
+    def reseeded(self, seed: int) -> Workload:
+        """The same workload with another arrival stream: ``seed`` draws both the arrival
+        times and the template mix (a rerun on fresh arrivals, e.g. to pool rare events
+        such as model loads over several runs)."""
+        return replace(self, seed=seed, arrivals=replace(self.arrivals, seed=seed))
+
 
 def _int(value: Any, path: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -177,14 +177,20 @@ run compass-celery device-check --device cpu --jobs 0 --json "$out/device-cpu.js
 
 realsim() {
 # 14. the emulated cluster against its simulator: compass on every shipped workload and two
-# generated many-model ones (80% load), 300 jobs, time scales 1.0 and 0.5
-local wl ts
+# generated many-model ones (80% load), 300 jobs, time scales 1.0 and 0.5; each on the
+# workload's own arrivals and on two more seeds, so rare events (model loads) are pooled
+local wl ts seed args tag
+mkdir -p "$out/realsim"
 for ts in 1.0 0.5; do
   for wl in edge-vision caption-translate vision-fanout multi-model generated-9m-s3 \
             generated-9m-s13; do
-    run compass-celery bench --workload "dags/$wl.json" --policies compass --jobs 300 \
-        --time-scale "$ts" --compare-sim --quiet --json "$out/realsim-$wl-$ts.json" \
-        | tee "$out/realsim-$wl-$ts.txt"
+    for seed in own 1 2; do
+      args=(); tag="$wl-$ts"
+      [[ $seed == own ]] || { args=(--seed "$seed"); tag="$wl-$ts-s$seed"; }
+      run compass-celery bench --workload "dags/$wl.json" --policies compass --jobs 300 \
+          --time-scale "$ts" "${args[@]}" --compare-sim --quiet \
+          --json "$out/realsim/$tag.json" | tee "$out/realsim/$tag.txt"
+    done
   done
 done
 }

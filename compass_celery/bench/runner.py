@@ -535,6 +535,7 @@ def run_bench(workload: Workload, opts: BenchOptions,
             "emulated_gpu": worker_kind(opts).emulated_gpu,
             "broker": "amqp" if is_amqp(opts.broker_url) else "redis",
             "rate_per_s": opts.rate or workload.arrivals.rate_per_s,
+            "seed": workload.arrivals.seed,
             "heartbeat_timeout_s": opts.heartbeat_timeout_s,
             "visibility_timeout_s": effective_visibility_s(opts),
             "wall_s": round(time.time() - started, 1), "policies": results}

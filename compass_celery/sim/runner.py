@@ -369,7 +369,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
         if details:
             out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
             out[name]["reassigned"] = sim.moved
-    return {"workload": workload.name, "policies": out}
+    return {"workload": workload.name, "seed": workload.arrivals.seed, "policies": out}
 
 
 def compare_count_pending(workload: Workload, *, workers: int | None = None,

@@ -30,6 +30,22 @@ def test_malformed_workload_names_the_field(tmp_path):
         assert "dags.document.nodes.ocr.exec_ms" in result.output
 
 
+def test_seed_draws_other_arrivals_and_is_recorded(tmp_path):
+    def mean(seed: str | None) -> tuple[int, float]:
+        out = tmp_path / f"sim-{seed}.json"
+        args = ["simulate", "--workload", "edge-vision", "--jobs", "40", "--policies",
+                "compass", "--json", str(out)]
+        result = run(*args, *(["--seed", seed] if seed else []))
+        assert result.exit_code == 0, result.output
+        data = json.loads(out.read_text())
+        return data["seed"], data["policies"]["compass"]["latency_ms"]["mean"]
+
+    default_seed, default_mean = mean(None)
+    assert mean(None) == (default_seed, default_mean)  # the workload's own seed: same run
+    seed, other = mean(str(default_seed + 1))
+    assert seed == default_seed + 1 and other != default_mean
+
+
 def test_missing_workload_file_is_a_clear_error(tmp_path):
     result = run("simulate", "--workload", str(tmp_path / "nope.json"))
     assert result.exit_code != 0 and "nope.json" in result.output
