@@ -105,7 +105,8 @@ def edge_all(edge):
 
 
 def test_every_job_completes_under_every_policy(edge_all):
-    assert set(edge_all) == {"workload", "policies"} and set(edge_all["policies"]) == set(ALL)
+    assert set(edge_all) == {"workload", "seed", "policies"}
+    assert set(edge_all["policies"]) == set(ALL)
     keys = {"jobs", "completed", "failed", "lost", "latency_ms", "cache_hit_rate", "model_loads",
             "throughput_jobs_per_s", "breakdown_ms", "plan_ms", "loads_after_warmup",
             "load_fraction", "finish_error"}
