@@ -42,6 +42,10 @@ class Backend(Protocol):
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
         """Make ``name`` resident; return (model, measured MB)."""
 
+    def expected_load_s(self, name: str, size_mb: float) -> float | None:
+        """Real seconds a load of ``name`` should take now; None when only a measured load
+        can say."""
+
     def evict(self, name: str) -> None:
         """Drop ``name`` from device memory (into the host tier, where there is one)."""
 
@@ -125,6 +129,10 @@ class EmulatedBackend:
         """Workload ms a load of ``name`` costs now (host tier or disk)."""
         bw = self.host_load_mb_per_s if name in self._host else self.load_mb_per_s
         return 1000.0 * size_mb / bw
+
+    def expected_load_s(self, name: str, size_mb: float) -> float | None:
+        """Real seconds the load sleeps: its workload ms times ``time_scale``."""
+        return self.load_ms(name, size_mb) * self.time_scale / 1000.0
 
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
         """Reserve ``size_mb`` and sleep the load time (host tier or storage); raise on OOM."""
@@ -241,6 +249,11 @@ class TorchBackend:
             free = self._torch.cuda.mem_get_info(self._torch.device(self.device))[0] / MB
             return free if self.capacity_mb is None else min(free, self.capacity_mb - ours)
         return self.total_mb() - ours
+
+    def expected_load_s(self, name: str, size_mb: float) -> float | None:
+        """Unknown before a load of it was measured (reading and building a checkpoint
+        is not a bandwidth)."""
+        return None
 
     def load(self, name: str, loader: Loader | None, size_mb: float) -> tuple[Any, float]:
         """Move the module (from the host tier, else the loader) onto the device; measure it."""

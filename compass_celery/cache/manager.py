@@ -48,6 +48,11 @@ class ModelCache:
         # The model of the task started last: protected from prefetch evictions even
         # after an early release (get_model releases at once), until the next acquire.
         self._current: str | None = None
+        # Loads under way: model -> (wall time it began, when it should end), published so
+        # plans count what is left of it; and how long each model's last load took here
+        # (real s), by whether it came from the host tier, for the next one's end.
+        self._in_flight: dict[str, tuple[float, float]] = {}
+        self._took_s: dict[tuple[str, bool], float] = {}
         self.hits = self.misses = self.loads = self.evictions = 0
 
     # -- state ----------------------------------------------------------------
@@ -83,6 +88,12 @@ class ModelCache:
         """Models being loaded now; their memory is already reserved (not in ``free_mb``)."""
         with self._cond:
             return dict(self.decider.loading)
+
+    def in_flight(self) -> dict[str, tuple[float, float]]:
+        """Loads under way whose length can be told (measured before here, or the backend
+        says): model -> (wall time it began, when it should end), ``time.time()`` s."""
+        with self._cond:
+            return dict(self._in_flight)
 
     def host_resident(self) -> dict[str, float]:
         """Models in the backend's host-RAM tier, name -> MB."""
@@ -198,6 +209,7 @@ class ModelCache:
             self.decider.clear()
             self.backend.clear()
             self._in_use.clear()
+            self._in_flight.clear()
             self._current = None
             self.hits = self.misses = self.loads = self.evictions = 0
         self._changed()
@@ -247,6 +259,7 @@ class ModelCache:
         spec = self.registry.get(a.name) if a.name in self.registry else None
         from_host = a.name in self.backend.host_resident()
         t0 = time.monotonic()
+        self._began(a, from_host)
         self._cond.release()
         try:
             model, mb = self.backend.load(a.name, spec.loader if spec else None, a.size_mb)
@@ -254,6 +267,7 @@ class ModelCache:
                 self._warm(spec, model)
         except BaseException as exc:
             self._cond.acquire()
+            self._in_flight.pop(a.name, None)
             self.decider.on_load_failed(a.name)
             self._cond.notify_all()
             if not self.backend.is_oom(exc):
@@ -269,6 +283,8 @@ class ModelCache:
         self._cond.acquire()
         del model
         self.loads += 1
+        self._in_flight.pop(a.name, None)
+        self._took_s[(a.name, from_host)] = time.monotonic() - t0
         self._sizes[a.name] = mb
         self._evict(
             [
@@ -288,6 +304,17 @@ class ModelCache:
             from_host=from_host,
         )
         self._changed()
+
+    def _began(self, a: Load, from_host: bool) -> None:
+        """Note a load under way (lock held) and publish it, when its length can be told:
+        the last load of the model here, else what the backend says."""
+        took = self._took_s.get((a.name, from_host))
+        if took is None:
+            took = self.backend.expected_load_s(a.name, a.size_mb)
+        if took is not None:
+            now = time.time()
+            self._in_flight[a.name] = (now, now + took)
+            self._changed()
 
     def _full_msg(self, a: Load) -> str:
         return (

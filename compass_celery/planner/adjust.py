@@ -107,7 +107,7 @@ def reassign(
     transfer = kb * arr.ms_per_kb
     avail = arr.backlog_ms
     start = start_ms(avail, transfer, arr.hop_ms)
-    load, hidden = _load(task, arr, size, transfer, start)
+    load, hidden = _load(task, arr, size, transfer, start, cluster.now)
     run = run_ms(task.exec_ms, arr.speed)
     finish = finish_ms(start, load, run)
     score = finish
@@ -146,9 +146,10 @@ def reassign(
 
 
 def _load(task: TaskSpec, arr: WorkerArrays, size: float, ready: np.ndarray,
-          start: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+          start: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
     """Per worker: the task's model load (ms) and the part of it made while it waits."""
     if task.model is None:
         zeros = np.zeros(len(arr))
         return zeros, zeros
-    return load_terms(arr.load_columns(task.model, size), size, arr.gpu_free_mb, ready, start)
+    return load_terms(arr.load_columns(task.model, size), size, arr.gpu_free_mb, ready, start,
+                      in_flight=arr.in_flight(task.model, size, now))

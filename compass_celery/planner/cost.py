@@ -11,7 +11,7 @@ Units: ms, MB, MB/s; task outputs in KB (1 MB = 1000 KB).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -54,6 +54,9 @@ class WorkerArrays:
     host_models: list[bool]  # per model: in host RAM anywhere at all
     #: Learned storage-to-device load ms per model (``ClusterView.load_ms``).
     learned_load_ms: Mapping[str, float] = field(default_factory=dict)
+    #: Loads under way (``WorkerView.loading``), by model: (worker index, began, ends) per
+    #: worker loading it, in worker order (:func:`loading_index`).
+    loading: Mapping[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
 
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -84,6 +87,20 @@ class WorkerArrays:
             cols = (fit, fit * EVICTION_PENALTY)
             self._fetch[model] = cols
         return cols
+
+    def in_flight(self, model: str, size_mb: float, now: float) -> tuple[tuple[int, float], ...]:
+        """(worker index, ms left) for each worker loading ``model`` at ``now``: its whole
+        load there (:meth:`load_columns`) times the share of the load still to run."""
+        rows = self.loading.get(model)
+        if not rows:
+            return ()
+        whole = self.load_columns(model, size_mb)[0]
+        return tuple((i, float(whole[i]) * left_share(began, ends, now))
+                     for i, began, ends in rows)
+
+    def is_loading(self, model: str, i: int) -> bool:
+        """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
+        return any(row == i for row, _, _ in self.loading.get(model, ()))
 
     def mean(self, column: str, inverse: bool = False) -> float:
         """The mean of a column (of its inverse): the same for every plan on this snapshot."""
@@ -125,6 +142,24 @@ def worker_arrays(cluster: ClusterView) -> WorkerArrays:
     return arrays
 
 
+def left_share(began: float, ends: float, now: float) -> float:
+    """The share of a load under way still to run at ``now``, 0 to 1 (clipped: the
+    worker's clock and the reader's may differ a little)."""
+    if ends <= began:
+        return 0.0
+    return min(max((ends - now) / (ends - began), 0.0), 1.0)
+
+
+def loading_index(rows: Iterable[tuple[int, Mapping[str, tuple[float, float]]]]
+                  ) -> dict[str, tuple[tuple[int, float, float], ...]]:
+    """``WorkerArrays.loading`` from (worker index, ``WorkerView.loading``) in index order."""
+    out: dict[str, list[tuple[int, float, float]]] = {}
+    for i, spans in rows:
+        for model, (began, ends) in spans.items():
+            out.setdefault(model, []).append((i, began, ends))
+    return {m: tuple(v) for m, v in out.items()}
+
+
 def remember_arrays(cluster: ClusterView, arrays: WorkerArrays) -> None:
     """Use ``arrays`` as the snapshot's columns from now on.
 
@@ -157,6 +192,7 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         host_resident=host,
         host_models=host.any(axis=0).tolist(),
         learned_load_ms=dict(cluster.load_ms),
+        loading=loading_index((i, w.loading) for i, w in enumerate(workers) if w.loading),
         ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
         ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
         host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
@@ -220,11 +256,32 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
+    loading = _loading_with_rows(arrays.loading, rows)
+    if loading is not arrays.loading and loading != arrays.loading:
+        changes["loading"] = loading
     if not changes:
         return arrays
     if arrays._means:
         changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
     return evolve(arrays, **changes)
+
+
+def _loading_with_rows(old: Mapping[str, tuple[tuple[int, float, float], ...]],
+                       rows: Mapping[int, WorkerView]
+                       ) -> Mapping[str, tuple[tuple[int, float, float], ...]]:
+    """``WorkerArrays.loading`` with the loads of the workers at ``rows`` replaced by
+    theirs (``old`` itself when no load is under way on either side)."""
+    if not old and not any(w.loading for w in rows.values()):
+        return old
+    per_row: dict[int, dict[str, tuple[float, float]]] = {}
+    for model, entries in old.items():
+        for i, began, ends in entries:
+            if i not in rows:
+                per_row.setdefault(i, {})[model] = (began, ends)
+    for i, w in rows.items():
+        if w.loading:
+            per_row[i] = dict(w.loading)
+    return loading_index(sorted(per_row.items()))
 
 
 def evolve(obj: Any, **changes: Any) -> Any:
@@ -321,13 +378,23 @@ def hidden_load_ms(ready: np.ndarray | float, start: np.ndarray, load: np.ndarra
 
 def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: np.ndarray,
                ready: np.ndarray | float, start: np.ndarray,
-               loader_free: np.ndarray | float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+               loader_free: np.ndarray | float = 0.0,
+               in_flight: Sequence[tuple[int, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Per worker: the model's load (``columns``: if it fits in free memory, if it must
-    evict) and the part of it made while the task waits (:func:`hidden_load_ms`)."""
+    evict) and the part of it made while the task waits (:func:`hidden_load_ms`).
+
+    Where the model is being loaded already (``in_flight``: worker index, ms left,
+    ``WorkerArrays.in_flight``) the load runs on from now whatever the task does: it
+    delays the start only by what is left of it then, and that is the whole load term
+    there (nothing hidden to take off, nothing double-counted in the choice)."""
     fit, evict = columns
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
-    return load, hidden_load_ms(ready, start, load, fits, loader_free)
+    hidden = hidden_load_ms(ready, start, load, fits, loader_free)
+    for i, left in in_flight:
+        load[i] = max(left - float(start[i]), 0.0)
+        hidden[i] = 0.0
+    return load, hidden
 
 
 def finish_ms(start_ms: np.ndarray, load: np.ndarray, run: np.ndarray) -> np.ndarray:
@@ -357,8 +424,12 @@ def scalar_costs(
     resident: bool,
     host_resident: bool,
     inputs: Sequence[tuple[float, str, float]] = (),
+    loading: tuple[float, float] | None = None,
+    now: float = 0.0,
 ) -> Costs:
-    """Reference model for one worker; ``inputs`` = (pred finish ms, pred worker, KB)."""
+    """Reference model for one worker; ``inputs`` = (pred finish ms, pred worker, KB);
+    ``loading``, the span of a load of the model under way there (``WorkerView.loading``)
+    seen at ``now``."""
     inputs_done = max((f for f, _, _ in inputs), default=0.0)
     total_kb = here_kb = 0.0
     for _, where, out_kb in inputs:
@@ -366,12 +437,14 @@ def scalar_costs(
         here_kb += out_kb if where == worker.name else 0.0
     transfer = (total_kb - here_kb) * (MS_PER_S / (KB_PER_MB * worker.net_mb_per_s))
     ready = inputs_done + transfer
-    if resident:
-        load = 0.0
-    else:
-        bw = worker.host_load_mb_per_s if host_resident else worker.load_mb_per_s
-        load = size_mb * (MS_PER_S / bw)
-        load = load * EVICTION_PENALTY if size_mb > free_mb else load
     run = exec_ms / worker.speed
     start = max(available_ms, ready) + worker.hop_ms
+    bw = worker.host_load_mb_per_s if host_resident else worker.load_mb_per_s
+    whole = size_mb * (MS_PER_S / bw)
+    if loading is not None:  # runs on from now: only what is left after the start delays
+        load = max(whole * left_share(*loading, now) - start, 0.0)
+    elif resident:
+        load = 0.0
+    else:
+        load = whole * EVICTION_PENALTY if size_mb > free_mb else whole
     return Costs(ready, start - ready, load, transfer, run, start, start + load + run)

@@ -91,7 +91,10 @@ class EvictionPricer:
         if not self.active:
             return np.zeros(n)
         need = size_mb - free_mb
-        rows = np.flatnonzero((load > 0) & (need > 0))
+        evicts = (load > 0) & (need > 0)
+        for i, _, _ in self.arr.loading.get(model, ()):
+            evicts[i] = False  # a load under way has its memory: it evicts nothing more
+        rows = np.flatnonzero(evicts)
         out = np.zeros(n)
         if not len(rows):
             return out

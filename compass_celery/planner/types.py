@@ -78,6 +78,12 @@ class WorkerView:
     # worker's counters say (the planner reads the forming batch from it,
     # ``batch.forming_from_count``). Empty: none.
     queued_inputs: Mapping[str, int] = field(default_factory=dict, hash=False)
+    # Models being loaded here now: model -> (when the load began, when it should end), on
+    # the clock of ``ClusterView.now``. Their memory is already taken (not in
+    # ``gpu_free_mb``); a plan counts only what is left of the load
+    # (``cost.in_flight_ms``), so a second task for the model waits for this load instead
+    # of loading it a second time elsewhere. Empty: none.
+    loading: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,7 @@ class Walk:
         for a, b in dag.edges:
             self.preds[b].append(a)
         self._load: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # copied on first write
+        self._flight: dict[str, tuple[tuple[int, float], ...]] = {}  # loads under way
         self._masks: dict[float, tuple[np.ndarray, np.ndarray | None]] = {}
         self._zeros = np.zeros(len(self.arr))
 
@@ -96,7 +97,15 @@ class Walk:
             cols = self._load[model] = (fit.copy(), evict.copy())
         if cols[0][i] or cols[1][i]:
             cols[0][i] = cols[1][i] = 0.0
-            self.free[i] = max(float(self.free[i]) - size_mb, 0.0)
+            if not self.arr.is_loading(model, i):  # a load under way has its memory
+                self.free[i] = max(float(self.free[i]) - size_mb, 0.0)
+
+    def in_flight(self, model: str, size_mb: float) -> tuple[tuple[int, float], ...]:
+        """(worker index, ms left) where ``model`` is being loaded, at the snapshot's time."""
+        got = self._flight.get(model)
+        if got is None:
+            got = self._flight[model] = self.arr.in_flight(model, size_mb, self.cluster.now)
+        return got
 
     def estimate(self, name: str) -> Estimate:
         """Score one task on every worker; its predecessors must already be placed."""
@@ -120,7 +129,8 @@ class Walk:
         load = hidden = self._zeros
         if self.use_load and task.model is not None:
             load, hidden = load_terms(self.load_columns(task.model, size), size, self.free,
-                                      ready, start, self.loader)
+                                      ready, start, self.loader,
+                                      self.in_flight(task.model, size))
         run = run_ms(task.exec_ms, arr.speed)
         fin = finish_ms(start, load, run)
         joins = self._joins(name, ready, start, load, run, fin, hidden) \

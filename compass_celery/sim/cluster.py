@@ -106,6 +106,7 @@ class SimWorker:
         self.wake_at = -1.0
         self.loads = self.hits = self.misses = 0
         self.load_at: list[float] = []  # when each load started, workload ms
+        self.in_flight: dict[str, tuple[float, float]] = {}  # loads under way: (began, ends)
         self.listed_idle = False  # in the cluster's idle list (celery-default)
         self.settling = False  # a settle() is scheduled
         self._view: WorkerView | None = None
@@ -135,7 +136,8 @@ class SimWorker:
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
                 hop_ms=self.published_hop_ms,
-                queued_inputs=dict(self.keyed) if self.keyed and self.aware else {})
+                queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
+                loading=dict(self.in_flight))
         return self._view
 
     def preload(self, models: Iterable[str]) -> None:
@@ -466,6 +468,7 @@ class SimWorker:
             self.load_free_at = start + action.size_mb / bw * MS_PER_S
             self.loads += 1
             self.load_at.append(start)
+            self.in_flight[action.name] = (start, self.load_free_at)
             self.engine.at(self.load_free_at, self._loaded, action.name)
         if actions:
             self.touch()
@@ -477,6 +480,7 @@ class SimWorker:
             self.decider.rank = eviction_rank(self.cluster.last_snapshot())
 
     def _loaded(self, name: str) -> None:
+        self.in_flight.pop(name, None)
         self._hint()
         running = self.running.model if self.running else None
         extra = self.decider.on_loaded(name, now=self.engine.now, queued=self._queued(),

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays
+from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, loading_index
 from ..planner.types import WorkerView
 
 
@@ -46,6 +46,7 @@ class LiveColumns:
         self.gpu_free_mb = np.zeros(n)
         self.resident = np.zeros((n, len(self.models)), dtype=bool)
         self.host_resident = np.zeros((n, len(self.models)), dtype=bool)
+        self.loading: dict[int, Mapping[str, tuple[float, float]]] = {}  # rows loading now
         for i, v in enumerate(views):
             self.update(i, v)
 
@@ -56,6 +57,10 @@ class LiveColumns:
         self.gpu_free_mb[i] = view.gpu_free_mb
         self._members(self.resident[i], view.resident)
         self._members(self.host_resident[i], view.host_resident)
+        if view.loading:
+            self.loading[i] = view.loading
+        else:
+            self.loading.pop(i, None)
 
     def _members(self, row: np.ndarray, names: frozenset[str]) -> None:
         row[:] = False
@@ -77,4 +82,5 @@ class LiveColumns:
             ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=self.resident.copy(), host_resident=host,
-            host_models=host.any(axis=0).tolist())
+            host_models=host.any(axis=0).tolist(),
+            loading=loading_index(sorted(self.loading.items())))

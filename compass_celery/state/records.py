@@ -44,6 +44,8 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
         body["hop_ms"] = view.hop_ms
     if view.served:  # absent when empty: a worker that served nothing keeps its old bytes
         body["served"] = {m: [d.ms_per_s, d.per_s] for m, d in sorted(view.served.items())}
+    if view.loading:  # absent when no load is under way
+        body["loading"] = {m: list(span) for m, span in sorted(view.loading.items())}
     body.update(extra)
     return json.dumps(body, separators=(",", ":"))
 
@@ -81,21 +83,39 @@ def _names(body: Mapping[str, Any], key: str, who: str) -> frozenset[str]:
     return hit
 
 
-def _served(body: Mapping[str, Any], who: str) -> dict[str, ModelDemand]:
-    """``{"model": [ms_per_s, per_s]}``: the demand the worker served lately (optional)."""
-    value = body.get("served", {})
-    bad = f"worker record {who!r}: field 'served' must map model names to " \
-          "[ms_per_s, per_s] pairs of finite numbers >= 0"
+def _pairs(body: Mapping[str, Any], key: str, who: str, what: str
+           ) -> dict[str, tuple[float, float]]:
+    """``{"model": [x, y]}`` of finite numbers >= 0 under ``key`` (``what`` names the pair
+    in the error)."""
+    value = body.get(key, {})
+    bad = f"worker record {who!r}: field {key!r} must map model names to " \
+          f"{what} pairs of finite numbers >= 0"
     if not isinstance(value, dict) or len(value) > MAX_MODELS:
         raise RecordError(f"{bad}, got {value!r:.60}")
-    out: dict[str, ModelDemand] = {}
+    out: dict[str, tuple[float, float]] = {}
     for model, pair in value.items():
         if not isinstance(pair, list) or len(pair) != 2 or not all(
                 not isinstance(v, bool) and isinstance(v, (int, float))
                 and math.isfinite(v) and v >= 0 for v in pair):
             raise RecordError(f"{bad}; model {model!r:.60} has {pair!r:.60}")
-        out[model] = ModelDemand(float(pair[0]), float(pair[1]))
+        out[model] = (float(pair[0]), float(pair[1]))
     return out
+
+
+def _served(body: Mapping[str, Any], who: str) -> dict[str, ModelDemand]:
+    """``{"model": [ms_per_s, per_s]}``: the demand the worker served lately (optional)."""
+    return {m: ModelDemand(*pair)
+            for m, pair in _pairs(body, "served", who, "[ms_per_s, per_s]").items()}
+
+
+def _loading(body: Mapping[str, Any], who: str) -> dict[str, tuple[float, float]]:
+    """``{"model": [began, ends]}``: loads under way, wall-clock s (optional)."""
+    spans = _pairs(body, "loading", who, "[began, ends]")
+    for model, (began, ends) in spans.items():
+        if ends < began:
+            raise RecordError(f"worker record {who!r}: field 'loading': model {model!r:.60} "
+                              f"ends ({ends!r}) before it began ({began!r})")
+    return spans
 
 
 def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
@@ -140,6 +160,7 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
         heartbeat=beat,
         served=_served(body, name) if "served" in body else {},
         hop_ms=_number(body, "hop_ms", name) if "hop_ms" in body else 0.0,
+        loading=_loading(body, name) if "loading" in body else {},
     )
 
 

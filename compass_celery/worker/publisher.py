@@ -45,7 +45,8 @@ class RecordPublisher:
         self._born = time.time()
 
     def view(self) -> WorkerView:
-        """This worker's record as the planner sees it: memory, resident models, speeds."""
+        """This worker's record as the planner sees it: memory, resident models and those
+        being loaded, speeds."""
         c = self.cache
         return WorkerView(
             name=self.name, queue=self.queue, device=c.device,
@@ -57,7 +58,7 @@ class RecordPublisher:
             # stays fixed, so an unchanged record is byte-identical and readers reuse it
             net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
             served=self.served.published(),
-            hop_ms=self.hop.ms())
+            hop_ms=self.hop.ms(), loading=c.in_flight())
 
     def publish(self, if_changed: bool = False) -> bool:
         """Publish this worker's record and cache counters; False while the store is down.

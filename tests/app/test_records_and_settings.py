@@ -34,6 +34,17 @@ def test_a_learned_hop_travels_with_the_record_and_an_old_record_has_none():
     assert "hop_ms" not in json.loads(encode_record(GOOD))  # unlearned: the old bytes
 
 
+def test_a_load_under_way_travels_with_the_record_and_none_keeps_the_old_bytes():
+    loading = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
+                         loading={"big": (100.0, 102.5)})
+    assert decode_record(encode_record(loading), field_name="w1").loading == {"big": (100.0, 102.5)}
+    assert "loading" not in json.loads(encode_record(GOOD))
+
+
+def _with(**fields: object) -> str:
+    return json.dumps({**json.loads(encode_record(GOOD)), **fields})
+
+
 @pytest.mark.parametrize("raw, message", [
     (b"{not json", "not valid JSON"),
     (b"[1, 2]", "expected a JSON object"),
@@ -50,6 +61,12 @@ def test_a_learned_hop_travels_with_the_record_and_an_old_record_has_none():
     (json.dumps({**json.loads(encode_record(GOOD)), "name": "w2"}), "different worker"),
     (json.dumps({**json.loads(encode_record(GOOD)), "hop_ms": -2}), "'hop_ms' must be >= 0"),
     (json.dumps({**json.loads(encode_record(GOOD)), "hop_ms": "3"}), "'hop_ms' must be a"),
+    (_with(loading=[["big", 1, 2]]), "'loading' must map model names"),
+    (_with(loading={"big": [1]}), "model 'big' has \\[1\\]"),
+    (_with(loading={"big": [1, "2"]}), "'loading' must map"),
+    (_with(loading={"big": [-1, 2]}), "finite numbers >= 0"),
+    (_with(loading={"big": [5, 2]}), "'big' ends \\(2.0\\) before it began \\(5.0\\)"),
+    (_with(served={"m": [1, True]}), "'served' must map model names"),
     (b"\xff\xfe", "not UTF-8"),
 ])
 def test_garbled_records_are_named(raw, message):

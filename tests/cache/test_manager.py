@@ -56,18 +56,24 @@ def test_running_model_survives_while_another_goes() -> None:
 
 def test_on_change_keeps_published_state_in_step() -> None:
     seen: list[tuple[dict[str, float], float, float]] = []
+    flights: list[set[str]] = []
     events: list[str] = []
     cache = make(on_event=lambda kind, f: events.append(f"{kind}:{f['model']}"))
-    cache.on_change = lambda: seen.append(
-        (cache.resident(), cache.free_mb, sum(cache.loading().values()))
-    )
+
+    def changed() -> None:
+        seen.append((cache.resident(), cache.free_mb, sum(cache.loading().values())))
+        flights.append(set(cache.in_flight()))
+
+    cache.on_change = changed
     for m in ("a", "b", "c", "d"):
         use(cache, m)
     assert events == [
         "model_loaded:a", "model_loaded:b", "model_loaded:c",
         "model_evicted:a", "model_evicted:b", "model_loaded:d",
     ]  # fmt: skip
-    assert len(seen) == 6
+    assert len(seen) == 10  # each load's start and end, each eviction
+    assert flights[0] == {"a"} and seen[0][0] == {}  # a load under way is published
+    assert flights[1] == set() and seen[1][0] == {"a": 40.0}  # and gone once it is done
     for resident, free, reserved in seen:  # free never counts memory a load has reserved
         assert free == pytest.approx(100 - sum(resident.values()) - reserved)
     assert seen[-1][0] == cache.resident() == {"c": 30.0, "d": 50.0}

@@ -33,12 +33,17 @@ def clusters(draw: st.DrawFn, *, min_workers: int = 1, max_workers: int = 6) -> 
     workers = []
     for i in range(n):
         total = draw(st.sampled_from((SMALLEST_GPU_MB, 8000.0, 16000.0)))
+        resident = frozenset(draw(st.sets(st.sampled_from(MODEL_NAMES), max_size=3)))
+        loading = {m: (began, began + draw(st.sampled_from((0.0, 50.0, 400.0))))
+                   for m in draw(st.sets(st.sampled_from(MODEL_NAMES), max_size=2)) - resident
+                   for began in [draw(st.floats(0.0, 300.0))]}
         workers.append(
             worker(
                 f"w{i}",
                 gpu_total_mb=total,
                 gpu_free_mb=draw(st.floats(0.0, total)),
-                resident=frozenset(draw(st.sets(st.sampled_from(MODEL_NAMES), max_size=3))),
+                resident=resident,
+                loading=loading,
                 host_resident=frozenset(draw(st.sets(st.sampled_from(MODEL_NAMES), max_size=3))),
                 backlog_ms=draw(st.floats(0.0, 2000.0)),
                 pending_ms=draw(st.floats(0.0, 300.0)),
@@ -49,7 +54,7 @@ def clusters(draw: st.DrawFn, *, min_workers: int = 1, max_workers: int = 6) -> 
                 net_mb_per_s=draw(st.floats(10.0, 2000.0)),
             )
         )
-    return ClusterView.of(workers, models)
+    return ClusterView.of(workers, models, now=draw(st.floats(0.0, 500.0)))
 
 
 @st.composite

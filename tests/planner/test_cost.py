@@ -12,6 +12,7 @@ from compass_celery.planner import ClusterView, DagSpec, TaskSpec, get_policy
 from compass_celery.planner.cost import (
     EVICTION_PENALTY,
     build_worker_arrays,
+    left_share,
     load_ms,
     queue_wait_ms,
     scalar_costs,
@@ -20,6 +21,7 @@ from compass_celery.planner.cost import (
     worker_arrays,
 )
 from compass_celery.planner.pending import pending_work
+from compass_celery.planner.types import ModelDemand
 from compass_celery.planner.walk import Walk
 
 from .strategies import MODEL_NAMES, clusters, tasks, worker
@@ -57,6 +59,8 @@ def test_numpy_estimate_equals_scalar_reference(
             resident=resident,
             host_resident=succ.model in w.host_resident,
             inputs=inputs,
+            loading=w.loading.get(succ.model) if succ.model is not None else None,
+            now=cluster.now,
         )
         got = (est.ready[i], est.load[i], est.transfer[i], est.run[i], est.start[i], est.finish[i])
         want = (ref.ready, ref.load, ref.transfer, ref.run, ref.start, ref.finish)
@@ -223,3 +227,22 @@ def test_a_workers_hop_comes_before_each_start_and_with_each_charge() -> None:
     assert (a.start_ms, a.wait_ms, a.finish_ms, a.hop_ms) == (4.0, 4.0, 34.0, 4.0)
     assert (b.start_ms, b.finish_ms) == (38.0, 58.0)
     assert pending_work(plan.placements, {"b": ["a"]}) == {"b": ("w", 24.0)}
+
+
+def test_a_load_under_way_counts_only_what_is_left_of_it_after_the_start():
+    # a 1,500 MB model at 1,500 MB/s: a 1,000 ms load, a quarter done at the snapshot
+    loading = worker("a", gpu_total_mb=4000.0, gpu_free_mb=500.0, backlog_ms=200.0,
+                     loading={"big": (0.0, 4.0)})
+    idle = worker("b", gpu_total_mb=4000.0)
+    cluster = ClusterView.of([loading, idle], {"big": 1500.0}, now=1.0,
+                             demand={"big": ModelDemand(500.0, 5.0)})
+    assert left_share(0.0, 4.0, 1.0) == 0.75 and left_share(0.0, 4.0, 9.0) == 0.0
+    dag = DagSpec.single(TaskSpec("t", "big", exec_ms=50.0))
+    walk = Walk(dag, cluster)
+    est = walk.estimate("t")
+    # 750 ms left, 200 of them while the backlog runs; the idle worker loads it whole
+    assert est.load.tolist() == [550.0, 1000.0] and est.finish.tolist() == [800.0, 1050.0]
+    walk.commit("t", 0, est, "")
+    assert walk.free[0] == 500.0  # its memory was taken when the load began
+    plan = get_policy("compass").plan(dag, cluster)  # and nothing is evicted for it
+    assert plan.placements["t"].worker == "a" and plan.placements["t"].load_ms == 550.0

@@ -59,7 +59,8 @@ def test_shared_queue_estimates_respect_precedence(dag: DagSpec, cluster: Cluste
 @FAST
 @given(dag=dags(), cluster=clusters())
 def test_equal_inputs_give_equal_plans(name: str, dag: DagSpec, cluster: ClusterView) -> None:
-    twin = ClusterView.of(list(cluster.workers), dict(cluster.model_sizes_mb))  # rebuilt arrays
+    twin = ClusterView.of(list(cluster.workers), dict(cluster.model_sizes_mb),
+                          now=cluster.now)  # rebuilt arrays
     assert get_policy(name, seed=7).plan(dag, cluster) == get_policy(name, seed=7).plan(dag, twin)
 
 
@@ -87,9 +88,11 @@ def test_making_a_model_resident_never_delays_a_single_task(
     model = task.model or "m0"
     task = TaskSpec(task.name, model, task.exec_ms, task.output_kb)
     w = data.draw(st.sampled_from(cluster.workers))
-    warmer = WorkerView(**{**w.__dict__, "resident": w.resident | {model}})
+    loading = {m: span for m, span in w.loading.items() if m != model}  # loaded now
+    warmer = WorkerView(**{**w.__dict__, "resident": w.resident | {model}, "loading": loading})
     warm = ClusterView.of(
-        [warmer if x is w else x for x in cluster.workers], cluster.model_sizes_mb
+        [warmer if x is w else x for x in cluster.workers], cluster.model_sizes_mb,
+        now=cluster.now,
     )
     dag = DagSpec.single(task)
     assert charged(CompassPolicy().plan(dag, warm)) <= charged(CompassPolicy().plan(dag, cluster))
