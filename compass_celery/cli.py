@@ -69,7 +69,7 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
                               default=str))
         return
     rows = [[w.name, w.device, f"{w.gpu_free_mb:.0f}/{w.gpu_total_mb:.0f}",
-             ",".join(sorted(w.resident)) or "-", f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
+             _models(w), f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
              f"{w.hop_ms:.1f}", f"{time.time() - w.heartbeat:.1f}s"] for w in snap.workers]
     click.echo(f"{len(snap.workers)} live compass worker(s) at {masked(redis_url)}")
     if rows:
@@ -82,13 +82,19 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
                           ["setting", "value", "meaning"]))
 
 
+def _models(w: Any) -> str:
+    """The status table's models: the resident ones, then those being loaded."""
+    text = ",".join(sorted(w.resident)) or "-"
+    return f"{text} (loading {','.join(sorted(w.loading))})" if w.loading else text
+
+
 def _status_json(snap: Any, redis_url: str, values: dict[str, Any]) -> dict[str, Any]:
     """``compass status --json``: what the table shows, as numbers and lists."""
     workers = [{"name": w.name, "queue": w.queue, "device": w.device,
                 "gpu_free_mb": w.gpu_free_mb, "gpu_total_mb": w.gpu_total_mb,
                 "resident": sorted(w.resident), "host_resident": sorted(w.host_resident),
                 "backlog_ms": w.backlog_ms, "pending_ms": w.pending_ms, "speed": w.speed,
-                "hop_ms": w.hop_ms,
+                "hop_ms": w.hop_ms, "loading": sorted(w.loading),
                 "heartbeat_age_s": round(time.time() - w.heartbeat, 3)}
                for w in snap.workers]
     settings = {f"compass_{name}": masked(value) if isinstance(value, str) else value

@@ -73,7 +73,10 @@ def test_status_on_an_unreachable_redis_shows_no_password() -> None:
 def test_status_json_lists_the_live_workers(compass_redis_url) -> None:
     store = RedisStateStore(compass_redis_url, "compass")
     store.publish(WorkerView(name="gpu0@h", queue="compass.w.gpu0@h", gpu_total_mb=1600,
-                             gpu_free_mb=600, resident=frozenset({"m"}), heartbeat=time.time()))
+                             gpu_free_mb=600, resident=frozenset({"m"}), heartbeat=time.time(),
+                             loading={"big": (time.time(), time.time() + 2.0)}))
+    table = CliRunner().invoke(compass_command, ["status", "--redis", compass_redis_url])
+    assert "m (loading big)" in table.output, table.output
     result = CliRunner().invoke(compass_command, ["status", "--redis", compass_redis_url,
                                                   "--json"])
     assert result.exit_code == 0, result.output
@@ -81,6 +84,7 @@ def test_status_json_lists_the_live_workers(compass_redis_url) -> None:
     assert [w["name"] for w in body["workers"]] == ["gpu0@h"]
     worker = body["workers"][0]
     assert worker["resident"] == ["m"] and worker["gpu_free_mb"] == 600
+    assert worker["loading"] == ["big"]
     assert body["skipped"] == [] and "redis" in body and "settings" in body
 
 
