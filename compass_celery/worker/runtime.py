@@ -339,8 +339,14 @@ class WorkerRuntime:
     def _on_cache_event(self, kind: str, fields: dict) -> None:
         from .. import signals
 
-        if kind == "model_loaded" and not fields.get("from_host"):
-            self._learn_load(fields["model"], float(fields["ms"]))
+        if kind == "model_loaded":
+            logger.info("compass: loaded model %s in %.0f ms%s", fields["model"],
+                        float(fields["ms"]), " (from host memory)" if fields.get("from_host")
+                        else "")
+            if not fields.get("from_host"):
+                self._learn_load(fields["model"], float(fields["ms"]))
+        elif kind == "model_evicted":
+            logger.info("compass: evicted model %s", fields["model"])
         sig = {"model_loaded": signals.model_loaded, "model_evicted": signals.model_evicted}
         if kind in sig:
             sig[kind].send(sender=self.name, **{k: v for k, v in fields.items()

@@ -71,3 +71,5 @@ def test_the_next_task_waits_for_the_load_in_flight(compass_redis_url, compass_w
     for job in (first, second):
         job.get(timeout=30)
     assert _loads(app) == 1
+    loader_proc = w0 if loader.startswith("g0") else w1
+    assert "compass: loaded model big in " in loader_proc.log()  # what an operator reads
