@@ -177,6 +177,12 @@ def _floats(text: str | None, what: str) -> list[float]:
                                  param_hint=what) from None
 
 
+#: ``bench`` and ``simulate`` alike: the same workload on other arrivals.
+_SEED = click.option("--seed", type=int, default=None,
+                     help="draw the arrivals and the template mix from this seed instead of "
+                     "the workload's (a rerun on fresh arrivals)")
+
+
 @compass_command.command(help="Real Redis-backed Celery cluster of emulated-GPU workers; "
                          "every policy side by side on the same arrivals.")
 @click.option("--workload", "workload_path", required=True, help="workload file (JSON/YAML)")
@@ -185,9 +191,7 @@ def _floats(text: str | None, what: str) -> list[float]:
 @click.option("--plot", "plot_out", default=None, help="write latency CDFs and bars (PNG)")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None, help="jobs per second")
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None, help="job count")
-@click.option("--seed", type=int, default=None,
-              help="draw the arrivals and the template mix from this seed instead of the "
-              "workload's (a rerun on fresh arrivals)")
+@_SEED
 @click.option("--time-scale", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
               help="real seconds per workload second (emulated sleeps and arrival gaps)")
 @click.option("--warmup-frac", type=click.FloatRange(0, 0.9), default=0.1, show_default=True)
@@ -404,9 +408,7 @@ def _pct(fraction: float | None) -> str:
               "is a simulator-only reference: replicas sized from the workload, pinned")
 @click.option("--rate", type=click.FloatRange(min=1e-6), default=None)
 @click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None)
-@click.option("--seed", type=int, default=None,
-              help="draw the arrivals and the template mix from this seed instead of the "
-              "workload's (a rerun on fresh arrivals)")
+@_SEED
 @click.option("--hop-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="modelled fixed dispatch overhead per task (broker and bookkeeping round "
               "trips), workload ms, which workers publish and plans count, as real ones "

@@ -11,7 +11,7 @@ Units: ms, MB, MB/s; task outputs in KB (1 MB = 1000 KB).
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from operator import attrgetter
@@ -54,9 +54,9 @@ class WorkerArrays:
     host_models: list[bool]  # per model: in host RAM anywhere at all
     #: Learned storage-to-device load ms per model (``ClusterView.load_ms``).
     learned_load_ms: Mapping[str, float] = field(default_factory=dict)
-    #: Loads under way (``WorkerView.loading``), by model: (worker index, began, ends) per
-    #: worker loading it, in worker order (:func:`loading_index`).
-    loading: Mapping[str, tuple[tuple[int, float, float], ...]] = field(default_factory=dict)
+    #: Loads under way (``WorkerView.loading``) by worker index, for the workers loading
+    #: something: model -> (began, ends).
+    loading: Mapping[int, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
 
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
@@ -91,16 +91,15 @@ class WorkerArrays:
     def in_flight(self, model: str, size_mb: float, now: float) -> tuple[tuple[int, float], ...]:
         """(worker index, ms left) for each worker loading ``model`` at ``now``: its whole
         load there (:meth:`load_columns`) times the share of the load still to run."""
-        rows = self.loading.get(model)
-        if not rows:
+        spans = [(i, on[model]) for i, on in self.loading.items() if model in on]
+        if not spans:
             return ()
         whole = self.load_columns(model, size_mb)[0]
-        return tuple((i, float(whole[i]) * left_share(began, ends, now))
-                     for i, began, ends in rows)
+        return tuple((i, float(whole[i]) * left_share(*span, now)) for i, span in spans)
 
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
-        return any(row == i for row, _, _ in self.loading.get(model, ()))
+        return model in self.loading.get(i, ())
 
     def mean(self, column: str, inverse: bool = False) -> float:
         """The mean of a column (of its inverse): the same for every plan on this snapshot."""
@@ -150,16 +149,6 @@ def left_share(began: float, ends: float, now: float) -> float:
     return min(max((ends - now) / (ends - began), 0.0), 1.0)
 
 
-def loading_index(rows: Iterable[tuple[int, Mapping[str, tuple[float, float]]]]
-                  ) -> dict[str, tuple[tuple[int, float, float], ...]]:
-    """``WorkerArrays.loading`` from (worker index, ``WorkerView.loading``) in index order."""
-    out: dict[str, list[tuple[int, float, float]]] = {}
-    for i, spans in rows:
-        for model, (began, ends) in spans.items():
-            out.setdefault(model, []).append((i, began, ends))
-    return {m: tuple(v) for m, v in out.items()}
-
-
 def remember_arrays(cluster: ClusterView, arrays: WorkerArrays) -> None:
     """Use ``arrays`` as the snapshot's columns from now on.
 
@@ -192,7 +181,7 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         host_resident=host,
         host_models=host.any(axis=0).tolist(),
         learned_load_ms=dict(cluster.load_ms),
-        loading=loading_index((i, w.loading) for i, w in enumerate(workers) if w.loading),
+        loading={i: w.loading for i, w in enumerate(workers) if w.loading},
         ms_per_kb=MS_PER_S / (KB_PER_MB * columns["net_mb_per_s"]),
         ms_per_mb=MS_PER_S / columns["load_mb_per_s"],
         host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
@@ -256,32 +245,16 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
-    loading = _loading_with_rows(arrays.loading, rows)
-    if loading is not arrays.loading and loading != arrays.loading:
-        changes["loading"] = loading
+    if arrays.loading or any(w.loading for w in rows.values()):
+        loading = {i: on for i, on in arrays.loading.items() if i not in rows}
+        loading.update((i, w.loading) for i, w in rows.items() if w.loading)
+        if loading != arrays.loading:
+            changes["loading"] = loading
     if not changes:
         return arrays
     if arrays._means:
         changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
     return evolve(arrays, **changes)
-
-
-def _loading_with_rows(old: Mapping[str, tuple[tuple[int, float, float], ...]],
-                       rows: Mapping[int, WorkerView]
-                       ) -> Mapping[str, tuple[tuple[int, float, float], ...]]:
-    """``WorkerArrays.loading`` with the loads of the workers at ``rows`` replaced by
-    theirs (``old`` itself when no load is under way on either side)."""
-    if not old and not any(w.loading for w in rows.values()):
-        return old
-    per_row: dict[int, dict[str, tuple[float, float]]] = {}
-    for model, entries in old.items():
-        for i, began, ends in entries:
-            if i not in rows:
-                per_row.setdefault(i, {})[model] = (began, ends)
-    for i, w in rows.items():
-        if w.loading:
-            per_row[i] = dict(w.loading)
-    return loading_index(sorted(per_row.items()))
 
 
 def evolve(obj: Any, **changes: Any) -> Any:

@@ -92,8 +92,9 @@ class EvictionPricer:
             return np.zeros(n)
         need = size_mb - free_mb
         evicts = (load > 0) & (need > 0)
-        for i, _, _ in self.arr.loading.get(model, ()):
-            evicts[i] = False  # a load under way has its memory: it evicts nothing more
+        for i, on in self.arr.loading.items():
+            if model in on:
+                evicts[i] = False  # a load under way has its memory: it evicts nothing more
         rows = np.flatnonzero(evicts)
         out = np.zeros(n)
         if not len(rows):

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, loading_index
+from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays
 from ..planner.types import WorkerView
 
 
@@ -83,4 +83,4 @@ class LiveColumns:
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=self.resident.copy(), host_resident=host,
             host_models=host.any(axis=0).tolist(),
-            loading=loading_index(sorted(self.loading.items())))
+            loading=dict(self.loading))

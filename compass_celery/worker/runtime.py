@@ -340,10 +340,10 @@ class WorkerRuntime:
         from .. import signals
 
         if kind == "model_loaded":
+            from_host = bool(fields.get("from_host"))
             logger.info("compass: loaded model %s in %.0f ms%s", fields["model"],
-                        float(fields["ms"]), " (from host memory)" if fields.get("from_host")
-                        else "")
-            if not fields.get("from_host"):
+                        float(fields["ms"]), " (from host memory)" if from_host else "")
+            if not from_host:
                 self._learn_load(fields["model"], float(fields["ms"]))
         elif kind == "model_evicted":
             logger.info("compass: evicted model %s", fields["model"])
