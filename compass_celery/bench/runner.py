@@ -36,6 +36,7 @@ from ..workload import WorkerSpec, Workload, job_stream
 from .audit import forget_unacked, ledger_counts, stranded_amqp, stranded_messages
 from .batches import read_batches
 from .faults import live_workers, schedule_faults
+from .hostload import HostLoad, host_line
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
 from .slo import expiring_dag, read_records, submit
@@ -102,9 +103,10 @@ def effective_visibility_s(opts: BenchOptions) -> float:
 
 def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptions,
                echo: Callable[[str], Any], restart: Callable[[], None] | None = None,
-               server: RedisServer | None = None, ledger_url: str | None = None
-               ) -> dict[str, Any]:
-    """One policy, one fresh cluster, the whole job stream."""
+               server: RedisServer | None = None, ledger_url: str | None = None,
+               rig: dict[str, list[int]] | None = None) -> dict[str, Any]:
+    """One policy, one fresh cluster, the whole job stream (``rig``: the processes
+    besides the workers and this one whose CPU the host figures count, by role)."""
     import redis as redis_lib
 
     from ..jobs.dag import Dag
@@ -158,9 +160,11 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         stack.callback(waiter.stopping.set)
         schedule_faults(opts, workers, restart, stack, server=server, app=app,
                          log_dir=log_dir, policy=policy, events=faults, t0=t0)
+        host = _host_load(workers, rig).start()
         sent = _send_stream(stream, dags, t0, clock, waiter, opts, policy, echo,
                             lambda: _cache_counters(client, prefix)[2], workload)
         _wait_for_jobs(sent, waiter, clock, opts, policy, echo)
+        host.stop()
         time.sleep(opts.settle_s)  # the last acks land before anything counts as stranded
         stranded = stranded_messages(client, prefix, [w.name for w in workers])
         if is_amqp(broker):
@@ -168,12 +172,21 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         result = _measured(sent, workload, stream, opts, _cache_counters(client, prefix))
     # counted once the workers stopped: nothing can run again behind the count's back
     result.update(_delivery_counts(ledger, client, prefix, stranded))
+    result["host"] = host.summary(result["executions"])
     if batched:  # every batched pass the workers ran: sizes and time held open
         result["batching"] = read_batches(ledger, keys.key(BENCH_BATCHES, prefix))
     result["faults"] = faults
     result["admission"] = admission_on(opts, policy)
     result["admission_headroom"] = app.compass.settings.get("admission_headroom")
     return result
+
+
+def _host_load(workers: Sequence[WorkerProcess], rig: dict[str, list[int]] | None
+               ) -> HostLoad:
+    """The sampler of this run's host: the workers, this process (the producer: it plans
+    and sends every job, and waits for them) and the rig's Redis servers."""
+    return HostLoad({"workers": [w.proc.pid for w in workers if w.proc is not None],
+                     "producer": [os.getpid()], **(rig or {})})
 
 
 def _forget_previous_run(client: Any, ledger: Any, prefix: str) -> None:
@@ -515,8 +528,11 @@ def run_bench(workload: Workload, opts: BenchOptions,
                 raise ConnectionError(f"cannot reach Redis at {masked(url)}: {exc}") from None
         if opts.broker_url is not None:
             _check_broker(opts.broker_url)
+        rig = {"redis": [server.proc.pid]} if server is not None and server.proc else {}
         try:  # the execution ledger lives apart, where no Redis fault reaches it
-            ledger_url = _private_redis(stack).url
+            ledger = _private_redis(stack)
+            ledger_url = ledger.url
+            rig["ledger"] = [ledger.proc.pid] if ledger.proc else []
         except LocalRedisError:
             ledger_url = url
         results = {}
@@ -525,12 +541,14 @@ def run_bench(workload: Workload, opts: BenchOptions,
             what = "real-model cpu" if opts.real else "emulated-GPU"
             echo(f"policy {policy}: starting {n} {what} workers")
             results[policy] = run_policy(workload, policy, url, opts, echo, server=server,
-                                         ledger_url=ledger_url)
+                                         ledger_url=ledger_url, rig=rig)
             r = results[policy]
             lat = r["latency_ms"]
             echo(f"  mean {lat['mean']:.1f} ms, p99 {lat['p99']:.1f} ms, "
                  f"completed {r['completed']}/{r['jobs']}, duplicates {r['duplicates']}, "
                  f"stranded {r['stranded']}")
+            if r.get("host"):
+                echo(host_line(r["host"]))
     return {"workload": workload.name, "time_scale": opts.time_scale,
             "emulated_gpu": worker_kind(opts).emulated_gpu,
             "broker": "amqp" if is_amqp(opts.broker_url) else "redis",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import redis
@@ -102,6 +103,15 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
         assert (r["jobs"], r["completed"], r["failed"], r["lost"]) == (16, 16, 0, 0)
         assert r["latency_ms"]["p50"] > 0 and r["model_loads"] > 0
         assert set(r["breakdown_ms"]) == {"queued_ms", "load_ms", "run_ms"}
+        if os.path.exists("/proc/stat"):  # how busy the host was, and who kept it busy
+            host = r["host"]
+            assert host["samples"] > 0 and 0 <= host["busy_median"] <= 1
+            assert host["cpu_s"]["workers"] > 0 and host["cpu_s"]["producer"] > 0
+            assert "redis" not in host["cpu_s"]  # a Redis it was given is not the rig's
+            assert host["cpu_ms_per_task"]["workers"] == pytest.approx(
+                1000 * host["cpu_s"]["workers"] / r["executions"], rel=0.01, abs=0.01)
+    if os.path.exists("/proc/stat"):
+        assert "host: " in result.output and "CPU a task: workers" in result.output
 
 
 @pytest.mark.redis
