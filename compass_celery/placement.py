@@ -17,6 +17,7 @@ from .needs import DECLARE_MODEL, TaskNeeds
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
+from .planner.pending import send_charge_ms
 from .planner.priority import for_priority
 from .planner.types import SHARED, DagSpec
 from .state.keys import forming_field, queued_field
@@ -125,7 +126,8 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                         policy=policy.name, charge_ms=0.0, est_finish_ms=p.finish_ms,
                         run_ms=p.run_ms, reason=p.reason or "shared queue")
-    charge = p.charge_ms if p.charge_ms is not None else (p.run_ms or needs.exec_ms) + p.hop_ms
+    charge = p.charge_ms if p.charge_ms is not None \
+        else send_charge_ms(p.run_ms or needs.exec_ms, p.hop_ms)
     return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
                     policy=policy.name, charge_ms=charge, est_finish_ms=p.finish_ms,
                     wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..planner.pending import send_charge_ms
 from ..planner.types import Placement
 from ..state import keys as _keys
 
@@ -74,4 +75,4 @@ def placement_json(p: Placement) -> dict[str, Any]:
 def planned_charge_ms(p: Mapping[str, Any]) -> float:
     """What a stored plan entry charges its worker: its run and its worker's per-task
     dispatch (pending while it waits for inputs, then its queue's backlog)."""
-    return float(p.get("run_ms") or 0.0) + float(p.get("hop_ms") or 0.0)
+    return send_charge_ms(float(p.get("run_ms") or 0.0), float(p.get("hop_ms") or 0.0))

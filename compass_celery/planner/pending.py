@@ -14,6 +14,14 @@ from collections.abc import Mapping, Sequence
 from .types import SHARED, Placement
 
 
+def send_charge_ms(run_ms: float, hop_ms: float) -> float:
+    """What sending a task charges its worker's backlog: its run and that worker's
+    per-task dispatch (``WorkerView.hop_ms``), which occupies the worker before every
+    start. One rule for the plan's pending work, the producers' charges and the
+    simulator's, so what a send charges is what is released when the task ends."""
+    return run_ms + hop_ms
+
+
 def pending_work(
     placements: Mapping[str, Placement], preds: Mapping[str, Sequence[str]]
 ) -> dict[str, tuple[str, float]]:
@@ -24,5 +32,5 @@ def pending_work(
     neither is pending. Entries keep the plan's order, so callers charge (and a
     simulator sums) in the same order every run.
     """
-    return {node: (p.worker, p.run_ms + p.hop_ms) for node, p in placements.items()
+    return {node: (p.worker, send_charge_ms(p.run_ms, p.hop_ms)) for node, p in placements.items()
             if preds.get(node) and p.worker != SHARED}

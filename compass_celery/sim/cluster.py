@@ -34,6 +34,7 @@ from ..planner.batch import BatchSpec, batch_key, hold_until_ms, marginal_ms
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
+from ..planner.pending import send_charge_ms
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..workload import WorkerSpec
 from .columns import LiveColumns
@@ -169,7 +170,7 @@ class SimWorker:
         kb = sum(k for where, k in task.inputs if where != self.name)
         task.ready_at = now + kb / KB_PER_MB / self.spec.net_mb_per_s * MS_PER_S
         task.expected_ms = task.exec_ms / self.spec.speed
-        task.charged_ms = task.expected_ms + self.published_hop_ms  # as a real send charges
+        task.charged_ms = send_charge_ms(task.expected_ms, self.published_hop_ms)  # as a real send
         task.where = self
         if task.batch is not None:
             self._join(task)
