@@ -287,11 +287,6 @@ def start_ms(available_ms: np.ndarray, ready_ms: np.ndarray | float,
     return np.maximum(available_ms, ready_ms) + hop_ms
 
 
-def queue_wait_ms(available_ms: np.ndarray, ready_ms: np.ndarray) -> np.ndarray:
-    """ms between the inputs being ready and the worker being free (never negative)."""
-    return np.maximum(available_ms, ready_ms) - ready_ms
-
-
 def fetch_ms(
     size_mb: float,
     host_resident: np.ndarray,

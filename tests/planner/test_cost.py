@@ -14,7 +14,6 @@ from compass_celery.planner.cost import (
     build_worker_arrays,
     left_share,
     load_ms,
-    queue_wait_ms,
     scalar_costs,
     transfer_ms,
     with_rows,
@@ -105,9 +104,8 @@ def test_load_cases_by_hand() -> None:
     assert load_ms(2000.0, none, none, tight, bw, hbw)[0] == 2000.0 * EVICTION_PENALTY
 
 
-def test_transfer_and_wait_units() -> None:
+def test_transfer_units() -> None:
     assert transfer_ms(np.array([1000.0]), np.array([1.0]))[0] == 1000.0  # 1 MB at 1 MB/s
-    assert queue_wait_ms(np.array([50.0, 5.0]), np.array([10.0, 10.0])).tolist() == [40.0, 0.0]
 
 
 def test_arrays_are_built_once_per_snapshot() -> None:
