@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import threading
 
+from .timescale import workload_ms
+
 #: The published hop follows the mean only once it moved this far (ms, or this share of
 #: it, whichever is more): a record that changed on every task would be written, and
 #: decoded by every producer, on every task.
@@ -47,7 +49,7 @@ class DispatchHop:
             self._ended = None
             if end is None or not alone or not 0 < queued_at <= end <= at:
                 return
-            ms = (at - end) * 1000.0 / self.time_scale
+            ms = workload_ms(at - end, self.time_scale)
             mean = ms if self._mean is None else self._mean + self.alpha * (ms - self._mean)
             self._mean = mean
             self.samples += 1

@@ -25,6 +25,7 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
+from .timescale import workload_ms
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -360,7 +361,7 @@ class TaskPath:
 
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""
-        return 1000 * seconds / self.cfg["time_scale"]
+        return workload_ms(seconds, self.cfg["time_scale"])
 
 
 def drop_traceback(retval: Any) -> None:
