@@ -141,8 +141,11 @@ class HostLoad:
 
 def host_line(host: Mapping[str, Any]) -> str:
     """One line for the benchmark's output: how busy the host was and what a task cost."""
-    per_task = ", ".join(f"{role} {ms:.1f} ms" for role, ms in host["cpu_ms_per_task"].items()
-                         if ms is not None)
+    ours = host.get("compass_handlers_ms_per_task")
+    per_task = ", ".join(
+        f"{role} {ms:.1f} ms" + (f" (compass's handlers {ours:.1f} ms)"
+                                 if role == "workers" and ours is not None else "")
+        for role, ms in host["cpu_ms_per_task"].items() if ms is not None)
     busy = (f"{100 * host['busy_median']:.0f}% busy at the median, saturated in "
             f"{100 * host['saturated_share']:.0f}% of {host['samples']} samples"
             if host.get("samples") else "no samples")

@@ -170,9 +170,12 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         if is_amqp(broker):
             stranded.update(stranded_amqp(app.compass.queues, prefix, names))
         result = _measured(sent, workload, stream, opts, _cache_counters(client, prefix))
+        handlers_ms = _handler_cpu_ms(client, prefix)  # read while the workers' counters stand
     # counted once the workers stopped: nothing can run again behind the count's back
     result.update(_delivery_counts(ledger, client, prefix, stranded))
     result["host"] = host.summary(result["executions"])
+    if result["host"] is not None:  # the part of the workers' CPU that is compass's
+        result["host"]["compass_handlers_ms_per_task"] = handlers_ms
     if batched:  # every batched pass the workers ran: sizes and time held open
         result["batching"] = read_batches(ledger, keys.key(BENCH_BATCHES, prefix))
     result["faults"] = faults
@@ -420,6 +423,20 @@ def _progress(opts: BenchOptions, policy: str, sent: int, total: int,
     bar = "#" * int(30 * done / max(total, 1))
     sys.stderr.write(f"\r  {policy:<15} [{bar:<30}] sent {sent}/{total} done {done}   ")
     sys.stderr.flush()
+
+
+def _handler_cpu_ms(client: Any, prefix: str) -> float | None:
+    """The mean CPU ms compass's handlers spent on a task, over every worker's published
+    counters (``None`` before any published one)."""
+    cpu_ms = tasks = 0.0
+    for raw in client.hgetall(keys.key(keys.WORKER_STATS, prefix)).values():
+        try:
+            rec = json.loads(raw)
+            cpu_ms, tasks = (cpu_ms + float(rec.get("compass_cpu_ms", 0.0)),
+                             tasks + int(rec.get("tasks", 0)))
+        except (ValueError, TypeError, AttributeError):
+            continue
+    return round(cpu_ms / tasks, 3) if tasks else None
 
 
 def _cache_counters(client: Any, prefix: str) -> tuple[int, int, int]:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..planner.types import WorkerView
 from ..state.connection import StateUnavailable
+from .overhead import HandlerCpu
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -31,10 +32,11 @@ class RecordPublisher:
 
     def __init__(self, compass: CompassContext, name: str, queue: str, cfg: dict[str, Any],
                  cache: ModelCache, served: ServedDemand, rank: RankFollower | None,
-                 stopping: threading.Event, hop: DispatchHop) -> None:
+                 stopping: threading.Event, hop: DispatchHop,
+                 cpu: HandlerCpu | None = None) -> None:
         self.compass, self.name, self.queue, self.cfg = compass, name, queue, cfg
         self.cache, self.served, self.rank, self._stopping = cache, served, rank, stopping
-        self.hop = hop
+        self.hop, self.cpu = hop, cpu or HandlerCpu()
         self.wake = threading.Event()  # set by a task's end, a load or an eviction
         self._state_down, self._published = False, None
         self._last_publish_ok = 0.0
@@ -68,8 +70,10 @@ class RecordPublisher:
                 time.monotonic() - self._last_publish_ok < self.cfg["state_refresh_s"]:
             return True
         try:
+            cpu_ms, tasks = self.cpu.totals()
             self.compass.store.publish(view, pid=os.getpid(), hits=c.hits,
-                                       misses=c.misses, loads=c.loads, evictions=c.evictions)
+                                       misses=c.misses, loads=c.loads, evictions=c.evictions,
+                                       tasks=tasks, compass_cpu_ms=round(cpu_ms, 1))
         except StateUnavailable as exc:
             if not self._state_down:
                 logger.warning("compass: cannot publish worker state: %s", exc)

@@ -36,6 +36,7 @@ from .batch import BatchRunner, set_current_batcher
 from .hop import DispatchHop
 from .leases import Leases
 from .memory import FullCollector
+from .overhead import HandlerCpu
 from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back
 from .served import RankFollower, ServedDemand
@@ -63,15 +64,16 @@ class WorkerRuntime:
         self._threads: list[threading.Thread] = []
         served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
         hop = DispatchHop(self.cfg["ewma_alpha"], self.cfg["time_scale"])
+        cpu = HandlerCpu()  # timed by the task path, published with the counters
         self.cache = self._make_cache()
         self.publisher = RecordPublisher(compass, name, queue, self.cfg, self.cache, served,
                                          RankFollower(self.cache, self._cluster),
-                                         self._stopping, hop)
+                                         self._stopping, hop, cpu)
         self.jobs = JobRuntime(compass, name) if compass.store.client is not None else None
         self.leases = Leases(compass, self._stopping)
         self.tasks = TaskPath(compass, name, self.cfg, self.cache, served, self.jobs,
                               self.leases, self.queued_decisions, self.publisher.wake,
-                              self._stopping, hop)
+                              self._stopping, hop, cpu)
         self.batches = BatchRunner(compass, queue, self.cfg, self.tasks, self.jobs, self.leases)
         # batch keys whose count of waiting inputs a reconcile sets (to 0 when none wait):
         # every batched task's, so a restarted worker clears what its last life left
@@ -211,7 +213,7 @@ class WorkerRuntime:
     def stats(self) -> dict[str, Any]:
         """This worker's compass state for ``inspect stats`` and Flower's worker page: flat,
         named fields (``compass_queue``, ``compass_gpu_free_mb`` ...), one row each."""
-        c = self.cache
+        c, cpu_ms = self.cache, self.tasks.cpu.per_task_ms()
         return {"compass_queue": self.queue, "compass_device": c.device,
                 "compass_gpu_total_mb": round(c.total_mb, 1),
                 "compass_gpu_free_mb": round(c.free_mb, 1),
@@ -221,6 +223,7 @@ class WorkerRuntime:
                 "compass_running": self.tasks.running(),
                 "compass_cache_hits": c.hits, "compass_cache_misses": c.misses,
                 "compass_cache_loads": c.loads, "compass_cache_evictions": c.evictions,
+                "compass_cpu_ms_per_task": None if cpu_ms is None else round(cpu_ms, 3),
                 "compass_batches": ", ".join(f"{n} x{k}" for n, k in
                                              sorted(self.batches.sizes.items()))}
 

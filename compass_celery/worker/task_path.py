@@ -25,6 +25,7 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
+from .overhead import HandlerCpu
 from .timescale import workload_ms
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class TaskPath:
                  cache: ModelCache, served: ServedDemand, jobs: JobRuntime | None,
                  leases: Leases, queued: Callable[[int], list[Decision]],
                  wake: threading.Event, stopping: threading.Event,
-                 hop: DispatchHop) -> None:
+                 hop: DispatchHop, cpu: HandlerCpu | None = None) -> None:
         self.compass, self.name, self.cfg = compass, name, cfg
         self.cache, self.served, self.jobs, self.leases = cache, served, jobs, leases
         self.hop = hop  # the gaps between tasks, learned here, published by the record
@@ -65,6 +66,7 @@ class TaskPath:
         self._timing: dict[str, dict[str, float]] = {}
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
         self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
+        self.cpu = cpu or HandlerCpu()  # what these handlers cost a task (a counter)
 
     # -- what runs now ------------------------------------------------------------------
     def running(self) -> int:
@@ -85,14 +87,16 @@ class TaskPath:
     def on_received(self, sender: Any = None, request: Any = None, **kw: Any) -> None:
         """``task_received``: lease the message, drop a node of an ended job."""
         if request is not None and self._ours(sender):
-            self.task_received(request)
+            with self.cpu.measure():
+                self.task_received(request)
 
     def on_prerun(self, sender: Any = None, task: Any = None, args: Any = None,
                   **kw: Any) -> None:
         """``task_prerun``: inputs and model before the body runs."""
         task = task or sender
         if self._ours(task) and not task.request.is_eager:
-            self.task_started(task, task.request, args)
+            with self.cpu.measure():
+                self.task_started(task, task.request, args)
 
     def on_postrun(self, sender: Any = None, task: Any = None, state: str | None = None,
                    retval: Any = None, **kw: Any) -> None:
@@ -100,10 +104,12 @@ class TaskPath:
         failed task's traceback (:func:`drop_traceback`)."""
         task = task or sender
         if self._ours(task) and not task.request.is_eager:
-            decision = Decision.from_header(getattr(task.request, "compass", None))
             try:
-                self.task_finished(task, task.request, decision, state, retval)
+                with self.cpu.measure():
+                    decision = Decision.from_header(getattr(task.request, "compass", None))
+                    self.task_finished(task, task.request, decision, state, retval)
             finally:
+                self.cpu.task_done()
                 drop_traceback(retval)
 
     def on_revoked(self, sender: Any = None, request: Any = None, expired: bool = False,
@@ -111,9 +117,10 @@ class TaskPath:
         """``task_revoked``: take its charge off this worker's backlog; one that expired
         (past the latest start that met its deadline) is shed: its job fails at once."""
         if request is not None and (self._ours(sender) or sender is None):
-            self.task_revoked(request)
-            if expired:
-                self.task_expired(request)
+            with self.cpu.measure():
+                self.task_revoked(request)
+                if expired:
+                    self.task_expired(request)
 
     # -- the path -------------------------------------------------------------------------
     def task_received(self, request: Any) -> None:
@@ -160,7 +167,8 @@ class TaskPath:
                 self._prefetch_due.set()  # (by the prefetch loop)
             else:  # a load: what is queued next decides what it may evict
                 queued = self._queued_models()
-                self.cache.acquire(model, queued)
+                with self.cpu.excluding():  # the model's cost, not the scheduler's
+                    self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
         self._started_queued(decision)
         loaded = time.monotonic()

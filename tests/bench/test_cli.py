@@ -110,6 +110,8 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
             assert "redis" not in host["cpu_s"]  # a Redis it was given is not the rig's
             assert host["cpu_ms_per_task"]["workers"] == pytest.approx(
                 1000 * host["cpu_s"]["workers"] / r["executions"], rel=0.01, abs=0.01)
+            # compass's own handlers: a part of what the workers spent
+            assert 0 < host["compass_handlers_ms_per_task"] < host["cpu_ms_per_task"]["workers"]
     if os.path.exists("/proc/stat"):
         assert "host: " in result.output and "CPU a task: workers" in result.output
 

@@ -79,6 +79,16 @@ def test_cpu_worker_runs_real_models_and_counts_each_task_once(compass_redis_url
 
     stats = wait_until(counters, 10, "the worker's counters after two tasks")
     assert (stats["hits"], stats["misses"], stats["loads"]) == (1, 1, 2), stats
+    # what compass's own handlers cost the two tasks, the translator's load left out
+    def handled():
+        stats = json.loads(client.hget("{compass}:worker-stats", NAME))
+        return stats if stats.get("tasks") == 2 else None
+
+    stats = wait_until(handled, 10, "both tasks counted")
+    # a few ms in all; with the load counted it would be some 250 ms
+    assert 0 < stats["compass_cpu_ms"] < 50, stats
+    per_task = app.control.inspect(destination=[NAME], timeout=5).stats()[NAME]
+    assert 0 < per_task["compass_cpu_ms_per_task"] < 25, per_task
     rec = json.loads(client.hget("{compass}:workers", NAME))
     assert {"image-classifier", "translator"} <= set(rec["resident"]), rec
     assert rec["device"] == "cpu" and "hits" not in rec
