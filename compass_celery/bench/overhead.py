@@ -5,7 +5,8 @@
   snapshot served from the local cache and read fresh from Redis (µs);
 - enqueue latency of a compass-routed task against a plain one (µs);
 - a 3-task no-op chain on idle workers: ``Dag`` against Celery's ``chain`` (ms),
-  and the per-hop overhead that the benchmark's lower bound adds.
+  the per-hop overhead that the benchmark's lower bound adds, and the CPU each costs
+  the workers (a task) and the producer (a job).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 from ..local import RedisServer, WorkerProcess, wait_until
 from ..planner.types import WorkerView
+from .hostload import process_cpu_s
 
 
 def _stats(samples: list[float]) -> str:
@@ -93,6 +95,39 @@ def enqueue_cost(url: str, echo: Callable[[str], Any], n: int = 64, rounds: int 
          f"{statistics.median(compass_us) - statistics.median(plain_us):8.1f}")
 
 
+class Alternated:
+    """The 3-task chains, Celery's and compass's, run in turn: each one's latency, and
+    the CPU it cost the workers and this process (the producer, waiting on the result)."""
+
+    def __init__(self, worker_pids: list[int]) -> None:
+        self.pids = worker_pids
+        self.ms: dict[str, list[float]] = {"chain": [], "dag": []}
+        self.cpu_s: dict[str, list[float]] = {"chain": [0.0, 0.0], "dag": [0.0, 0.0]}
+
+    def _workers_cpu_s(self) -> float:
+        return sum(process_cpu_s(p) or 0.0 for p in self.pids)
+
+    def time(self, kind: str, fn: Callable[[], Any]) -> None:
+        workers, producer = self._workers_cpu_s(), time.process_time()
+        self.ms[kind] += _time(fn, 1, 1e3)
+        self.cpu_s[kind][0] += self._workers_cpu_s() - workers
+        self.cpu_s[kind][1] += time.process_time() - producer
+
+    def report(self, echo: Callable[[str], Any]) -> None:
+        chain_ms, dag_ms = self.ms["chain"], self.ms["dag"]
+        echo(f"3-task no-op chain, Celery chain   ms: {_stats(chain_ms)}")
+        echo(f"3-task no-op chain, compass Dag    ms: {_stats(dag_ms)}")
+        echo(f"Dag / chain (medians)                : "
+             f"{statistics.median(dag_ms) / statistics.median(chain_ms):8.2f}x")
+        echo(f"compass hop overhead (Dag / 3)     ms: {statistics.median(dag_ms) / 3:8.2f}")
+        for side, i, per in (("workers", 0, "task"), ("producer", 1, "job")):
+            n = {"chain": len(chain_ms), "dag": len(dag_ms)}
+            div = {k: n[k] * (3 if per == "task" else 1) for k in n}
+            chain_cpu, dag_cpu = (1000 * self.cpu_s[k][i] / max(div[k], 1)
+                                  for k in ("chain", "dag"))
+            echo(f"CPU a {per:4s}, {side:8s} chain / Dag ms: {chain_cpu:8.2f} / {dag_cpu:.2f}")
+
+
 def run(echo: Callable[[str], Any] = print) -> None:
     """Print every cost the module lists, on a private Redis with two emulated workers."""
     from celery import chain
@@ -127,17 +162,12 @@ def run(echo: Callable[[str], Any] = print) -> None:
             a = dag.node("a", infer.s("detector", 0, None), model="detector", exec_ms=0)
             b = dag.node("b", step.s("translator", 0), after=[a], model="translator", exec_ms=0)
             dag.node("c", step.s("classifier", 0), after=[b], model="classifier", exec_ms=0)
-            celery_ms: list[float] = []
-            dag_ms: list[float] = []
+            chains = Alternated([w.proc.pid for w in workers if w.proc is not None])
             for _ in range(200):  # alternated, so drift in the machine's speed hits both
-                celery_ms += _time(lambda: chain(plain.s(1), plain.s(), plain.s())
-                                   .apply_async().get(timeout=10), 1, 1e3)
-                dag_ms += _time(lambda: dag.apply_async().get(timeout=10), 1, 1e3)
-            echo(f"3-task no-op chain, Celery chain   ms: {_stats(celery_ms)}")
-            echo(f"3-task no-op chain, compass Dag    ms: {_stats(dag_ms)}")
-            echo(f"Dag / chain (medians)                : "
-                 f"{statistics.median(dag_ms) / statistics.median(celery_ms):8.2f}x")
-            echo(f"compass hop overhead (Dag / 3)     ms: {statistics.median(dag_ms) / 3:8.2f}")
+                chains.time("chain", lambda: chain(plain.s(1), plain.s(), plain.s())
+                            .apply_async().get(timeout=10))
+                chains.time("dag", lambda: dag.apply_async().get(timeout=10))
+            chains.report(echo)
         finally:
             for w in workers:
                 w.stop()
