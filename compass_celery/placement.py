@@ -9,7 +9,7 @@ model, a model no GPU can hold) raises :class:`PlacementError`.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import CompassInputError
@@ -76,8 +76,10 @@ class Decision:
         return out
 
     def as_header(self) -> dict[str, Any]:
-        """The decision as a plain dict, for the message's ``compass`` header."""
-        return asdict(self)
+        """The decision as a plain dict, for the message's ``compass`` header. Every field
+        is a plain value, so a shallow copy is the whole of it (``asdict`` deep-copies each
+        one, a cost paid on every successor a worker sends)."""
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
 
     @classmethod
     def from_header(cls, body: Any) -> Decision | None:

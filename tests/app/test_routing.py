@@ -127,3 +127,19 @@ def test_state_redis_outage_falls_back_to_shared_queue(compass_redis_url, compas
         assert all(d.fallback and d.queue == "compass.shared" for d in decisions)
         assert caplog.text.count("routing to shared queue") == 1
         assert [r.get(timeout=30)["worker"] for r in results] == ["solo@test"] * 3
+
+
+def test_a_decision_header_is_every_field_as_a_plain_value_and_reads_back():
+    from dataclasses import asdict, fields
+
+    from compass_celery.placement import Decision
+
+    d = Decision(task="t", model="m", worker="w", queue="q", policy="compass", charge_ms=12.5,
+                 est_finish_ms=40.0, wait_ms=3.0, load_ms=20.0, run_ms=10.0, reason="r",
+                 fallback=False, priority=7, queued_at=1.5, slo="gold", due=9.0,
+                 expires_at=8.0, late=True, batch="k")
+    header = d.as_header()
+    assert header == asdict(d) and set(header) == {f.name for f in fields(Decision)}
+    # a shallow copy is whole only while every field is a plain value
+    assert all(isinstance(v, (str, int, float, bool, type(None))) for v in header.values())
+    assert Decision.from_header(header) == d
