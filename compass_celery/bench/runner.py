@@ -48,7 +48,7 @@ from .stats import (
     latency_summary,
     policy_result,
 )
-from .terms import hop_ms, job_rows, load_outcomes, node_rows, term_errors
+from .terms import hop_gaps, hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
 CLOCKSKEW_DIR = str(Path(__file__).resolve().parent / "clockskew")
@@ -506,7 +506,8 @@ def _predicted_vs_measured(sent: _Sent, opts: BenchOptions) -> dict[str, Any]:
     return {"prediction": {"nodes": term_errors(rows), "jobs": job_rows(jobs),
                            "jobs_plan": job_rows(planned), "loads": load_outcomes(rows)},
             "prediction_rows": rows, "hop_ms": hop_ms(infos, opts.time_scale),
-            "hop_mean_ms": hop_ms(infos, opts.time_scale, statistics.fmean)}
+            "hop_mean_ms": hop_ms(infos, opts.time_scale, statistics.fmean),
+            "hop_gaps_ms": [round(g, 3) for g in hop_gaps(infos, opts.time_scale)]}
 
 
 def _private_redis(stack: contextlib.ExitStack, args: Sequence[str] = ()) -> RedisServer:

@@ -114,6 +114,14 @@ def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float =
     was already waiting. It is bookkeeping, result store, ack, the next message's fetch
     and receipt: real cost the planner and the simulator (at ``--hop-ms 0``) leave out.
     Its mean is the constant that adds the busy time the hops really took."""
+    gaps = hop_gaps(infos, time_scale)
+    return round(stat(gaps), 2) if gaps else None
+
+
+def hop_gaps(infos: Iterable[Mapping[str, Mapping[str, Any]]],
+             time_scale: float = 1.0) -> list[float]:
+    """Every hop a busy worker paid (workload ms), in the workers' order: see
+    :func:`hop_ms`."""
     by_worker: dict[str, list[tuple[float, float, float]]] = {}
     for info in infos:
         for m in info.values():
@@ -126,7 +134,7 @@ def hop_ms(infos: Iterable[Mapping[str, Mapping[str, Any]]], time_scale: float =
         for (_, end, _), (pick, _, sent) in zip(nodes, nodes[1:], strict=False):
             if sent <= end <= pick:  # it waited while the previous one finished
                 gaps.append((pick - end) * 1000.0 / time_scale)
-    return round(stat(gaps), 2) if gaps else None
+    return gaps
 
 
 def run_overshoot_ms(rows: Iterable[Mapping[str, Any]]) -> float:

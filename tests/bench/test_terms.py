@@ -66,7 +66,7 @@ def test_the_simulator_is_fed_what_was_measured():
 
 
 def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
-    from compass_celery.bench.terms import hop_ms
+    from compass_celery.bench.terms import hop_gaps, hop_ms
 
     job1 = {"a": {"worker": "w0", "sent": 0.0, "started": 0.0, "finished": 0.100},
             "b": {"worker": "w0", "sent": 0.05, "started": 0.120, "finished": 0.200}}
@@ -81,6 +81,9 @@ def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
     # gaps of 20, 30 and 90 ms: the mean is the busy time they took, the median hides it
     assert hop_ms([job1, job2, job3]) == pytest.approx(30.0)
     assert hop_ms([job1, job2, job3], stat=statistics.fmean) == pytest.approx(46.67)
+    # every gap, for the spread the mean hides (the benchmark's JSON keeps them)
+    assert sorted(hop_gaps([job1, job2, job3])) == pytest.approx([20.0, 30.0, 90.0])
+    assert hop_gaps([{"x": job2["d"]}]) == []
 
 
 def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
