@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from . import settings as settings_mod
 from .state.urls import masked
 from .tables import result_table, text_table
+
+if TYPE_CHECKING:
+    from .sim.hops import MeasuredHops
 
 
 def _app_from(ctx: click.Context, app_path: str | None) -> Any:
@@ -319,31 +322,38 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
     _write_outputs(result, json_out, plot_out)
 
 
-def _per_task_cost(result: dict[str, Any], real: bool) -> tuple[float, str]:
+def _per_task_cost(result: dict[str, Any], real: bool
+                   ) -> tuple[float, str, MeasuredHops | None]:
     """What each task cost the real workers beyond its run, for the simulator's hop (ms;
     the median over policies) and how it is made up: the mean hop (the busy time the
     hops took) and, on emulated GPUs, the median overshoot of a run over its declared
-    time (a real-compute run feeds the simulator measured run times instead)."""
+    time (a real-compute run feeds the simulator measured run times instead). Last, that
+    policy's measured hops and overshoots themselves, to draw task by task (``None``
+    where the run kept no hops)."""
     from .bench.terms import run_overshoot_ms
+    from .sim.hops import MeasuredHops
 
-    parts = []  # (mean hop, run overshoot) per policy
+    parts = []  # (mean hop, run overshoot, the measured ones) per policy
     for r in result["policies"].values():
         hop = r.get("hop_mean_ms") or r.get("hop_ms")
         if hop:
-            parts.append((hop, 0.0 if real else max(
-                0.0, run_overshoot_ms(r.get("prediction_rows", [])))))
+            rows = r.get("prediction_rows", [])
+            overs = [] if real else [float(x["meas_run"]) - float(x["pred_run"]) for x in rows]
+            parts.append((hop, 0.0 if real else max(0.0, run_overshoot_ms(rows)),
+                          MeasuredHops.of(r.get("hop_gaps_ms") or [], overs)))
     if not parts:
-        return 0.0, ""
-    hop, over = sorted(parts, key=sum)[len(parts) // 2]
+        return 0.0, "", None
+    hop, over, measured = sorted(parts, key=lambda p: p[0] + p[1])[len(parts) // 2]
     why = f"mean hop {hop:g} ms" + (f" + run overshoot {over:g} ms" if over else "")
-    return round(hop + over, 1), why
+    return round(hop + over, 1), why, measured
 
 
 def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                       n_workers: int | None, rate: float | None, n_jobs: int | None,
                       warmup_frac: float) -> None:
     """Simulate the same workload, arrivals and cluster (fed the measured costs after a
-    real-compute run), and print real against simulated, per policy."""
+    real-compute run), and print real against simulated, per policy: at zero hop, with
+    the measured per-task cost as a constant, and with it drawn task by task."""
     from .sim.runner import simulate as run_sim
 
     if real:  # the simulator replays the costs the CPUs really had
@@ -353,14 +363,20 @@ def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                 for row in r.get("prediction_rows", [])]
         workload = measured_workload(workload, rows)
         result["simulated_workload"] = workload.description
-    hop, why = _per_task_cost(result, real)
+    hop, why, measured = _per_task_cost(result, real)
     result["simulated_hop_ms"] = hop
-    for label, key, hop_ms in (("zero hop overhead", "", 0.0),
-                               (f"the measured per-task cost, {hop} ms ({why})", "_hop", hop)):
-        if key and not hop:
-            continue
+    runs = [("zero hop overhead", "", 0.0, None)]
+    if hop:
+        runs.append((f"the measured per-task cost, {hop} ms ({why})", "_hop", hop, None))
+    if hop and measured is not None:
+        runs.append((f"the measured per-task costs drawn task by task ({len(measured.hops_ms)}"
+                     " hops, each plus a run overshoot)" if measured.overshoots_ms else
+                     f"the measured per-task costs drawn task by task "
+                     f"({len(measured.hops_ms)} hops)", "_drawn", hop, measured))
+    for label, key, hop_ms, draws in runs:
         simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
-                            jobs=n_jobs, warmup_frac=warmup_frac, hop_ms=hop_ms)
+                            jobs=n_jobs, warmup_frac=warmup_frac, hop_ms=hop_ms,
+                            measured_hops=draws)
         result[f"simulated{key}"] = simulated["policies"]
         result[f"real_over_sim{key}"] = ratios = real_over_sim(result["policies"],
                                                                simulated["policies"])

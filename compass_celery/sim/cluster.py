@@ -39,6 +39,7 @@ from ..planner.types import SHARED, ClusterView, WorkerView
 from ..workload import WorkerSpec
 from .columns import LiveColumns
 from .engine import Engine
+from .hops import MeasuredHops
 
 PREFETCH_LOOKAHEAD = 3  # queued tasks whose models are prefetched, as in the authors' code
 
@@ -76,6 +77,7 @@ class SimTask:
     #: What queueing it added to its worker's backlog (its run time, or under batching
     #: what it adds to its batch), taken off again when it leaves the queue.
     charged_ms: float = 0.0
+    hop_ms: float = 0.0  # the per-task cost its worker paid beyond its run (drawn or fixed)
     #: ms it waited while its worker held its batch open for more (0: none).
     held_ms: float = 0.0
     batch_size: int = 0  # inputs in the pass it ran in (0: not batched)
@@ -88,9 +90,9 @@ class SimWorker:
                  cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0,
                  batching: str = "on", plan_hop: bool = True) -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
-        self.hop_ms = hop_ms  # fixed dispatch overhead per task, occupying the worker
         # what its record says of the hop (a real worker learns it from its gaps), which
-        # plans count and sends charge; 0 when plans are to leave it out
+        # plans count and sends charge; 0 when plans are to leave it out. What each task
+        # pays, occupying the worker, is the cluster's to say (``SimCluster.draw_hop``).
         self.published_hop_ms = hop_ms if plan_hop else 0.0
         self.name = spec.name
         self.index = 0  # position in the cluster's snapshot, set by SimCluster
@@ -352,7 +354,8 @@ class SimWorker:
             self.decider.on_used(model, now)
         # The hop (message delivery, bookkeeping round trips) keeps the worker busy too,
         # which is how a per-task overhead pushes a loaded real cluster toward saturation.
-        self.engine.after(self.hop_ms + task.expected_ms, self._finish, task)
+        task.hop_ms = self.cluster.draw_hop()
+        self.engine.after(task.hop_ms + task.expected_ms, self._finish, task)
         if self.prefetching:
             self._hint()
             self._apply(self.decider.prefetch(self._queued(), running=model,
@@ -429,7 +432,10 @@ class SimWorker:
             t.held_ms = max(now - max(held_from, t.sent_at), 0.0) if held_from >= 0 else 0.0
         if head.model is not None:
             self.decider.on_used(head.model, now)
-        self.engine.after(self.hop_ms + run, self._finish_batch)
+        hop = self.cluster.draw_hop()
+        for t in members:
+            t.hop_ms = hop
+        self.engine.after(hop + run, self._finish_batch)
         if self.prefetching:
             self._hint()
             self._apply(self.decider.prefetch(self._queued(), running=head.model,
@@ -500,7 +506,8 @@ class SimCluster:
                  on_failed: Callable[[SimTask, SimWorker], None], refresh_ms: float = 0.0,
                  hop_ms: float = 0.0, demand: DemandTracker | None = None,
                  on_shed: Callable[[SimTask, SimWorker], None] | None = None,
-                 batching: str = "on", plan_hop: bool = True) -> None:
+                 batching: str = "on", plan_hop: bool = True,
+                 measured_hops: MeasuredHops | None = None, seed: int = 0) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
@@ -511,6 +518,10 @@ class SimCluster:
         self.dirty: set[int] = set()
         self.refresh_ms = refresh_ms
         self._built_at = 0.0
+        # each task's cost beyond its run: drawn from measured ones, else the fixed hop
+        # (published by the workers and counted by plans either way: ``hop_ms``)
+        self.draw_hop: Callable[[], float] = (
+            measured_hops.sampler(seed) if measured_hops is not None else lambda: hop_ms)
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
         self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching, plan_hop)

@@ -58,6 +58,7 @@ from ..settings import OPTIONS
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
+from .hops import MeasuredHops
 from .stats import summarize
 
 #: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
@@ -122,7 +123,7 @@ class Simulation:
                  rate: float | None = None, admission: bool = True,
                  max_queue_ms: float | None = None, warm: bool = False,
                  headroom: float = DEFAULT_HEADROOM, batching: str = "on",
-                 plan_hop: bool = True) -> None:
+                 plan_hop: bool = True, measured_hops: MeasuredHops | None = None) -> None:
         if batching not in BATCHING:
             raise ValueError(f"batching: expected one of {', '.join(BATCHING)}, "
                              f"got {batching!r}")
@@ -157,7 +158,8 @@ class Simulation:
                                   on_done=self._done, on_failed=self._failed,
                                   on_shed=self._dropped,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand,
-                                  batching=batching, plan_hop=plan_hop)
+                                  batching=batching, plan_hop=plan_hop,
+                                  measured_hops=measured_hops, seed=workload.seed)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
@@ -253,7 +255,7 @@ class Simulation:
         parts = job.parts
         parts[0] += task.start_at - task.sent_at - load
         parts[1] += load
-        parts[2] += worker.hop_ms
+        parts[2] += task.hop_ms
         parts[3] += task.expected_ms
         parts[4] += 1
         if task.batch_size:
@@ -330,7 +332,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
              move_factor: float = MOVE_FACTOR, details: bool = False,
              demand: bool = True, admission: bool = True,
              max_queue_ms: float | None = None, warm: bool = False,
-             batching: str = "on", plan_hop: bool = True) -> dict[str, Any]:
+             batching: str = "on", plan_hop: bool = True,
+             measured_hops: MeasuredHops | None = None) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
@@ -338,7 +341,9 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
     bookkeeping round trips); 0, the default, is the limit a real cluster chases. The
     workers publish it and plans count it, as real workers learn theirs (``plan_hop``
-    off: plans leave it out, so every task runs later than planned).
+    off: plans leave it out, so every task runs later than planned). ``measured_hops``:
+    each task pays a hop and an overshoot drawn from these measured ones instead
+    (:mod:`compass_celery.sim.hops`); ``hop_ms`` stays what the workers publish.
     ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
     ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
     producer that tracks the jobs it submits would; off, compass plans without it.
@@ -361,7 +366,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
                          demand=demand, rate=rate, admission=admission,
                          max_queue_ms=max_queue_ms, warm=warm, batching=batching,
-                         plan_hop=plan_hop)
+                         plan_hop=plan_hop, measured_hops=measured_hops)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if sim.assignment is not None:

@@ -94,10 +94,17 @@ def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
     assert run_overshoot_ms(rows) == 3.0 and run_overshoot_ms([]) == 0.0
     result = {"policies": {"compass": {"hop_ms": 8.0, "hop_mean_ms": 10.0,
                                        "prediction_rows": rows}}}
-    assert _per_task_cost(result, real=False) == (13.0, "mean hop 10 ms + run overshoot 3 ms")
+    # no hops kept: the constant only
+    assert _per_task_cost(result, real=False) == (13.0, "mean hop 10 ms + run overshoot 3 ms",
+                                                  None)
     # real compute: the simulator already runs the measured run times
-    assert _per_task_cost(result, real=True) == (10.0, "mean hop 10 ms")
-    assert _per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "")
+    assert _per_task_cost(result, real=True)[:2] == (10.0, "mean hop 10 ms")
+    assert _per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "", None)
+    # the hops kept: drawn task by task, each with one of the measured overshoots
+    result["policies"]["compass"]["hop_gaps_ms"] = [4.0, 6.0, 20.0]
+    _, _, measured = _per_task_cost(result, real=False)
+    assert measured.hops_ms == (4.0, 6.0, 20.0) and measured.overshoots_ms == (2.0, 3.0, 10.0)
+    assert _per_task_cost(result, real=True)[2].overshoots_ms == ()
 
 
 def test_a_predicted_load_a_prefetch_already_did_is_told_apart():

@@ -1,0 +1,37 @@
+"""The simulator's per-task cost drawn task by task from measured hops and overshoots."""
+
+import pytest
+
+from compass_celery.sim.hops import MeasuredHops
+from compass_celery.sim.runner import simulate
+from compass_celery.workload import load_workload
+
+
+def test_draws_are_seeded_within_what_was_measured_and_never_negative():
+    assert MeasuredHops.of([]) is None  # nothing measured: the constant hop is used
+    hops = MeasuredHops.of([2.0, 5.0, 30.0], [-10.0, 1.0])
+    one, two = hops.sampler(7), hops.sampler(7)
+    first = [one() for _ in range(200)]
+    assert [two() for _ in range(200)] == first  # the same seed, the same draws
+    # a hop plus an overshoot, floored at 0: every pair turns up
+    assert set(first) == {0.0, 3.0, 6.0, 20.0, 31.0}
+    assert MeasuredHops.of([4.0]).sampler(1)() == 4.0  # no overshoot measured: none added
+
+
+def test_one_measured_value_simulates_as_the_constant_it_is():
+    w = load_workload("dags/vision-fanout.json")
+    constant = simulate(w, ["compass"], jobs=60, hop_ms=12.0)["policies"]["compass"]
+    drawn = simulate(w, ["compass"], jobs=60, hop_ms=12.0,
+                     measured_hops=MeasuredHops.of([12.0]))["policies"]["compass"]
+    assert drawn["latency_ms"] == constant["latency_ms"]
+    assert drawn["breakdown_ms"] == constant["breakdown_ms"]
+
+
+def test_a_spread_of_hops_makes_joined_branches_later_than_their_mean():
+    # vision-fanout joins three branches: a job waits for its slowest one
+    w = load_workload("dags/vision-fanout.json")
+    constant = simulate(w, ["compass"], jobs=200, hop_ms=12.0)["policies"]["compass"]
+    spread = simulate(w, ["compass"], jobs=200, hop_ms=12.0,
+                      measured_hops=MeasuredHops.of([2.0, 4.0, 6.0, 36.0]))["policies"]["compass"]
+    assert spread["breakdown_ms"]["hop_ms"] == pytest.approx(12.0, rel=0.15)  # the same mean
+    assert spread["latency_ms"]["mean"] > constant["latency_ms"]["mean"] * 1.02
