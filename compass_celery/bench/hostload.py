@@ -101,17 +101,21 @@ class HostLoad:
         self._read_processes()
         self._stopped_at = time.monotonic()
 
-    def summary(self, tasks: int) -> dict[str, Any] | None:
+    def summary(self, tasks: int, handlers_ms: float | None = None
+                ) -> dict[str, Any] | None:
         """The figures over the window, ``tasks`` task executions in it (see
-        :func:`summarise`); ``None`` where there is no ``/proc``."""
+        :func:`summarise`), and ``handlers_ms``: of the workers' CPU a task, what compass's
+        own handlers spent, as they published it. ``None`` where there is no ``/proc``."""
         if cpu_times() is None:
             return None
         cpu = {role: sum(self._last.get(p, 0.0) - self._first.get(p, 0.0) for p in pids)
                for role, pids in self.roles.items()}
         busy_s = ((self._span[-1][0] - self._span[0][0]) / os.sysconf("SC_CLK_TCK")
                   if len(self._span) > 1 else None)
-        return summarise(self._busy, cpu, self._stopped_at - self._started_at,
-                         os.cpu_count() or 1, tasks, busy_s)
+        summary = summarise(self._busy, cpu, self._stopped_at - self._started_at,
+                            os.cpu_count() or 1, tasks, busy_s)
+        summary["compass_handlers_ms_per_task"] = handlers_ms
+        return summary
 
     def _run(self) -> None:
         last = cpu_times()

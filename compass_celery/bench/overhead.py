@@ -108,12 +108,14 @@ class Alternated:
         return sum(process_cpu_s(p) or 0.0 for p in self.pids)
 
     def time(self, kind: str, fn: Callable[[], Any]) -> None:
+        """Run ``fn`` once as a ``kind`` ("chain" or "dag") job: its latency and CPU."""
         workers, producer = self._workers_cpu_s(), time.process_time()
         self.ms[kind] += _time(fn, 1, 1e3)
         self.cpu_s[kind][0] += self._workers_cpu_s() - workers
         self.cpu_s[kind][1] += time.process_time() - producer
 
     def report(self, echo: Callable[[str], Any]) -> None:
+        """Each kind's latency, their ratio, and the CPU a task and a job, one line each."""
         chain_ms, dag_ms = self.ms["chain"], self.ms["dag"]
         echo(f"3-task no-op chain, Celery chain   ms: {_stats(chain_ms)}")
         echo(f"3-task no-op chain, compass Dag    ms: {_stats(dag_ms)}")

@@ -173,9 +173,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         handlers_ms = _handler_cpu_ms(client, prefix)  # read while the workers' counters stand
     # counted once the workers stopped: nothing can run again behind the count's back
     result.update(_delivery_counts(ledger, client, prefix, stranded))
-    result["host"] = host.summary(result["executions"])
-    if result["host"] is not None:  # the part of the workers' CPU that is compass's
-        result["host"]["compass_handlers_ms_per_task"] = handlers_ms
+    result["host"] = host.summary(result["executions"], handlers_ms)
     if batched:  # every batched pass the workers ran: sizes and time held open
         result["batching"] = read_batches(ledger, keys.key(BENCH_BATCHES, prefix))
     result["faults"] = faults

@@ -87,7 +87,12 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
     assert "emulated GPU timings" in result.output
     assert "real cluster against the simulator" in result.output
     data = json.loads(out.read_text())
+    # the busy workers' hops, kept, and drawn task by task in a third simulation
+    assert "drawn task by task" in result.output
+    assert all(data["policies"][name]["hop_gaps_ms"] for name in ("celery-default", "compass"))
     for name in ("celery-default", "compass"):  # the same jobs, simulated, side by side
+        assert data["simulated_drawn"][name]["jobs"] == 16
+        assert data["real_over_sim_drawn"][name]["sim_mean"] > 0
         gap = data["real_over_sim"][name]
         assert data["simulated"][name]["jobs"] == 16 and gap["sim_mean"] > 0
         assert gap["mean"] == pytest.approx(gap["real_mean"] / gap["sim_mean"])
