@@ -26,7 +26,10 @@ TASKS = ["caption", "detect", "translate", "embed", "classify", "ocr"]
 def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
              echo: Callable[[str], Any] = print, seed: int = 7, side_by_side_jobs: int = 150,
              plot_path: str | None = "compass-demo.png") -> int:
-    """Route a burst on emulated workers, print where each went and why, then side by side."""
+    """Route a burst on emulated workers, print where each went and why, then side by side
+    (on the Redis given, else on the benchmark's own private one, whose CPU its host line
+    counts)."""
+    given = redis_url
     with contextlib.ExitStack() as stack:
         if redis_url is None:
             server = stack.enter_context(RedisServer())
@@ -83,7 +86,7 @@ def run_demo(redis_url: str | None, n_workers: int, n_tasks: int,
         for w in workers:
             w.stop()
         if side_by_side_jobs:
-            side_by_side(redis_url, side_by_side_jobs, plot_path, echo)
+            side_by_side(given, side_by_side_jobs, plot_path, echo)
         echo("shutting down workers and redis ...")
     return 0
 
@@ -96,7 +99,7 @@ def _restore_environ(saved: dict[str, str | None]) -> None:
             os.environ[key] = value
 
 
-def side_by_side(redis_url: str, jobs: int, plot_path: str | None,
+def side_by_side(redis_url: str | None, jobs: int, plot_path: str | None,
                  echo: Callable[[str], Any]) -> dict[str, Any]:
     """Plain Celery (shared queue, LRU caches) against Compass on the same job stream."""
     from .bench.runner import BenchOptions, run_bench
