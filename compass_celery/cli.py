@@ -330,7 +330,7 @@ def _per_task_cost(result: dict[str, Any], real: bool
     time (a real-compute run feeds the simulator measured run times instead). Last, that
     policy's measured hops and overshoots themselves, to draw task by task (``None``
     where the run kept no hops)."""
-    from .bench.terms import run_overshoot_ms
+    from .bench.terms import run_overshoot_ms, run_overshoots
     from .sim.hops import MeasuredHops
 
     parts = []  # (mean hop, run overshoot, the measured ones) per policy
@@ -338,7 +338,7 @@ def _per_task_cost(result: dict[str, Any], real: bool
         hop = r.get("hop_mean_ms") or r.get("hop_ms")
         if hop:
             rows = r.get("prediction_rows", [])
-            overs = [] if real else [float(x["meas_run"]) - float(x["pred_run"]) for x in rows]
+            overs = [] if real else run_overshoots(rows)
             parts.append((hop, 0.0 if real else max(0.0, run_overshoot_ms(rows)),
                           MeasuredHops.of(r.get("hop_gaps_ms") or [], overs)))
     if not parts:
@@ -369,10 +369,9 @@ def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
     if hop:
         runs.append((f"the measured per-task cost, {hop} ms ({why})", "_hop", hop, None))
     if hop and measured is not None:
-        runs.append((f"the measured per-task costs drawn task by task ({len(measured.hops_ms)}"
-                     " hops, each plus a run overshoot)" if measured.overshoots_ms else
-                     f"the measured per-task costs drawn task by task "
-                     f"({len(measured.hops_ms)} hops)", "_drawn", hop, measured))
+        plus = ", each plus a run overshoot" if measured.overshoots_ms else ""
+        runs.append((f"the measured per-task costs drawn task by task "
+                     f"({len(measured.hops_ms)} hops{plus})", "_drawn", hop, measured))
     for label, key, hop_ms, draws in runs:
         simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
                             jobs=n_jobs, warmup_frac=warmup_frac, hop_ms=hop_ms,

@@ -38,14 +38,19 @@ def cpu_times() -> tuple[float, float] | None:
     return total - fields[3] - fields[4], total
 
 
+def stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc/<pid>/stat text after the command name, which may hold
+    spaces and parentheses: they start after its last ``)`` (the state is field 0)."""
+    return stat.rpartition(")")[2].split()
+
+
 def process_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system) a live process has used; ``None`` once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
+            fields = stat_fields(f.read())
     except OSError:
         return None
-    fields = stat.rsplit(")", 1)[1].split()  # the name in parentheses may hold spaces
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 

@@ -122,10 +122,9 @@ class Alternated:
         echo(f"Dag / chain (medians)                : "
              f"{statistics.median(dag_ms) / statistics.median(chain_ms):8.2f}x")
         echo(f"compass hop overhead (Dag / 3)     ms: {statistics.median(dag_ms) / 3:8.2f}")
-        for side, i, per in (("workers", 0, "task"), ("producer", 1, "job")):
-            n = {"chain": len(chain_ms), "dag": len(dag_ms)}
-            div = {k: n[k] * (3 if per == "task" else 1) for k in n}
-            chain_cpu, dag_cpu = (1000 * self.cpu_s[k][i] / max(div[k], 1)
+        # (side, its index in cpu_s, what its CPU is per, how many of those a job is)
+        for side, i, per, each in (("workers", 0, "task", 3), ("producer", 1, "job", 1)):
+            chain_cpu, dag_cpu = (1000 * self.cpu_s[k][i] / max(len(self.ms[k]) * each, 1)
                                   for k in ("chain", "dag"))
             echo(f"CPU a {per:4s}, {side:8s} chain / Dag ms: {chain_cpu:8.2f} / {dag_cpu:.2f}")
 

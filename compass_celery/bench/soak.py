@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from ..emulated import lazy_app
+from .hostload import stat_fields
 
 MODEL = "captioner"
 GPU = ["--compass-emulate-gpu-mb", "1600", "--compass-preload", MODEL]
@@ -88,9 +89,8 @@ def parse_vmrss_kb(status: str) -> int | None:
 
 
 def parse_ppid(stat: str) -> int | None:
-    """The parent pid from the text of /proc/<pid>/stat; the command name may hold spaces
-    and parentheses, so the fields are read after its last ``)``."""
-    rest = stat.rpartition(")")[2].split()
+    """The parent pid from the text of /proc/<pid>/stat (:func:`stat_fields`)."""
+    rest = stat_fields(stat)
     return int(rest[1]) if len(rest) >= 2 and rest[1].isdigit() else None
 
 

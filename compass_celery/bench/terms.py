@@ -141,8 +141,13 @@ def run_overshoot_ms(rows: Iterable[Mapping[str, Any]]) -> float:
     """How much longer than planned a task's run measured (median, workload ms; 0 when
     none ran): on emulated GPUs the sleep's overshoot and the worker's own work in the
     timed window, a per-task cost like the hop."""
-    gaps = [float(r["meas_run"]) - float(r["pred_run"]) for r in rows]
+    gaps = run_overshoots(rows)
     return round(statistics.median(gaps), 2) if gaps else 0.0
+
+
+def run_overshoots(rows: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Each task's run over its planned one (workload ms): see :func:`run_overshoot_ms`."""
+    return [float(r["meas_run"]) - float(r["pred_run"]) for r in rows]
 
 
 def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..planner.types import WorkerView
 from ..state.connection import StateUnavailable
-from .overhead import HandlerCpu
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
     from .hop import DispatchHop
+    from .overhead import HandlerCpu
     from .served import RankFollower, ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
@@ -32,11 +32,10 @@ class RecordPublisher:
 
     def __init__(self, compass: CompassContext, name: str, queue: str, cfg: dict[str, Any],
                  cache: ModelCache, served: ServedDemand, rank: RankFollower | None,
-                 stopping: threading.Event, hop: DispatchHop,
-                 cpu: HandlerCpu | None = None) -> None:
+                 stopping: threading.Event, hop: DispatchHop, cpu: HandlerCpu) -> None:
         self.compass, self.name, self.queue, self.cfg = compass, name, queue, cfg
         self.cache, self.served, self.rank, self._stopping = cache, served, rank, stopping
-        self.hop, self.cpu = hop, cpu or HandlerCpu()
+        self.hop, self.cpu = hop, cpu
         self.wake = threading.Event()  # set by a task's end, a load or an eviction
         self._state_down, self._published = False, None
         self._last_publish_ok = 0.0

@@ -25,7 +25,6 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
-from .overhead import HandlerCpu
 from .timescale import workload_ms
 
 if TYPE_CHECKING:
@@ -34,6 +33,7 @@ if TYPE_CHECKING:
     from ..jobs.runtime import JobRuntime
     from .hop import DispatchHop
     from .leases import Leases
+    from .overhead import HandlerCpu
     from .served import ServedDemand
 
 logger = logging.getLogger("compass_celery.worker")
@@ -53,7 +53,7 @@ class TaskPath:
                  cache: ModelCache, served: ServedDemand, jobs: JobRuntime | None,
                  leases: Leases, queued: Callable[[int], list[Decision]],
                  wake: threading.Event, stopping: threading.Event,
-                 hop: DispatchHop, cpu: HandlerCpu | None = None) -> None:
+                 hop: DispatchHop, cpu: HandlerCpu) -> None:
         self.compass, self.name, self.cfg = compass, name, cfg
         self.cache, self.served, self.jobs, self.leases = cache, served, jobs, leases
         self.hop = hop  # the gaps between tasks, learned here, published by the record
@@ -66,7 +66,7 @@ class TaskPath:
         self._timing: dict[str, dict[str, float]] = {}
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
         self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
-        self.cpu = cpu or HandlerCpu()  # what these handlers cost a task (a counter)
+        self.cpu = cpu  # what these handlers cost a task (a counter)
 
     # -- what runs now ------------------------------------------------------------------
     def running(self) -> int:
