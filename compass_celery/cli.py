@@ -348,13 +348,20 @@ def _per_task_cost(result: dict[str, Any], real: bool
     return round(hop + over, 1), why, measured
 
 
+#: How many independent draws of the measured per-task costs ``--compare-sim`` simulates:
+#: one draw is one outcome, and on a busy fan-out workload they differ by tens of percent.
+SIM_DRAWS = 9
+
+
 def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                       n_workers: int | None, rate: float | None, n_jobs: int | None,
                       warmup_frac: float) -> None:
     """Simulate the same workload, arrivals and cluster (fed the measured costs after a
     real-compute run), and print real against simulated, per policy: at zero hop, with
-    the measured per-task cost as a constant, and with it drawn task by task."""
+    the measured per-task cost as a constant, and with it drawn task by task (the median
+    of ``SIM_DRAWS`` independent draws, and their range)."""
     from .sim.runner import simulate as run_sim
+    from .sim.runner import simulate_draws
 
     if real:  # the simulator replays the costs the CPUs really had
         from .bench.measured import measured_workload
@@ -371,18 +378,48 @@ def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
     if hop and measured is not None:
         plus = ", each plus a run overshoot" if measured.overshoots_ms else ""
         runs.append((f"the measured per-task costs drawn task by task "
-                     f"({len(measured.hops_ms)} hops{plus})", "_drawn", hop, measured))
+                     f"({len(measured.hops_ms)} hops{plus}), the median of {SIM_DRAWS} "
+                     "draws", "_drawn", hop, measured))
+    names = list(result["policies"])
+    kw = {"workers": n_workers, "rate": rate, "jobs": n_jobs, "warmup_frac": warmup_frac}
     for label, key, hop_ms, draws in runs:
-        simulated = run_sim(workload, list(result["policies"]), workers=n_workers, rate=rate,
-                            jobs=n_jobs, warmup_frac=warmup_frac, hop_ms=hop_ms,
-                            measured_hops=draws)
-        result[f"simulated{key}"] = simulated["policies"]
-        result[f"real_over_sim{key}"] = ratios = real_over_sim(result["policies"],
-                                                               simulated["policies"])
+        spread = None
+        if draws is None:
+            simulated = run_sim(workload, names, hop_ms=hop_ms, **kw)["policies"]
+        else:
+            spread = simulate_draws(workload, names, draws, SIM_DRAWS, hop_ms=hop_ms, **kw)
+            simulated = {name: s.pop("run") for name, s in spread.items()}
+            result[f"simulated{key}_spread"] = spread
+        result[f"simulated{key}"] = simulated
+        result[f"real_over_sim{key}"] = ratios = real_over_sim(result["policies"], simulated)
         click.echo(f"\nreal cluster against the simulator (same arrivals, {label}), "
                    "workload ms")
         click.echo(_real_sim_table(ratios))
+        if spread is not None:
+            click.echo(_spread_lines(spread, result["policies"]))
     click.echo("loads: model loads after warm-up, as a share of the tasks after warm-up")
+
+
+def _spread_lines(spread: dict[str, Any], real: dict[str, Any]) -> str:
+    """Per policy, the simulated means and loads over the draws, and where the real ones
+    fall among them."""
+    lines = []
+    for name, s in spread.items():
+        r, means, loads = real[name], s["mean_ms"], s["loads_after_warmup"]
+        lines.append(f"  {name}: simulated mean {means['min']:.1f} to {means['max']:.1f} ms "
+                     f"over {s['draws']} draws, real {r['latency_ms']['mean']:.1f} "
+                     f"({_where(r['latency_ms']['mean'], means)}); loads after warm-up "
+                     f"{loads['min']} to {loads['max']}, real {r.get('loads_after_warmup', 0)} "
+                     f"({_where(r.get('loads_after_warmup', 0), loads)})")
+    return "\n".join(lines)
+
+
+def _where(value: float, span: dict[str, float]) -> str:
+    if value > span["max"]:
+        return f"{value / span['max']:.2f}x the largest" if span["max"] else "above"
+    if value < span["min"]:
+        return f"{value / span['min']:.2f}x the least"
+    return "within"
 
 
 def _real_sim_table(ratios: dict[str, Any]) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..planner import PlanningError, Policy, get_policy
@@ -58,7 +58,7 @@ from ..settings import OPTIONS
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
-from .hops import MeasuredHops
+from .hops import MeasuredHops, spread_of
 from .stats import summarize
 
 #: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
@@ -375,6 +375,18 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
             out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
             out[name]["reassigned"] = sim.moved
     return {"workload": workload.name, "seed": workload.arrivals.seed, "policies": out}
+
+
+def simulate_draws(workload: Workload, policies: Sequence[str], measured: MeasuredHops,
+                   draws: int, **kw: Any) -> dict[str, dict[str, Any]]:
+    """:func:`simulate` ``draws`` times, each task's per-task cost drawn from ``measured``
+    in an independent stream each time; per policy, the median run and the spread
+    (:func:`compass_celery.sim.hops.spread_of`). ``kw`` is :func:`simulate`'s."""
+    if draws < 1:
+        raise ValueError(f"draws must be at least 1, got {draws}")
+    runs = [simulate(workload, policies, measured_hops=replace(measured, draw=k),
+                     **kw)["policies"] for k in range(draws)]
+    return spread_of(runs)
 
 
 def compare_count_pending(workload: Workload, *, workers: int | None = None,

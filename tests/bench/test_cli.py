@@ -93,6 +93,11 @@ def test_bench_runs_a_real_cluster_and_loses_nothing(compass_redis_url, tmp_path
     for name in ("celery-default", "compass"):  # the same jobs, simulated, side by side
         assert data["simulated_drawn"][name]["jobs"] == 16
         assert data["real_over_sim_drawn"][name]["sim_mean"] > 0
+        # the drawn simulation is the median of several draws, their range printed
+        drawn = data["simulated_drawn_spread"][name]
+        assert drawn["draws"] == 9 and "run" not in drawn
+        assert drawn["mean_ms"]["median"] == data["simulated_drawn"][name]["latency_ms"]["mean"]
+        assert f"{name}: simulated mean {drawn['mean_ms']['min']:.1f} to " in result.output
         gap = data["real_over_sim"][name]
         assert data["simulated"][name]["jobs"] == 16 and gap["sim_mean"] > 0
         assert gap["mean"] == pytest.approx(gap["real_mean"] / gap["sim_mean"])

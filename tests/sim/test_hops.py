@@ -1,9 +1,11 @@
 """The simulator's per-task cost drawn task by task from measured hops and overshoots."""
 
+from dataclasses import replace
+
 import pytest
 
 from compass_celery.sim.hops import MeasuredHops
-from compass_celery.sim.runner import simulate
+from compass_celery.sim.runner import simulate, simulate_draws
 from compass_celery.workload import load_workload
 
 
@@ -35,3 +37,35 @@ def test_a_spread_of_hops_makes_joined_branches_later_than_their_mean():
                       measured_hops=MeasuredHops.of([2.0, 4.0, 6.0, 36.0]))["policies"]["compass"]
     assert spread["breakdown_ms"]["hop_ms"] == pytest.approx(12.0, rel=0.15)  # the same mean
     assert spread["latency_ms"]["mean"] > constant["latency_ms"]["mean"] * 1.02
+
+
+def test_each_draw_is_its_own_reproducible_stream_and_draw_zero_is_the_seeds_own():
+    hops = MeasuredHops.of([1.0, 2.0, 3.0, 50.0])
+
+    def first(measured: MeasuredHops) -> list[float]:
+        draw = measured.sampler(7)
+        return [draw() for _ in range(50)]
+    streams = {k: first(replace(hops, draw=k)) for k in range(3)}
+    assert streams[0] == first(hops)  # as before draws existed
+    assert streams[1] == first(replace(hops, draw=1))
+    assert len({tuple(s) for s in streams.values()}) == 3
+
+
+def test_the_spread_over_draws_brackets_its_median_run():
+    w = load_workload("dags/vision-fanout.json")
+    measured = MeasuredHops.of([2.0, 4.0, 6.0, 60.0])
+    spread = simulate_draws(w, ["compass", "jsq"], measured, 5, jobs=120, hop_ms=18.0)
+    for name in ("compass", "jsq"):
+        s = spread[name]
+        means, loads = s["mean_ms"], s["loads_after_warmup"]
+        assert s["draws"] == 5 and s["run"]["jobs"] == 120
+        assert s["run"]["latency_ms"]["mean"] == means["median"]
+        assert means["min"] <= means["median"] <= means["max"]
+        assert means["min"] < means["max"]  # independent draws: different outcomes
+        assert loads["min"] <= loads["median"] <= loads["max"]
+    # the first draw is the single drawn simulation, unchanged
+    one = simulate(w, ["compass"], jobs=120, hop_ms=18.0, measured_hops=measured)
+    assert spread["compass"]["mean_ms"]["min"] <= one["policies"]["compass"]["latency_ms"][
+        "mean"] <= spread["compass"]["mean_ms"]["max"]
+    with pytest.raises(ValueError, match="draws must be at least 1"):
+        simulate_draws(w, ["compass"], measured, 0, jobs=10)
