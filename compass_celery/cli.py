@@ -326,26 +326,29 @@ def _per_task_cost(result: dict[str, Any], real: bool
                    ) -> tuple[float, str, MeasuredHops | None]:
     """What each task cost the real workers beyond its run, for the simulator's hop (ms;
     the median over policies) and how it is made up: the mean hop (the busy time the
-    hops took) and, on emulated GPUs, the median overshoot of a run over its declared
-    time (a real-compute run feeds the simulator measured run times instead). Last, that
-    policy's measured hops and overshoots themselves, to draw task by task (``None``
-    where the run kept no hops)."""
-    from .bench.terms import run_overshoot_ms, run_overshoots
+    hops took), the median start-up of a task on a resident model (its inputs and
+    bookkeeping before the run) and, on emulated GPUs, the median overshoot of a run
+    over its declared time (a real-compute run feeds the simulator measured run times
+    instead). Last, that policy's measured hops and per-task overshoots themselves, to
+    draw task by task (``None`` where the run kept no hops)."""
+    from .bench.terms import run_overshoot_ms, startup_ms, task_overshoots
     from .sim.hops import MeasuredHops
 
-    parts = []  # (mean hop, run overshoot, the measured ones) per policy
+    parts = []  # (mean hop, start-up, run overshoot, the measured ones) per policy
     for r in result["policies"].values():
         hop = r.get("hop_mean_ms") or r.get("hop_ms")
         if hop:
             rows = r.get("prediction_rows", [])
-            overs = [] if real else run_overshoots(rows)
-            parts.append((hop, 0.0 if real else max(0.0, run_overshoot_ms(rows)),
-                          MeasuredHops.of(r.get("hop_gaps_ms") or [], overs)))
+            parts.append((hop, startup_ms(rows),
+                          0.0 if real else max(0.0, run_overshoot_ms(rows)),
+                          MeasuredHops.of(r.get("hop_gaps_ms") or [],
+                                          task_overshoots(rows, real))))
     if not parts:
         return 0.0, "", None
-    hop, over, measured = sorted(parts, key=lambda p: p[0] + p[1])[len(parts) // 2]
-    why = f"mean hop {hop:g} ms" + (f" + run overshoot {over:g} ms" if over else "")
-    return round(hop + over, 1), why, measured
+    hop, start, over, measured = sorted(parts, key=lambda p: sum(p[:3]))[len(parts) // 2]
+    why = f"mean hop {hop:g} ms" + (f" + start-up {start:g} ms" if start else "") + (
+        f" + run overshoot {over:g} ms" if over else "")
+    return round(hop + start + over, 1), why, measured
 
 
 #: How many independent draws of the measured per-task costs ``--compare-sim`` simulates:

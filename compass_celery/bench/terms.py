@@ -150,6 +150,29 @@ def run_overshoots(rows: Iterable[Mapping[str, Any]]) -> list[float]:
     return [float(r["meas_run"]) - float(r["pred_run"]) for r in rows]
 
 
+def startups(rows: Iterable[Mapping[str, Any]]) -> list[float]:
+    """Each task's start-up with its model resident (workload ms): from the worker's pick
+    to the run's start, spent fetching the job's inputs and settling its queued charge.
+    The worker pays it on every task, and neither the hop (which ends at the pick) nor
+    the run (which starts after it) covers it. Tasks that loaded (:data:`LOAD_MS` or
+    more) are left out: the simulator makes its own loads."""
+    return [float(r["meas_load"]) for r in rows if float(r["meas_load"]) < LOAD_MS]
+
+
+def startup_ms(rows: Iterable[Mapping[str, Any]]) -> float:
+    """The median start-up (:func:`startups`; 0 when no task ran on a resident model)."""
+    ups = startups(rows)
+    return round(statistics.median(ups), 2) if ups else 0.0
+
+
+def task_overshoots(rows: Iterable[Mapping[str, Any]], real: bool) -> list[float]:
+    """What each task took beyond its planned run and the hop (workload ms), to draw
+    from: its start-up on a resident model, plus (on emulated GPUs) its run's overshoot;
+    a real-compute run feeds the simulator measured run times instead."""
+    return [(float(r["meas_load"]) if float(r["meas_load"]) < LOAD_MS else 0.0)
+            + (0.0 if real else float(r["meas_run"]) - float(r["pred_run"])) for r in rows]
+
+
 def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0
                   ) -> dict[str, Any]:
     """What became of the loads the plan predicted (whole: the part it expected to wait

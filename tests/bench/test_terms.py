@@ -87,24 +87,29 @@ def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
 
 
 def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
-    from compass_celery.bench.terms import run_overshoot_ms
+    from compass_celery.bench.terms import run_overshoot_ms, startup_ms
     from compass_celery.cli import _per_task_cost
 
-    rows = [{"pred_run": 20.0, "meas_run": m} for m in (22.0, 23.0, 30.0)]
-    assert run_overshoot_ms(rows) == 3.0 and run_overshoot_ms([]) == 0.0
+    # three tasks on a resident model (a start-up of 1 to 2 ms before the run), one load
+    rows = [{"pred_run": 20.0, "meas_run": m, "pred_load": 0.0, "meas_load": up}
+            for m, up in ((22.0, 1.0), (23.0, 1.5), (30.0, 2.0))]
+    rows.append({"pred_run": 20.0, "meas_run": 24.0, "pred_load": 400.0, "meas_load": 450.0})
+    assert run_overshoot_ms(rows) == 3.5 and run_overshoot_ms([]) == 0.0
+    assert startup_ms(rows) == 1.5 and startup_ms([]) == 0.0  # the load is left out
     result = {"policies": {"compass": {"hop_ms": 8.0, "hop_mean_ms": 10.0,
                                        "prediction_rows": rows}}}
     # no hops kept: the constant only
-    assert _per_task_cost(result, real=False) == (13.0, "mean hop 10 ms + run overshoot 3 ms",
-                                                  None)
+    assert _per_task_cost(result, real=False) == (
+        15.0, "mean hop 10 ms + start-up 1.5 ms + run overshoot 3.5 ms", None)
     # real compute: the simulator already runs the measured run times
-    assert _per_task_cost(result, real=True)[:2] == (10.0, "mean hop 10 ms")
+    assert _per_task_cost(result, real=True)[:2] == (11.5, "mean hop 10 ms + start-up 1.5 ms")
     assert _per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "", None)
-    # the hops kept: drawn task by task, each with one of the measured overshoots
+    # the hops kept: drawn task by task, each with one task's start-up and overshoot
     result["policies"]["compass"]["hop_gaps_ms"] = [4.0, 6.0, 20.0]
     _, _, measured = _per_task_cost(result, real=False)
-    assert measured.hops_ms == (4.0, 6.0, 20.0) and measured.overshoots_ms == (2.0, 3.0, 10.0)
-    assert _per_task_cost(result, real=True)[2].overshoots_ms == ()
+    assert measured.hops_ms == (4.0, 6.0, 20.0)
+    assert measured.overshoots_ms == (3.0, 4.5, 12.0, 4.0)
+    assert _per_task_cost(result, real=True)[2].overshoots_ms == (1.0, 1.5, 2.0, 0.0)
 
 
 def test_a_predicted_load_a_prefetch_already_did_is_told_apart():
