@@ -379,7 +379,8 @@ def _compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
     if hop:
         runs.append((f"the measured per-task cost, {hop} ms ({why})", "_hop", hop, None))
     if hop and measured is not None:
-        plus = ", each plus a run overshoot" if measured.overshoots_ms else ""
+        plus = (", each plus a start-up" + ("" if real else " and a run overshoot")
+                if measured.overshoots_ms else "")
         runs.append((f"the measured per-task costs drawn task by task "
                      f"({len(measured.hops_ms)} hops{plus}), the median of {SIM_DRAWS} "
                      "draws", "_drawn", hop, measured))
@@ -408,12 +409,12 @@ def _spread_lines(spread: dict[str, Any], real: dict[str, Any]) -> str:
     fall among them."""
     lines = []
     for name, s in spread.items():
-        r, means, loads = real[name], s["mean_ms"], s["loads_after_warmup"]
+        means, loads = s["mean_ms"], s["loads_after_warmup"]
+        mean, loaded = real[name]["latency_ms"]["mean"], real[name].get("loads_after_warmup", 0)
         lines.append(f"  {name}: simulated mean {means['min']:.1f} to {means['max']:.1f} ms "
-                     f"over {s['draws']} draws, real {r['latency_ms']['mean']:.1f} "
-                     f"({_where(r['latency_ms']['mean'], means)}); loads after warm-up "
-                     f"{loads['min']} to {loads['max']}, real {r.get('loads_after_warmup', 0)} "
-                     f"({_where(r.get('loads_after_warmup', 0), loads)})")
+                     f"over {s['draws']} draws, real {mean:.1f} ({_where(mean, means)}); "
+                     f"loads after warm-up {loads['min']} to {loads['max']}, real {loaded} "
+                     f"({_where(loaded, loads)})")
     return "\n".join(lines)
 
 

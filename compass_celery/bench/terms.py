@@ -150,13 +150,19 @@ def run_overshoots(rows: Iterable[Mapping[str, Any]]) -> list[float]:
     return [float(r["meas_run"]) - float(r["pred_run"]) for r in rows]
 
 
+def _startup(row: Mapping[str, Any]) -> float | None:
+    """The row's start-up (see :func:`startups`), or ``None`` when the task loaded."""
+    ms = float(row["meas_load"])
+    return ms if ms < LOAD_MS else None
+
+
 def startups(rows: Iterable[Mapping[str, Any]]) -> list[float]:
     """Each task's start-up with its model resident (workload ms): from the worker's pick
     to the run's start, spent fetching the job's inputs and settling its queued charge.
     The worker pays it on every task, and neither the hop (which ends at the pick) nor
     the run (which starts after it) covers it. Tasks that loaded (:data:`LOAD_MS` or
     more) are left out: the simulator makes its own loads."""
-    return [float(r["meas_load"]) for r in rows if float(r["meas_load"]) < LOAD_MS]
+    return [up for r in rows if (up := _startup(r)) is not None]
 
 
 def startup_ms(rows: Iterable[Mapping[str, Any]]) -> float:
@@ -169,8 +175,9 @@ def task_overshoots(rows: Iterable[Mapping[str, Any]], real: bool) -> list[float
     """What each task took beyond its planned run and the hop (workload ms), to draw
     from: its start-up on a resident model, plus (on emulated GPUs) its run's overshoot;
     a real-compute run feeds the simulator measured run times instead."""
-    return [(float(r["meas_load"]) if float(r["meas_load"]) < LOAD_MS else 0.0)
-            + (0.0 if real else float(r["meas_run"]) - float(r["pred_run"])) for r in rows]
+    rows = list(rows)
+    overs = [0.0] * len(rows) if real else run_overshoots(rows)
+    return [(_startup(r) or 0.0) + over for r, over in zip(rows, overs, strict=True)]
 
 
 def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0

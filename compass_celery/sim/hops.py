@@ -24,7 +24,8 @@ from typing import Any
 @dataclass(frozen=True)
 class MeasuredHops:
     """Measured per-task costs to draw from (workload ms): the gaps a busy worker paid
-    between tasks, and how far runs overshot their plan (none: no overshoot). ``draw``
+    between tasks, and what each task took beyond its plan and that gap, its start-up
+    and its run's overshoot (none: nothing added). ``draw``
     picks one of independent, reproducible streams of draws (0: the run's own seed)."""
 
     hops_ms: tuple[float, ...]
