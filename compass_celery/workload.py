@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
+from .dag_validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .errors import CompassInputError
-from .jobs.validation import DagValidationError, dag_from_dict, describe, name_ok, number
 from .planner.admission import DEFAULT_SLO_CLASSES, Slo, SloError, resolve_slo, slo_class
 from .planner.batch import BatchError, batch_spec
 from .planner.types import (

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from celery import Celery
 from celery.canvas import Signature, _chain, _chord, group
 
-from .validation import DagValidationError
+from ..dag_validation import DagValidationError
 
 __all__ = ["DagBuilder", "GroupShape", "app_of", "canvas_result", "walk_canvas"]
 

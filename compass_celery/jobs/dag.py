@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 from celery import Celery
 from celery.canvas import Signature
 
+from ..dag_validation import DagValidationError, validate_dag
 from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
 from ..planner.batch import BatchSpec, batch_record
 from ..planner.priority import PriorityError, resolve_priority
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
-from .validation import DagValidationError, validate_dag
 
 #: Why a Dag never holds a cycle, said with every edge it refuses.
 BACKWARDS = ("a node can only come after nodes already added, so edges point backwards "

@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .validation import DagValidationError
+from ..dag_validation import DagValidationError
 
 #: What to do about data over the limits, said with every refusal.
 PASS_A_REFERENCE = ("pass a reference instead (a URL, an object-store key or a path the "

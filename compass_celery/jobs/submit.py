@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..admission import admit, due_at
+from ..dag_validation import DagValidationError
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
 from ..placement import Decision
 from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
@@ -46,7 +47,6 @@ from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .limits import check_submission
 from .retry import retry_transient
 from .send import publish_node, queued
-from .validation import DagValidationError
 
 if TYPE_CHECKING:
     from ..context import CompassContext

@@ -224,7 +224,7 @@ def test_reader_fails_fast_while_state_is_down_then_recovers():
 
 def test_every_input_error_shares_one_base_and_stays_a_value_error():
     from compass_celery import CompassInputError
-    from compass_celery.jobs.validation import DagValidationError
+    from compass_celery.dag_validation import DagValidationError
     from compass_celery.placement import PlacementError
     from compass_celery.settings import SettingsError
     from compass_celery.state.records import RecordError, decode_record

@@ -12,11 +12,11 @@ from celery import Celery
 
 from compass_celery import Compass
 from compass_celery.broker.kombu_redis import redis_time
+from compass_celery.dag_validation import DagValidationError
 from compass_celery.errors import CompassInputError
 from compass_celery.jobs import JobFailed
 from compass_celery.jobs.dag import Dag
 from compass_celery.jobs.keys import JobKeys, deadlines_key
-from compass_celery.jobs.validation import DagValidationError
 from compass_celery.local import wait_until
 from compass_celery.state import keys
 from compass_celery.testing import add_worker, worker_logs

@@ -11,8 +11,8 @@ from celery import Celery, chain, chord, group
 from celery.canvas import Signature, _chain
 
 from compass_celery import Compass
+from compass_celery.dag_validation import DagValidationError
 from compass_celery.jobs.dag import CanvasDag, Dag
-from compass_celery.jobs.validation import DagValidationError
 from compass_celery.testing import add_worker
 
 

@@ -6,9 +6,9 @@ import pytest
 from celery import Celery
 
 from compass_celery import Compass
+from compass_celery.dag_validation import DagValidationError
 from compass_celery.jobs import JobFailed
 from compass_celery.jobs.dag import Dag
-from compass_celery.jobs.validation import DagValidationError
 from compass_celery.testing import add_worker
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compass_celery.jobs.validation import DagValidationError, dag_from_dict, validate_dag
+from compass_celery.dag_validation import DagValidationError, dag_from_dict, validate_dag
 from compass_celery.planner.types import DagSpec, TaskSpec
 
 MODELS = {"det": 250.0, "cap": 950.0}

@@ -12,8 +12,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import CompassInputError
-from ..planner.types import DagSpec, TaskSpec
+from .errors import CompassInputError
+from .planner.types import DagSpec, TaskSpec
 
 MAX_NODES = 1000
 MAX_EDGES = 20_000
