@@ -30,6 +30,14 @@ from typing import Any
 from ..broker.amqp import is_amqp
 from ..emulated import BATCHED_ENV, BENCH_BATCHES, batched_tasks
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
+from ..results import (
+    JobOutcome,
+    duplicate_count,
+    duplicated_ids,
+    job_records,
+    latency_summary,
+    policy_result,
+)
 from ..state import keys
 from ..state.urls import masked
 from ..workload import WorkerSpec, Workload, job_stream
@@ -40,14 +48,6 @@ from .hostload import HostLoad, host_line
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
 from .slo import expiring_dag, read_records, submit
-from .stats import (
-    JobOutcome,
-    duplicate_count,
-    duplicated_ids,
-    job_records,
-    latency_summary,
-    policy_result,
-)
 from .terms import hop_gaps, hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).

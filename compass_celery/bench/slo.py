@@ -15,8 +15,8 @@ from typing import Any
 
 from ..errors import Rejected
 from ..planner.admission import Slo
-from .stats import JobOutcome
-from .stats import slo_table as stats_slo_table
+from ..results import JobOutcome
+from ..results import slo_table as stats_slo_table
 
 #: The error type a job dropped for its deadline ends with (``JobHandle.error``).
 SHED_ERROR = "DeadlineMissed"

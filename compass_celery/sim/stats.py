@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from ..bench.stats import JobOutcome, policy_result
-from ..bench.stats import slo_table as stats_slo_table
+from ..results import JobOutcome, policy_result
+from ..results import slo_table as stats_slo_table
 from .cluster import SimCluster
 
 BREAKDOWN_KEYS = ("queued_ms", "load_ms", "hop_ms", "run_ms")

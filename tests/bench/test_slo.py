@@ -11,9 +11,9 @@ import pytest
 from compass_celery.bench.options import BenchOptions, planner_policy
 from compass_celery.bench.runner import admission_on
 from compass_celery.bench.slo import apply_record, expiring_dag, read_records, slo_table, submit
-from compass_celery.bench.stats import JobOutcome, policy_result
 from compass_celery.errors import Rejected
 from compass_celery.planner.admission import Slo
+from compass_celery.results import JobOutcome, policy_result
 
 INTERACTIVE = Slo("interactive", 400.0, "reject", "interactive")
 
@@ -169,7 +169,7 @@ def test_markdown_tables_one_per_rate_with_extra_runs(tmp_path) -> None:
 
 
 def test_every_job_is_in_the_json_with_its_outcome():
-    from compass_celery.bench.stats import JobOutcome, job_records
+    from compass_celery.results import JobOutcome, job_records
 
     jobs = [JobOutcome(0, "a", 0.0, 100.0, slo="interactive", deadline_ms=400.0),
             JobOutcome(1, "a", 10.0, 600.0, slo="interactive", deadline_ms=400.0),

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from compass_celery import workloads
 from compass_celery.bench.runner import stranded_messages
-from compass_celery.bench.stats import duplicate_count, duplicated_ids
 from compass_celery.broker.kombu_redis import RedisLayout
 from compass_celery.cli import compass_command
+from compass_celery.results import duplicate_count, duplicated_ids
 
 
 def run(*args: str) -> object:

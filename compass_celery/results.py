@@ -8,6 +8,8 @@ from typing import Any
 
 import numpy as np
 
+from .tables import text_table
+
 
 @dataclass
 class JobOutcome:
@@ -144,8 +146,6 @@ def slo_table(result: Mapping[str, Any], extra_columns: Sequence[str] = (),
               extra: Callable[[Mapping[str, Any]], list[object]] = lambda r: []) -> str:
     """One row per policy and SLO class of a result's ``slo`` sections, then ``extra``'s
     cells for the policy's record under ``extra_columns``; '' when no job had a class."""
-    from ..tables import text_table
-
     rows = []
     for name, r in result["policies"].items():
         for cls, c in (r.get("slo") or {}).items():
