@@ -1,5 +1,6 @@
 """The package's shape, checked from its source with ``ast``: which subpackage may import
-which, no import cycles (type hints and imports inside functions included), no
+which (the pure side not Celery's at any depth), no import cycles between modules or
+between packages (type hints and imports inside functions included), no
 imports of the example apps, no function too long to read at once, and a docstring
 on every public name. Modules are split by concept, not by length: none is capped."""
 
@@ -144,6 +145,89 @@ def test_planner_cache_and_simulator_stay_off_the_celery_side() -> None:
         for m, deps in _imports_of(package).items():
             bad = sorted(d for d in deps if _within(d, CELERY_SIDE))
             assert not bad, f"{m} imports {bad}"
+
+
+#: The pure side: the simulator and all it runs (the planner, the cache, the workload parser,
+#: the result record) and the worker's core. None of it may import Celery, kombu or Redis at
+#: any depth: ``tests/test_purity.py`` runs the same imports with those blocked.
+PURE = ("compass_celery.planner", "compass_celery.sim", "compass_celery.cache",
+        "compass_celery.worker.core", "compass_celery.workload", "compass_celery.dag_validation",
+        "compass_celery.results")
+CELERY_LIBRARIES = ("celery", "kombu", "redis")
+
+
+def _reach(graph: dict[str, set[str]], start: str) -> dict[str, str | None]:
+    """Every module importing ``start`` loads, each with the module that brought it in:
+    its imports at any depth, and the packages above each (their ``__init__`` runs too)."""
+    came_from: dict[str, str | None] = {start: None}
+    todo = [start]
+    while todo:
+        v = todo.pop()
+        parts = v.split(".")
+        parents = {".".join(parts[:i]) for i in range(1, len(parts))}
+        for w in sorted(graph[v] | (parents & graph.keys())):
+            if w not in came_from:
+                came_from[w] = v
+                todo.append(w)
+    return came_from
+
+
+def _chain(came_from: dict[str, str | None], module: str) -> str:
+    path = [module]
+    while (up := came_from[path[-1]]) is not None:
+        path.append(up)
+    return " <- ".join(path)
+
+
+def test_the_reach_follows_imports_and_parent_packages() -> None:
+    graph = {"p": {"x"}, "p.a": {"p.b"}, "p.b": set(), "x": set(), "y": set()}
+    reach = _reach(graph, "p.a")
+    assert set(reach) == {"p.a", "p.b", "p", "x"}
+    assert _chain(reach, "x") == "x <- p <- p.a"
+
+
+def test_the_pure_side_imports_no_celery_at_any_depth() -> None:
+    """Not only its own imports: nothing it imports, nor what those import, is Celery's."""
+    graph = _graph()
+    bad: dict[str, str] = {}  # each offender once, with the first chain that reaches it
+    for root in sorted(m for m in MODULES if _within(m, PURE)):
+        reach = _reach(graph, root)
+        for m in sorted(set(reach) - set(bad)):
+            libs = sorted(d for d in _imported(m, MODULES[m]) if _within(d, CELERY_LIBRARIES))
+            if libs:
+                bad[m] = f"{_chain(reach, m)} imports {libs}"
+    assert not bad, "the pure side reaches Celery:\n" + "\n".join(bad.values())
+
+
+def _package(module: str) -> str:
+    """The subpackage (or top-level module) of compass_celery that ``module`` is in."""
+    return ".".join(module.split(".")[:2])
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    out: dict[str, set[str]] = {}
+    for m, deps in graph.items():
+        out.setdefault(_package(m), set()).update(
+            _package(d) for d in deps if _package(d) != _package(m))
+    return out
+
+
+def test_no_package_imports_one_that_imports_it_back() -> None:
+    """Modules may be acyclic while their packages are not: bench -> sim -> bench is a cycle."""
+    graph = _graph()
+    detail = []
+    for cycle in _cycles(_package_graph(graph)):
+        edges = {m: sorted(d for d in deps if _package(d) in cycle and _package(d) != _package(m))
+                 for m, deps in sorted(graph.items()) if _package(m) in cycle}
+        detail.append(f"{' <-> '.join(cycle)}: " + "; ".join(
+            f"{m} imports {to}" for m, to in edges.items() if to))
+    assert not detail, "package import cycles:\n" + "\n".join(detail)
+
+
+def test_the_package_graph_joins_modules_by_package() -> None:
+    graph = {"c.a.x": {"c.b.y"}, "c.b.y": {"c.a.z"}, "c.a.z": set()}
+    assert _cycles(graph) == []
+    assert _cycles(_package_graph(graph)) == [["c.a", "c.b"]]
 
 
 @pytest.mark.parametrize("package", ["compass_celery.state", "compass_celery.broker"])
