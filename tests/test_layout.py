@@ -139,12 +139,29 @@ def _imports_of(package: str) -> dict[str, set[str]]:
     return {m: _imported(m, p) for m, p in MODULES.items() if _within(m, package)}
 
 
+#: The worker's pure core: the one part of ``worker/`` the simulator runs (it imports the
+#: planner alone, and ``worker/__init__`` nothing, so importing it pulls in no Celery).
+WORKER_CORE = "compass_celery.worker.core"
+
+
 def test_planner_cache_and_simulator_stay_off_the_celery_side() -> None:
-    """The simulator runs the real planner and cache: none of them may need Celery or Redis."""
-    for package in ("compass_celery.planner", "compass_celery.cache", "compass_celery.sim"):
+    """The simulator runs the real planner, cache and worker core: none of them may need
+    Celery or Redis."""
+    for package in ("compass_celery.planner", "compass_celery.cache", "compass_celery.sim",
+                    WORKER_CORE):
         for m, deps in _imports_of(package).items():
-            bad = sorted(d for d in deps if _within(d, CELERY_SIDE))
+            bad = sorted(d for d in deps if _within(d, CELERY_SIDE) and d != WORKER_CORE)
             assert not bad, f"{m} imports {bad}"
+
+
+def test_the_worker_core_imports_only_the_planner() -> None:
+    """So it is pure transitively: the planner imports only itself (tested above), and the
+    worker package's ``__init__``, run on every import of the core, imports nothing."""
+    inside = {d for d in _imported(WORKER_CORE, MODULES[WORKER_CORE])
+              if d.startswith("compass_celery") or d.split(".")[0] in ("celery", "kombu",
+                                                                      "redis", "torch")}
+    assert inside and all(d.startswith("compass_celery.planner") for d in inside), inside
+    assert not _imported("compass_celery.worker", MODULES["compass_celery.worker"])
 
 
 #: The pure side: the simulator and all it runs (the planner, the cache, the workload parser,

@@ -1,11 +1,16 @@
-"""Simulated GPU workers: a FIFO queue, the real cache decider, timed loads and runs.
+"""Simulated GPU workers: the clock and the GPU around the real worker's rules.
 
-Each worker runs exactly the cache code the real workers run
+What a worker decides about its waiting tasks is the real worker's core
+(:mod:`compass_celery.worker.core`): which task runs next (priority level with ageing,
+then the oldest), dropping a task past its latest start, what waiting tasks charge per
+level (published as ``WorkerView.queued_ms``) and holding a batch open. Each worker also
+runs exactly the cache code the real workers run
 (:class:`~compass_celery.cache.decisions.CacheDecider`) and executes its
 ``Load``/``Evict`` actions with load times from the workload (host-RAM tier at
 ``host_load_mb_per_s``, storage at ``load_mb_per_s``, one load at a time).
-Celery-default mode is one shared FIFO queue from which idle workers take the
-next ready task, the way prefetch-one Celery workers pull from a broker.
+Celery-default mode is one shared queue (by priority, as kombu's sub-queues serve it;
+the ageing runs on a worker's own queue only) from which idle workers take the next
+ready task, the way prefetch-one Celery workers pull from a broker.
 
 A batchable task (``TaskSpec.batch``, ``planner.batch``) is run with up to
 ``max_size - 1`` more queued tasks of the same task and model, as one pass timed by the
@@ -19,23 +24,28 @@ time, no counts).
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
-from ..planner.admission import should_shed
-from ..planner.batch import BatchSpec, batch_key, hold_until_ms, marginal_ms
+from ..planner.batch import BatchSpec, batch_key, marginal_ms
 from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
 from ..planner.pending import send_charge_ms
+from ..planner.priority import DEFAULT_PRIORITY
 from ..planner.types import SHARED, ClusterView, WorkerView
+from ..worker.core import (
+    LevelQueue,
+    batch_close_at,
+    batch_latest_start_ms,
+    drop_at_dequeue,
+    expires_at_s,
+)
 from ..workload import WorkerSpec
 from .columns import LiveColumns
 from .engine import Engine
@@ -81,14 +91,17 @@ class SimTask:
     #: ms it waited while its worker held its batch open for more (0: none).
     held_ms: float = 0.0
     batch_size: int = 0  # inputs in the pass it ran in (0: not batched)
+    #: Its priority level, 0..9 (9 most urgent): its job's class's, as the router gives it.
+    level: int = DEFAULT_PRIORITY
 
 
 class SimWorker:
-    """One worker: FIFO queue, one task at a time, loads overlapped with runs by prefetch."""
+    """One worker: a queue by priority and age (``worker.core``), one task at a time,
+    loads overlapped with runs by prefetch."""
 
     def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
                  cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0,
-                 batching: str = "on", plan_hop: bool = True) -> None:
+                 batching: str = "on", plan_hop: bool = True, age_s: float = 0.0) -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
         # what its record says of the hop (a real worker learns it from its gaps), which
         # plans count and sends charge; 0 when plans are to leave it out. What each task
@@ -100,7 +113,8 @@ class SimWorker:
         self.decider = CacheDecider(spec.gpu_mem_mb, cache_policy, sizes=sizes)
         self.prefetching = cache_policy != "lru"
         self.host = HostTier(spec.host_mem_mb)  # the emulated GPU's tier, same rules
-        self.queue: deque[SimTask] = deque()
+        # waiting tasks, served by the real worker's rule; ``age_s`` is its ageing period
+        self.queue: LevelQueue[SimTask] = LevelQueue(age_s)
         self.queued_models: dict[str, int] = {}  # model -> queued tasks that need it
         self.running: SimTask | None = None
         self.backlog_ms = 0.0  # expected run time of queued + running tasks
@@ -140,7 +154,7 @@ class SimWorker:
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
                 hop_ms=self.published_hop_ms,
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
-                loading=dict(self.in_flight))
+                loading=dict(self.in_flight), queued_ms=self.queue.queued_ms())
         return self._view
 
     def preload(self, models: Iterable[str]) -> None:
@@ -177,7 +191,7 @@ class SimWorker:
         if task.batch is not None:
             self._join(task)
         self.backlog_ms += task.charged_ms
-        self.queue.append(task)
+        self.queue.push(task)
         if task.model is not None:
             self.queued_models[task.model] = self.queued_models.get(task.model, 0) + 1
         self.touch()
@@ -210,8 +224,9 @@ class SimWorker:
         else:
             del self.keyed[task.key]
 
-    def _queued(self, skip: int = 0) -> list[str | None]:
-        """The queued tasks' models from position ``skip`` on, for the cache decider.
+    def _queued(self, skip: SimTask | None = None) -> list[str | None]:
+        """The queued tasks' models in the order they are served (all but ``skip``, the
+        task about to start), for the cache decider.
 
         The decider reads only the first ``PREFETCH_LOOKAHEAD`` entries and where each
         model is first needed, so the list stops once it holds both: the same decisions
@@ -219,13 +234,15 @@ class SimWorker:
         """
         counts = self.queued_models
         distinct = len(counts)
-        if skip and self.queue:
-            head = self.queue[0].model
+        if skip is not None:
+            head = skip.model
             if head is not None and counts[head] == 1:
                 distinct -= 1
         out: list[str | None] = []
         seen: set[str] = set()
-        for task in islice(self.queue, skip, None):
+        for task in self.queue:
+            if task is skip:
+                continue
             model = task.model
             out.append(model)
             if model is not None:
@@ -234,11 +251,10 @@ class SimWorker:
                 break
         return out
 
-    def _pop(self) -> SimTask:
-        """Take the head task off the queue."""
-        task = self.queue.popleft()
+    def _pop(self, task: SimTask) -> None:
+        """Take the task that runs next (``queue.peek``) off the queue."""
+        self.queue.remove(task)
         self._uncount(task)
-        return task
 
     def remove(self, task: SimTask) -> None:
         """Take a queued task out unrun (its job was revoked); the worker moves on to its
@@ -280,13 +296,14 @@ class SimWorker:
         """Drop head tasks that can no longer meet their job's deadline, unrun (the
         planner's own rule, ``should_shed``); True when that emptied the queue (the worker
         then went idle and there is nothing to start)."""
-        dropped = False
+        dropped, now = False, self.engine.now
         while self.queue:
-            task = self.queue[0]
-            if task.tail_ms is None or not should_shed(self.engine.now / MS_PER_S,
-                                                       task.due_s, task.tail_ms):
+            task = self.queue.peek(now)
+            assert task is not None
+            if task.tail_ms is None or not drop_at_dequeue(
+                    now / MS_PER_S, expires_at_s(task.due_s, task.tail_ms)):
                 break
-            self.queue.popleft()
+            self.queue.remove(task)
             self._forget(task)
             task.dropped = dropped = True
             self.cluster.dropped += 1
@@ -305,7 +322,8 @@ class SimWorker:
         if self._drop_expired() or self.running is not None or not self.queue:
             return
         now = self.engine.now
-        task = self.queue[0]
+        task = self.queue.peek(now)
+        assert task is not None
         if task.turn_at < 0:
             task.turn_at = now
         model = task.model
@@ -320,10 +338,11 @@ class SimWorker:
                 if model not in self.decider.loading:
                     self._hint()
                     try:
-                        actions = self.decider.on_need(model, queued=self._queued(1), now=now)
+                        actions = self.decider.on_need(model, queued=self._queued(task),
+                                                       now=now)
                     except CacheFullError:
                         if not self.decider.loading:  # nothing will free memory: give up
-                            self._pop()
+                            self._pop(task)
                             task.where, task.dropped = None, True
                             self.backlog_ms -= task.charged_ms
                             self.touch()
@@ -345,7 +364,7 @@ class SimWorker:
             self._start_batch(task)
             return
         self.hold_from = -1.0
-        self._pop()
+        self._pop(task)
         self.running = task
         task.start_at = now
         task.where = None
@@ -363,22 +382,18 @@ class SimWorker:
         self.touch()
 
     def _hold(self, head: SimTask) -> bool:
-        """Whether to keep the head's batch open for more now (``batch.hold_until_ms``);
-        when so, a wake-up is set for the hold's end."""
+        """Whether to keep the head's batch open for more now (``worker.core``'s
+        ``batch_close_at``); when so, a wake-up is set for the hold's end."""
         spec = head.batch
         assert spec is not None
         now, waiting = self.engine.now, self.keyed[head.key]
-        latest = math.inf
-        if head.tail_ms is not None and head.due_s is not None:
-            latest = head.due_s * MS_PER_S - head.tail_ms
-        else:
-            due = getattr(head.job, "due", None)
-            if due is not None:
-                n = min(waiting, spec.max_size)
-                latest = due - spec.curve_for(head.exec_ms).of(n) / self.spec.speed
-        until = hold_until_ms(head.sent_at, spec, waiting=waiting,
-                              others_ready=len(self.queue) > waiting, latest_start_ms=latest)
-        if now >= until:
+        tail = head.tail_ms if head.due_s is not None else None
+        latest = batch_latest_start_ms(
+            spec, head.exec_ms, self.spec.speed, waiting, tail_ms=tail,
+            due_ms=head.due_s * MS_PER_S if tail is not None else getattr(head.job, "due", None))
+        until = batch_close_at(now, head.sent_at, spec, waiting=waiting,
+                               others_ready=len(self.queue) > waiting, latest_start_ms=latest)
+        if until is None:
             return False
         if self.hold_from < 0:
             self.hold_from = now
@@ -396,18 +411,12 @@ class SimWorker:
             return
         now = self.engine.now
         held_from, self.hold_from, self.hold_at = self.hold_from, -1.0, -1.0
-        self._pop()
+        self._pop(head)
         members = [head]
         want = min(spec.max_size - 1, self.keyed.get(head.key, 0))
         if want:
-            q, skipped = self.queue, []
-            while q and len(members) <= want:
-                t = q.popleft()
-                if t.key == head.key and t.ready_at <= now:
-                    members.append(t)
-                else:
-                    skipped.append(t)
-            q.extendleft(reversed(skipped))
+            key = head.key
+            members += self.queue.take(lambda t: t.key == key and t.ready_at <= now, want)
             for t in members[1:]:
                 if t.model is not None:
                     self.queued_models[t.model] -= 1
@@ -507,7 +516,8 @@ class SimCluster:
                  hop_ms: float = 0.0, demand: DemandTracker | None = None,
                  on_shed: Callable[[SimTask, SimWorker], None] | None = None,
                  batching: str = "on", plan_hop: bool = True,
-                 measured_hops: MeasuredHops | None = None, seed: int = 0) -> None:
+                 measured_hops: MeasuredHops | None = None, seed: int = 0,
+                 age_s: float = 0.0) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
@@ -524,14 +534,15 @@ class SimCluster:
             measured_hops.sampler(seed) if measured_hops is not None else lambda: hop_ms)
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
-        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching, plan_hop)
-                        for s in ordered]
+        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching, plan_hop,
+                                  age_s) for s in ordered]
         self.batches: list[int] = []  # inputs per batched pass, in start order
         self.holds: list[float] = []  # ms each batched pass was held open for more
         self.by_name = {w.name: w for w in self.workers}
         for i, w in enumerate(self.workers):
             w.index = i
-        self.shared_queue: deque[SimTask] = deque()
+        # by priority, no ageing: the real workers age only their own queues
+        self.shared_queue: LevelQueue[SimTask] = LevelQueue()
         self.idle: deque[SimWorker] = deque(self.workers) if shared else deque()
         for w in self.idle:
             w.listed_idle = True
@@ -586,14 +597,14 @@ class SimCluster:
             idle.listed_idle = False
             idle.enqueue(task)
         else:
-            self.shared_queue.append(task)
+            self.shared_queue.push(task)
 
     def on_idle(self, worker: SimWorker) -> None:
         """An idle worker takes the next shared-queue task (celery-default), or waits."""
         if not self.shared:
             return
         if self.shared_queue:
-            worker.enqueue(self.shared_queue.popleft())
+            worker.enqueue(self.shared_queue.pop(self.engine.now))
         else:
             worker.listed_idle = True
             self.idle.append(worker)

@@ -232,8 +232,12 @@ def test_same_functions_as_the_real_path():
     assert sim_runner.judge is admission.judge is edge.judge
     for name in ("job_finish_ms", "job_wait_ms", "tails_ms"):
         assert getattr(sim_runner, name) is getattr(admission, name) is getattr(submit, name)
-    assert sim_cluster.should_shed is admission.should_shed is runtime.should_shed
-    assert sim_runner.should_shed is admission.should_shed
+    assert sim_runner.should_shed is admission.should_shed is runtime.should_shed
+    # a worker drops at dequeue by the worker core's rule, on the planner's latest start
+    from compass_celery.worker import core
+
+    assert sim_cluster.drop_at_dequeue is core.drop_at_dequeue
+    assert core.latest_start is admission.latest_start
 
 
 def test_judge_gets_the_plans_finish_and_wait(monkeypatch):

@@ -58,9 +58,9 @@ def test_a_snapshot_keeps_its_columns_when_workers_change():
     assert_same_arrays(worker_arrays(snap), before)
 
 
-def _whole_queue(self, skip=0):
-    """The pre-speedup reference: every queued task's model."""
-    return [t.model for i, t in enumerate(self.queue) if i >= skip]
+def _whole_queue(self, skip=None):
+    """The pre-speedup reference: every queued task's model (but the one starting)."""
+    return [t.model for t in self.queue if t is not skip]
 
 
 @pytest.mark.parametrize("policy", ["hash", "round-robin", "jsq"])
@@ -74,7 +74,7 @@ def test_cut_queue_view_decides_as_the_whole_queue(policy, monkeypatch):
     longest = []
     cut = SimWorker._queued
 
-    def spy(self, skip=0):
+    def spy(self, skip=None):
         longest.append(len(self.queue))
         return cut(self, skip)
 

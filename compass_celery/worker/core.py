@@ -1,0 +1,208 @@
+"""What a worker decides about the tasks waiting for it, with no I/O: one home for the
+rules the real worker and the simulator both follow.
+
+- **Which waiting task runs next** (:func:`next_index`, :class:`LevelQueue`): the highest
+  priority level after ageing (``planner.priority.aged``: one level up per ``age_s``
+  waited), then the oldest, then the higher level it was sent at. On the real cluster
+  kombu's priority sub-queues serve the levels and the broker's ``age`` (which calls
+  ``aged``; ``broker/lua/promote.lua`` only moves the message, it cannot call Python)
+  promotes what has waited; the simulator runs :class:`LevelQueue`.
+- **Whether to drop a task at dequeue** (:func:`drop_at_dequeue`): its latest start
+  (``expires_at``, the deadline less its planned time to the job's end) has passed, as
+  Celery's ``expires`` drops it on the real worker.
+- **What a waiting task charges, per level** (:func:`queued_by_level`, and
+  :meth:`LevelQueue.queued_ms`): the ``WorkerView.queued_ms`` a worker publishes, so
+  that ``planner.priority.for_priority`` lets a task overtake what waits below it.
+- **Whether to hold a forming batch open** (:func:`batch_close_at`, through
+  ``planner.batch.hold_until_ms``, the one rule) and until when.
+
+Times are workload ms unless a name says ``_s``; ``now`` is always passed in. Pure: no
+Celery, kombu, Redis or torch, so ``compass_celery.sim`` runs it as it is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from ..planner.admission import latest_start
+from ..planner.batch import BatchSpec, hold_until_ms
+from ..planner.cost import MS_PER_S
+from ..planner.priority import DEFAULT_PRIORITY, aged
+
+
+class Waiting(Protocol):
+    """A task as the queue rules see it: its level, when it was sent (workload ms: its
+    wait, for ageing, counts from then) and what queueing it charged its worker."""
+
+    level: int
+    sent_at: float
+    charged_ms: float
+
+
+T = TypeVar("T", bound=Waiting)
+
+
+def next_index(heads: Sequence[tuple[int, float]], now_ms: float, age_s: float) -> int:
+    """Which of the waiting ``heads`` ((level, sent ms) each) runs next: the highest level
+    after ageing, then the oldest, then the one listed first (deterministic).
+
+    Levels are the RabbitMQ direction (9 most urgent); a task waits from when it was sent,
+    as the real worker ages a message from its header's ``queued_at``."""
+    best, best_key = 0, (-1, 0.0)
+    for i, (level, sent) in enumerate(heads):
+        key = (aged(level, (now_ms - sent) / MS_PER_S, age_s), -sent)
+        if key > best_key:
+            best, best_key = i, key
+    return best
+
+
+def drop_at_dequeue(now_s: float, expires_at_s: float | None) -> bool:
+    """Whether a task taken off the queue at ``now_s`` is dropped unrun: it is past its
+    latest start (epoch s of the worker's clock; None: it never expires), so starting it
+    can no longer meet its job's deadline. Celery's ``expires`` drops it so on the real
+    worker (the router stamps ``Decision.expires_at``, 0 there meaning none); the
+    simulator asks here."""
+    return expires_at_s is not None and now_s > expires_at_s
+
+
+def expires_at_s(due_s: float | None, tail_ms: float | None) -> float | None:
+    """A task's latest start (epoch s) from its job's due time and its planned time to the
+    job's end (``planner.admission.latest_start``, what the router stamps as
+    ``expires``); None when it has no deadline to miss."""
+    if due_s is None or tail_ms is None:
+        return None
+    return latest_start(due_s, tail_ms)
+
+
+def queued_by_level(charges: Iterable[tuple[int | None, float]]) -> dict[int, float]:
+    """What waiting tasks ((level, charge ms) each) charge each level: what the worker
+    publishes as ``WorkerView.queued_ms``. A task without a level counts at the
+    default (lowest) one, as it is served."""
+    out: dict[int, float] = {}
+    for level, ms in charges:
+        key = DEFAULT_PRIORITY if level is None else level
+        out[key] = out.get(key, 0.0) + ms
+    return out
+
+
+def batch_latest_start_ms(spec: BatchSpec, exec_ms: float, speed: float, waiting: int, *,
+                          due_ms: float | None = None, tail_ms: float | None = None) -> float:
+    """The latest a forming batch may start (workload ms): its head's latest start (its
+    job's due time less its planned time to the job's end) when it has one; else, for a
+    job with a deadline it does not shed at, the deadline less one pass over what waits;
+    else never (``inf``)."""
+    if due_ms is None:
+        return math.inf
+    if tail_ms is not None:
+        return due_ms - tail_ms
+    return due_ms - spec.curve_for(exec_ms).of(min(waiting, spec.max_size)) / speed
+
+
+def batch_close_at(now_ms: float, first_sent_ms: float, spec: BatchSpec, *, waiting: int,
+                   others_ready: bool, latest_start_ms: float = math.inf) -> float | None:
+    """Until when to hold a forming batch of ``waiting`` inputs open for more (a time to
+    wake at), or None to close it and start now (``planner.batch.hold_until_ms``)."""
+    until = hold_until_ms(first_sent_ms, spec, waiting=waiting, others_ready=others_ready,
+                          latest_start_ms=latest_start_ms)
+    return None if now_ms >= until else until
+
+
+class LevelQueue(Generic[T]):
+    """One worker's waiting tasks, a FIFO per priority level, served by
+    :func:`next_index`, with what each level's tasks charge (``WorkerView.queued_ms``).
+
+    Within a level the oldest waits at the front, so only the front of each level can
+    be next: picking looks at one task per level, whatever the queue's length. Iteration
+    (what the cache looks ahead at) runs level by level, most urgent first."""
+
+    __slots__ = ("age_s", "_fifo", "_order", "_ms", "_n")
+
+    def __init__(self, age_s: float = 0.0) -> None:
+        self.age_s = age_s  # ``compass_priority_age_s``; 0: no ageing
+        self._fifo: dict[int, deque[T]] = {}
+        self._order: list[int] = []  # levels with waiting tasks, most urgent first
+        self._ms: dict[int, float] = {}  # level -> ms its waiting tasks charged
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def __iter__(self) -> Iterator[T]:
+        for level in self._order:
+            yield from self._fifo[level]
+
+    def push(self, item: T) -> None:
+        """A task arrives: it waits behind those of its level, charging that level."""
+        level = item.level
+        fifo = self._fifo.get(level)
+        if fifo is None:
+            fifo = self._fifo[level] = deque()
+            self._ms[level] = 0.0
+            self._order.append(level)
+            self._order.sort(reverse=True)
+        fifo.append(item)
+        self._ms[level] += item.charged_ms
+        self._n += 1
+
+    def peek(self, now_ms: float) -> T | None:
+        """The task that runs next at ``now_ms`` (None: nothing waits)."""
+        order = self._order
+        if len(order) <= 1 or self.age_s <= 0:
+            return self._fifo[order[0]][0] if order else None
+        fronts = [self._fifo[level][0] for level in order]
+        return fronts[next_index([(t.level, t.sent_at) for t in fronts], now_ms, self.age_s)]
+
+    def pop(self, now_ms: float) -> T:
+        """Take off the task that runs next (the queue must not be empty)."""
+        item = self.peek(now_ms)
+        if item is None:
+            raise IndexError("pop from an empty LevelQueue")
+        self.remove(item)
+        return item
+
+    def remove(self, item: T) -> None:
+        """Take a waiting task out (started, dropped, revoked): off its level's charge."""
+        level = item.level
+        fifo = self._fifo[level]
+        if fifo[0] is item:
+            fifo.popleft()
+        else:
+            fifo.remove(item)
+        self._settle(level, fifo, item.charged_ms)
+
+    def take(self, match: Callable[[T], bool], limit: int) -> list[T]:
+        """Take out up to ``limit`` waiting tasks that ``match``, in iteration order (a
+        batch's other members), off their levels' charges."""
+        out: list[T] = []
+        for level in tuple(self._order):
+            if len(out) >= limit:
+                break
+            fifo, skipped, first = self._fifo[level], [], len(out)
+            while fifo and len(out) < limit:
+                t = fifo.popleft()
+                (out if match(t) else skipped).append(t)
+            fifo.extendleft(reversed(skipped))
+            if len(out) > first:
+                self._settle(level, fifo, sum(t.charged_ms for t in out[first:]),
+                             len(out) - first)
+        return out
+
+    def _settle(self, level: int, fifo: deque[T], ms: float, n: int = 1) -> None:
+        """``n`` tasks that charged ``ms`` left ``level``: the count and charge drop; an
+        emptied level is gone (its charge exactly 0, not what float sums leave)."""
+        self._n -= n
+        if fifo:
+            self._ms[level] -= ms
+        else:
+            del self._fifo[level], self._ms[level]
+            self._order.remove(level)
+
+    def queued_ms(self) -> dict[int, float]:
+        """ms charged per level by what waits (never below 0)."""
+        return {level: max(ms, 0.0) for level, ms in self._ms.items()}
