@@ -29,9 +29,23 @@ class PlacementError(CompassInputError):
     """The task cannot be placed as declared; the message names the problem."""
 
 
+#: The version of the ``compass`` header this code writes. A header of another version is
+#: read by field name (what both know survives a rolling deploy); one with none is 1.
+HEADER_VERSION = 2
+
+#: The fields that belong to the task, not to where it was placed: a re-placement (a
+#: hand-back, a drain, a restart's take-back, a retry) carries them over unchanged.
+CARRIED = ("task", "model", "exec_ms", "priority", "queued_at", "slo", "due", "expires_at",
+           "late", "batch")
+
+
 @dataclass(frozen=True)
 class Decision:
-    """Where a task goes and why; travels in the message's ``compass`` header."""
+    """Where a task goes and why: the one envelope every compass message carries in its
+    ``compass`` header, written by :meth:`as_header` and read by :meth:`from_header` only.
+
+    The first fields say where it was placed (and are redone by a re-placement); those in
+    :data:`CARRIED` belong to the task and survive every re-placement whole."""
 
     task: str
     model: str | None
@@ -61,6 +75,11 @@ class Decision:
     #: A batched task's batch key (``planner.batch``): its worker counts it among the
     #: inputs of that key waiting there until it starts. '' when unbatched.
     batch: str = ""
+    #: Its run time at speed 1.0 (``run_ms`` is on the chosen worker, its speed applied):
+    #: what a re-placement plans with, so a worker's speed is applied once.
+    exec_ms: float = 0.0
+    #: The header's version (:data:`HEADER_VERSION`).
+    v: int = HEADER_VERSION
 
     def backlog_charges(self, total: bool = True) -> list[tuple[str, float]]:
         """The BACKLOG members sending it charges, and by how much: its worker's total
@@ -91,12 +110,23 @@ class Decision:
         except TypeError:
             return None
 
+    @property
+    def planned_exec_ms(self) -> float:
+        """The speed-1.0 run time to plan it again with (a version 1 header, written
+        before ``exec_ms`` was carried, has only ``run_ms``)."""
+        return self.exec_ms or self.run_ms
+
+    def replaced(self, placed: Decision) -> Decision:
+        """``placed`` (a new placement of this task) carrying this task's own fields
+        (:data:`CARRIED`): its level, age, SLO class, due time, latest start, batch key."""
+        return replace(placed, **{name: getattr(self, name) for name in CARRIED})
+
 
 def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Decision:
     """A decision for the shared queue, charging no worker, with ``why`` as its reason."""
     return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                     policy=policy, charge_ms=0.0, run_ms=needs.exec_ms, reason=why,
-                    fallback=True)
+                    fallback=True, exec_ms=needs.exec_ms)
 
 
 def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
@@ -127,10 +157,11 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     if p.worker == SHARED:
         return Decision(task=needs.task, model=needs.model, worker=SHARED, queue=shared_queue,
                         policy=policy.name, charge_ms=0.0, est_finish_ms=p.finish_ms,
-                        run_ms=p.run_ms, reason=p.reason or "shared queue")
+                        run_ms=p.run_ms, reason=p.reason or "shared queue",
+                        exec_ms=needs.exec_ms)
     charge = p.charge_ms if p.charge_ms is not None \
         else send_charge_ms(p.run_ms or needs.exec_ms, p.hop_ms)
     return Decision(task=needs.task, model=needs.model, worker=p.worker, queue=p.queue,
                     policy=policy.name, charge_ms=charge, est_finish_ms=p.finish_ms,
                     wait_ms=p.wait_ms, load_ms=p.load_ms, run_ms=p.run_ms, reason=p.reason,
-                    priority=priority, batch=needs.batch_key)
+                    priority=priority, batch=needs.batch_key, exec_ms=needs.exec_ms)

@@ -41,6 +41,7 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
                         policy=c.policy.name, charge_ms=charge,
                         est_finish_ms=float((p or {}).get("finish_ms", 0.0)),
                         load_ms=float((p or {}).get("load_ms", 0.0)), run_ms=node["exec_ms"],
+                        exec_ms=node["exec_ms"],
                         reason=(p or {}).get("reason", "no live worker: shared queue"),
                         fallback=worker == SHARED, priority=node.get("priority"),
                         queued_at=time.time(), slo=node.get("slo") or "",
