@@ -59,12 +59,7 @@ class CompassRouter:
     def __call__(self, name: str, args: Any, kwargs: Any, options: dict[str, Any],
                  task: Any = None, **kw: Any) -> dict[str, Any] | None:
         c = self.compass
-        if "origin" in options and self._pinned_to_worker(options):
-            # A re-send built from a request (Task.retry: signature_from_request carries
-            # 'origin' and copies the old worker's queue); re-place it instead of pinning
-            # the retry to a worker that may be busy or gone.
-            for key in ("queue", "exchange", "routing_key"):
-                options.pop(key, None)
+        carried = self._resent(options)
         if options.get("queue") is not None:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
@@ -74,7 +69,7 @@ class CompassRouter:
         if needs is None:
             return None  # not ours: nothing read, nothing started
         slo = slo_of_call(c, call_slo(options))
-        level = self._level(options, slo)
+        level = carried.priority if carried is not None else self._level(options, slo)
         try:
             snapshot = c.reader.get()
         except StateUnavailable as exc:
@@ -101,7 +96,8 @@ class CompassRouter:
         if not decision.fallback:
             self._warned.clear()  # healthy again: warn afresh on the next outage
         # the level rides in the compass header; the publish hook maps it for the broker
-        decision = replace(decision, priority=level, queued_at=time.time())
+        decision = carried.replaced(decision) if carried is not None \
+            else replace(decision, priority=level, queued_at=time.time())
         self._local.pending = decision
         announce(c, decision)
         return {"queue": c.destination(decision.queue)}
@@ -155,6 +151,20 @@ class CompassRouter:
         if raw is None and slo is not None:
             raw = slo.priority
         return resolve_priority(raw, c.settings["priority_classes"])
+
+    def _resent(self, options: dict[str, Any]) -> Decision | None:
+        """For a re-send built from a request (``Task.retry``: signature_from_request
+        carries 'origin', the old headers and the old worker's queue), unpin it so it is
+        re-placed rather than sent back to a worker that may be busy or gone, and return
+        the placement it carried, whose task fields (level, age, deadline) it keeps."""
+        if "origin" not in options:
+            return None
+        if self._pinned_to_worker(options):
+            for key in ("queue", "exchange", "routing_key"):
+                options.pop(key, None)
+        headers = options.get("headers")
+        return Decision.from_header(headers.get("compass")) \
+            if isinstance(headers, dict) else None
 
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:
         queue = options.get("queue")

@@ -35,12 +35,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..broker.kombu_redis import BrokerQueues, MessageError, parse_message, redis_time
 from ..jobs.failure import sweep_overdue
-from ..needs import TaskNeeds
+from ..needs import TaskDeclarationError, TaskNeeds, batch_options
 from ..placement import Decision, PlacementError, decide
+from ..planner.batch import BatchSpec
 from ..planner.types import SHARED
 from ..state import keys
 from ..state.connection import StateUnavailable, text
-from ..state.keys import queued_field
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -170,12 +170,10 @@ def replace_staged(c: CompassContext, queues: BrokerQueues, queue: str,
         priority = (message.get("properties") or {}).get("priority")
         if queues.move(queue, raw, queues.target(target, priority), json.dumps(message)):
             moved += 1
-            if decision is not None and decision.charge_ms:
+            if decision is not None:
                 with contextlib.suppress(StateUnavailable):  # reconciled by its worker
-                    c.store.charge(decision.worker, decision.charge_ms)
-                    if decision.priority is not None:
-                        c.store.charge(queued_field(decision.worker, decision.priority),
-                                       decision.charge_ms)
+                    for member, amount in decision.backlog_charges():
+                        c.store.charge(member, amount)
     if moved:
         logger.warning("compass: re-placed %d task(s) from %s", moved, queue)
     return moved
@@ -184,7 +182,11 @@ def replace_staged(c: CompassContext, queues: BrokerQueues, queue: str,
 def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None = None
                  ) -> tuple[str, Decision | None]:
     """Re-plan one message against live state (never on ``exclude``); rewrite its
-    compass header and routing key in place; return its new queue."""
+    compass header and routing key in place; return its new queue.
+
+    Only where it goes is decided again, from its speed-1.0 run time (the old worker's
+    speed is not applied twice): the task's own fields (level, age, SLO class, due
+    time, latest start, batch key; ``placement.CARRIED``) are kept whole."""
     headers = message["headers"]
     old = Decision.from_header(headers.get("compass"))
     task = headers.get("task", "?")
@@ -196,11 +198,10 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
         if exclude is not None:
             snapshot = replace(snapshot, workers=tuple(w for w in snapshot.workers
                                                        if w.name != exclude))
-        needs = TaskNeeds(task, old.model, old.run_ms, 0.0, "declared")
-        decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                          priority=old.priority)
-        # it keeps its level and its age (the ageing rule counts from its first placement)
-        decision = replace(decision, priority=old.priority, queued_at=old.queued_at)
+        needs = TaskNeeds(task, old.model, old.planned_exec_ms, 0.0, "declared",
+                          _batch_of(c, task, old))
+        decision = old.replaced(decide(needs, snapshot, c.policy, c.model_sizes(),
+                                       c.shared_queue, priority=old.priority))
     except (StateUnavailable, PlacementError) as exc:
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
     if decision is None or decision.fallback:
@@ -217,3 +218,15 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
     info["routing_key"] = queue
     info.setdefault("exchange", "")
     return queue, decision
+
+
+def _batch_of(c: CompassContext, task: str, old: Decision) -> BatchSpec | None:
+    """The batch spec of a batched task being re-placed (its declaration, under the key
+    it was sent with), so it joins a batch forming elsewhere; None when unbatched."""
+    if not old.batch:
+        return None
+    try:
+        spec = batch_options(c.app.tasks.get(task))
+    except TaskDeclarationError:
+        return None
+    return replace(spec, key=old.batch) if spec is not None else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -90,6 +91,20 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         current_cache().run(self.compass_exec_ms)
         return x
 
+    def saw(task: Any) -> None:
+        """Log the compass header ``task`` runs with (re-placement tests read it back)."""
+        log.rpush("seen", json.dumps({"id": task.request.id, "host": task.request.hostname,
+                                      "compass": getattr(task.request, "compass", None)}))
+
+    @app.task(name="j.seen", bind=True, shared=False, compass_model="big", compass_exec_ms=300)
+    def seen(self: Any, x: Any = None, ms: float = 300) -> Any:
+        """Like j.heavy (running ``ms`` at speed 1.0), and logs the compass header it ran
+        with (a re-placement's test)."""
+        ran(self)
+        saw(self)
+        current_cache().run(ms)
+        return x
+
     @app.task(name="j.slow", bind=True, shared=False, compass_model="big",
               compass_exec_ms=1000)
     def slow(self: Any) -> None:
@@ -123,6 +138,7 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
     @app.task(name="j.flaky", bind=True, shared=False, compass_model="small",
               compass_exec_ms=5, max_retries=5)
     def flaky(self: Any, x: Any) -> Any:
+        saw(self)
         log.rpush("flaky", f"{self.request.hostname}|"
                            f"{(self.request.delivery_info or {}).get('routing_key')}")
         if self.request.retries < 2:
