@@ -15,6 +15,12 @@ start later than that and the job's queued tasks are revoked, and a finishing no
 released successors could no longer meet the deadline sheds the job instead of sending
 them. Times are workload ms (time scale 1).
 
+Priorities (``planner.priority``): a job's nodes take its SLO class's priority level (none:
+the lowest), as the router gives them. A job is planned, and a released successor
+re-placed, on the workers as a task of its level sees them (``for_priority``: only
+work in flight and queued at its level or above is ahead of it); workers serve their
+queues by level with ageing (``worker.core``, ``compass_priority_age_s``'s default).
+
 Batching (``planner.batch``): nodes a workload marks ``batch`` are run by a worker with
 queued tasks of the same node and model as one pass. ``batching="on"`` (the default)
 has workers publish their forming batches and compass place by them; ``"blind"`` has
@@ -46,6 +52,7 @@ from ..planner.admission import (
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
+from ..planner.priority import DEFAULT_PRIORITY, for_priority, resolve_priority
 from ..planner.static import NAME as STATIC
 from ..planner.static import (
     ReplicaAssignment,
@@ -63,6 +70,8 @@ from .stats import summarize
 
 #: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
 MOVE_FACTOR = float(OPTIONS["move_factor"].default)
+#: The runtime's ``compass_priority_age_s`` default: a waiting task climbs a level per period.
+PRIORITY_AGE_S = float(OPTIONS["priority_age_s"].default)
 #: Policies only the simulator can run (references, not in ``planner.POLICIES``):
 #: ``static-replicas`` (``planner.static``) needs its assignment, built per run here.
 SIM_ONLY_POLICIES = (STATIC,)
@@ -99,6 +108,8 @@ class Job:
     parts: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0, 0.0])
     #: Per task run in a batched pass: ms it waited while its batch was held open.
     held: list[float] = field(default_factory=list)
+    #: Its nodes' priority level (its SLO class's; 9 most urgent).
+    level: int = DEFAULT_PRIORITY
 
 
 class Simulation:
@@ -123,7 +134,8 @@ class Simulation:
                  rate: float | None = None, admission: bool = True,
                  max_queue_ms: float | None = None, warm: bool = False,
                  headroom: float = DEFAULT_HEADROOM, batching: str = "on",
-                 plan_hop: bool = True, measured_hops: MeasuredHops | None = None) -> None:
+                 plan_hop: bool = True, measured_hops: MeasuredHops | None = None,
+                 priority_age_s: float = PRIORITY_AGE_S) -> None:
         if batching not in BATCHING:
             raise ValueError(f"batching: expected one of {', '.join(BATCHING)}, "
                              f"got {batching!r}")
@@ -147,6 +159,10 @@ class Simulation:
         self.admission, self.max_queue_ms = admission, max_queue_ms
         self.headroom = headroom
         self.slos = {name: workload.slo(name) for name in workload.dags}
+        # each template's level, as the router resolves a job's class's priority
+        self.levels = {name: resolve_priority(slo.priority if slo is not None else None)
+                       for name, slo in self.slos.items()}
+        self._leveled: tuple[ClusterView, int, ClusterView] | None = None
         self.move_factor = move_factor
         self.workload, self.stream = workload, stream
         self.engine = Engine()
@@ -159,7 +175,8 @@ class Simulation:
                                   on_shed=self._dropped,
                                   refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand,
                                   batching=batching, plan_hop=plan_hop,
-                                  measured_hops=measured_hops, seed=workload.seed)
+                                  measured_hops=measured_hops, seed=workload.seed,
+                                  age_s=priority_age_s)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
@@ -175,7 +192,7 @@ class Simulation:
         """Run to the end, or up to ``until_ms`` (call again to go on from there)."""
         if not self.jobs:
             for i, (t, name) in enumerate(self.stream):
-                job = Job(i, self.workload.dags[name], t)
+                job = Job(i, self.workload.dags[name], t, level=self.levels[name])
                 self.jobs.append(job)
                 self.engine.at(t, self._arrive, job)
         self.engine.run(until_ms)
@@ -185,7 +202,7 @@ class Simulation:
         dag = job.dag
         if self.demand is not None:
             self.demand.observe(dag, self.engine.now / MS_PER_S)  # read at the next rebuild
-        snapshot = self.cluster.snapshot()
+        snapshot = self._for_level(self.cluster.snapshot(), job.level)
         started = time.perf_counter_ns()
         try:
             plan = self.policy.plan(dag, snapshot)
@@ -240,7 +257,7 @@ class Simulation:
             self.cluster.by_name[charged[0]].add_pending(-charged[1])
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
         task = SimTask(job, node, spec.model, spec.exec_ms, inputs,
-                       batch=spec.batch if self.batching != "off" else None)
+                       batch=spec.batch if self.batching != "off" else None, level=job.level)
         tail = job.tails.get(node)
         if tail is not None and job.due is not None:
             task.due_s, task.tail_ms = job.due / MS_PER_S, tail
@@ -288,14 +305,34 @@ class Simulation:
         for p in preds:
             inputs[job.where[p]] = inputs.get(job.where[p], 0.0) + job.dag.nodes[p].output_kb
         worker = self.cluster.by_name.get(planned)
-        moved = choose_successor(job.dag.nodes[node], planned, self.cluster.snapshot, inputs,
-                                 factor=self.move_factor, is_join=len(preds) > 1,
-                                 adjusts=self.adjusts,
-                                 planned=worker.view() if worker is not None else None)
+        level = job.level
+        record = worker.view() if worker is not None else None
+        if record is not None and level > DEFAULT_PRIORITY:
+            record = for_priority((record,), level)[0]  # what it would overtake there
+        moved = choose_successor(job.dag.nodes[node], planned,
+                                 lambda: self._for_level(self.cluster.snapshot(), level),
+                                 inputs, factor=self.move_factor, is_join=len(preds) > 1,
+                                 adjusts=self.adjusts, planned=record)
         if moved is None:
             return planned
         self.moved += 1
         return moved.worker
+
+    def _for_level(self, snapshot: ClusterView, level: int) -> ClusterView:
+        """``snapshot`` as a task of ``level`` sees it (``planner.priority.for_priority``,
+        as submission and the runtime's re-placement plan): the same object when nothing
+        waits below that level, so its live columns are reused. The last view built is
+        kept while its snapshot is current."""
+        workers = for_priority(snapshot.workers, level)
+        if workers is snapshot.workers:
+            return snapshot
+        kept = self._leveled
+        if kept is not None and kept[0] is snapshot and kept[1] == level:
+            return kept[2]
+        view = ClusterView(workers, snapshot.model_sizes_mb, snapshot.now, snapshot.demand,
+                           snapshot.load_ms)
+        self._leveled = (snapshot, level, view)
+        return view
 
     def _failed(self, task: SimTask, worker: SimWorker) -> None:
         task.job.failed = True
@@ -333,7 +370,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
              demand: bool = True, admission: bool = True,
              max_queue_ms: float | None = None, warm: bool = False,
              batching: str = "on", plan_hop: bool = True,
-             measured_hops: MeasuredHops | None = None) -> dict[str, Any]:
+             measured_hops: MeasuredHops | None = None,
+             priority_age_s: float = PRIORITY_AGE_S) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
     ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
@@ -354,6 +392,7 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
     ``warm`` starts every worker with models resident (see :class:`Simulation`).
     ``batching`` (``on``, ``blind``, ``off``; see the module) matters only for workloads
     with batchable nodes; their record then has a ``batching`` section.
+    ``priority_age_s`` is the workers' ageing period (``compass_priority_age_s``; 0: off).
     ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
     per policy. ``static-replicas`` (simulator only, ``planner.static``) also reports its
     ``assignment`` (model -> workers), ``replica_targets`` and ``replicas_missing``.
@@ -366,7 +405,8 @@ def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None
                          refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
                          demand=demand, rate=rate, admission=admission,
                          max_queue_ms=max_queue_ms, warm=warm, batching=batching,
-                         plan_hop=plan_hop, measured_hops=measured_hops)
+                         plan_hop=plan_hop, measured_hops=measured_hops,
+                         priority_age_s=priority_age_s)
         finished = sim.run()
         out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
         if sim.assignment is not None:

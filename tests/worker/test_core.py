@@ -1,0 +1,157 @@
+"""The worker core (``worker.core``) driven directly: no Celery, no Redis, no clock."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from compass_celery.planner import batch as planner_batch
+from compass_celery.planner.batch import BatchSpec
+from compass_celery.planner.priority import aged
+from compass_celery.worker import core
+from compass_celery.worker.core import (
+    LevelQueue,
+    batch_close_at,
+    batch_latest_start_ms,
+    drop_at_dequeue,
+    expires_at_s,
+    next_index,
+    queued_by_level,
+)
+
+AGE_S = 10.0
+
+
+@dataclass(eq=False)
+class Item:
+    name: str
+    level: int
+    sent_at: float
+    charged_ms: float = 10.0
+
+
+def drain(queue: LevelQueue[Item], now_ms: float) -> list[str]:
+    return [queue.pop(now_ms).name for _ in range(len(queue))]
+
+
+def test_the_highest_level_runs_first_then_the_oldest():
+    assert next_index([(0, 0.0), (9, 5.0), (5, 1.0)], 10.0, AGE_S) == 1
+    assert next_index([(3, 7.0), (3, 2.0), (3, 4.0)], 10.0, AGE_S) == 1
+    q: LevelQueue[Item] = LevelQueue(AGE_S)
+    for item in (Item("b0", 0, 0.0), Item("i9", 9, 1.0), Item("b1", 0, 2.0),
+                 Item("i9b", 9, 3.0), Item("m5", 5, 4.0)):
+        q.push(item)
+    assert [t.name for t in q] == ["i9", "i9b", "m5", "b0", "b1"]  # the cache's lookahead
+    assert drain(q, 5.0) == ["i9", "i9b", "m5", "b0", "b1"]
+    assert not q and q.peek(5.0) is None
+
+
+def test_ties_are_broken_the_same_way_every_time():
+    # same aged level, same age: the one listed first (the higher level it was sent at)
+    assert next_index([(2, 0.0), (2, 0.0)], 0.0, AGE_S) == 0
+    # a level-1 task aged to 2 against a level-2 task sent just now: the older runs
+    assert next_index([(2, 10_000.0), (1, 0.0)], 10_000.0, AGE_S) == 1
+    assert next_index([(2, 10_000.0), (1, 1.0)], 10_000.0, AGE_S) == 0  # not aged yet
+
+
+def test_ageing_lifts_a_starved_low_task():
+    q: LevelQueue[Item] = LevelQueue(AGE_S)
+    q.push(Item("old batch", 0, 0.0))
+    for k in range(5):
+        q.push(Item(f"fresh {k}", 9, 89_000.0 + k))
+    assert q.peek(1_000.0).name == "fresh 0"  # waited 1 s: still level 0
+    assert aged(0, 90.0, AGE_S) == 9  # 90 s waited: nine periods, level 9, and oldest
+    assert q.peek(90_000.0).name == "old batch"
+    # ageing off: the urgent work keeps the front however long the low task waits
+    off: LevelQueue[Item] = LevelQueue(0.0)
+    off.push(Item("old batch", 0, 0.0))
+    off.push(Item("fresh", 9, 89_000.0))
+    assert off.peek(1e9).name == "fresh"
+
+
+def test_drop_at_dequeue_once_past_the_latest_start():
+    latest = expires_at_s(10.0, 400.0)  # due at 10 s, 400 ms of the job still to run
+    assert latest == pytest.approx(9.6)
+    assert not drop_at_dequeue(9.5, latest)
+    assert not drop_at_dequeue(latest, latest)  # exactly at it: still in time
+    assert drop_at_dequeue(9.7, latest)
+    assert not drop_at_dequeue(1e12, None)  # no deadline: never dropped
+    assert expires_at_s(None, 400.0) is None and expires_at_s(10.0, None) is None
+
+
+def test_queued_charges_per_level():
+    assert queued_by_level([(9, 30.0), (0, 50.0), (9, 5.0), (None, 1.0)]) == {9: 35.0, 0: 51.0}
+    q: LevelQueue[Item] = LevelQueue(AGE_S)
+    items = [Item("a", 0, 0.0, 0.1), Item("b", 9, 0.0, 30.0), Item("c", 0, 1.0, 0.2),
+             Item("d", 0, 2.0, 0.7)]
+    for item in items:
+        q.push(item)
+    assert q.queued_ms() == pytest.approx({0: 1.0, 9: 30.0})
+    q.remove(items[2])  # from the middle of its level
+    assert q.queued_ms() == pytest.approx({0: 0.8, 9: 30.0}) and len(q) == 3
+    assert [t.name for t in q.take(lambda t: t.level == 0, 5)] == ["a", "d"]
+    assert q.queued_ms() == {9: 30.0}  # an emptied level is gone, not a float residue
+    assert q.pop(0.0).name == "b" and q.queued_ms() == {} and len(q) == 0
+
+
+def test_take_keeps_the_order_of_what_it_leaves():
+    q: LevelQueue[Item] = LevelQueue()
+    for i, name in enumerate(["x1", "y1", "x2", "y2", "x3"]):
+        q.push(Item(name, 0, float(i)))
+    assert [t.name for t in q.take(lambda t: t.name[0] == "x", 2)] == ["x1", "x2"]
+    assert [t.name for t in q] == ["y1", "y2", "x3"]
+
+
+def test_batch_hold_is_the_planners_rule():
+    assert core.hold_until_ms is planner_batch.hold_until_ms  # delegated, not copied
+    spec = BatchSpec(8, max_wait_ms=5.0)
+    # forming (3 of 8 wait, nothing else ready): held until 5 ms after the first arrived
+    assert batch_close_at(101.0, 100.0, spec, waiting=3, others_ready=False) == 105.0
+    assert batch_close_at(105.0, 100.0, spec, waiting=3, others_ready=False) is None
+    assert batch_close_at(101.0, 100.0, spec, waiting=3, others_ready=True) is None
+    assert batch_close_at(101.0, 100.0, spec, waiting=8, others_ready=False) is None
+    assert batch_close_at(101.0, 100.0, spec, waiting=3, others_ready=False,
+                          latest_start_ms=103.0) == 103.0  # never past a latest start
+    assert batch_latest_start_ms(spec, 10.0, 1.0, 3) == math.inf
+    assert batch_latest_start_ms(spec, 10.0, 1.0, 3, due_ms=500.0, tail_ms=40.0) == 460.0
+    # a deadline it is not shed at: the deadline less one pass over what waits
+    assert batch_latest_start_ms(spec, 10.0, 2.0, 3, due_ms=500.0) == 500.0 - 30.0 / 2.0
+
+
+PACKAGE_DIR = str(Path(core.__file__).parent.parent)
+BLOCKED = textwrap.dedent(
+    """
+    import sys, types, pathlib
+
+    class Blocker:
+        BLOCKED = {"celery", "kombu", "redis", "torch"}
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in self.BLOCKED:
+                raise ImportError(f"the worker core must not import {name}")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    parent = types.ModuleType("compass_celery")  # compass_celery/__init__ is Celery's side
+    parent.__path__ = [PACKAGE_DIR]
+    sys.modules["compass_celery"] = parent
+    from compass_celery.worker.core import LevelQueue
+    LevelQueue(10.0)
+    leaked = sorted(m for m in sys.modules if m.split(".")[0] in Blocker.BLOCKED)
+    assert not leaked, leaked
+    print("pure")
+    """
+)
+
+
+def test_the_core_imports_with_celery_kombu_redis_and_torch_blocked():
+    out = subprocess.run([sys.executable, "-c", f"PACKAGE_DIR = {PACKAGE_DIR!r}\n" + BLOCKED],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pure"
