@@ -128,6 +128,7 @@ class TaskPath:
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
         if isinstance(tag, str) and tag:
             self.leases.hold(request.id, tag)  # leased from now until it is acked
+        read_back_priority(request)
         job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
         if not isinstance(job, dict) or self.jobs is None:
             return
@@ -387,6 +388,18 @@ def drop_traceback(retval: Any) -> None:
     a picklable one) for whatever still reports it."""
     if isinstance(retval, BaseException):
         retval.__traceback__ = None
+
+
+def read_back_priority(request: Any) -> None:
+    """The task reads back the level it was sent with in ``request.delivery_info``, on
+    every broker: the broker's own value (a mirror image on kombu's Redis transport,
+    ``planner.priority.broker_priority``) gives way to the level in its compass header.
+    The dict is the one the request hands its pool, so the task's context sees it."""
+    placed = _header(request, "compass")
+    info = getattr(request, "delivery_info", None)
+    if isinstance(placed, dict) and isinstance(info, dict) \
+            and isinstance(placed.get("priority"), int):
+        info["priority"] = placed["priority"]
 
 
 def _header(request: Any, name: str) -> Any:

@@ -107,3 +107,14 @@ def test_retry_keeps_every_task_field(compass_redis_url, compass_workers):
         kept = Decision.from_header(header)
         for name in CARRIED:
             assert getattr(kept, name) == getattr(sent, name), (name, header)
+
+
+def test_a_task_reads_back_the_priority_it_was_sent_with(compass_redis_url, compass_workers):
+    """On Redis the broker needs the mirror image of a level (it serves 0 first): the task
+    still reads the level it was sent with, and so does its retry."""
+    app, ws = start(compass_redis_url, compass_workers, ["p@prio"])
+    task = app.tasks["j.prio"]
+    assert task.apply_async(priority=3).get(timeout=20) == 3, worker_logs(ws)
+    assert task.apply_async(priority="interactive").get(timeout=20) == 9
+    assert task.apply_async((True,), priority=2).get(timeout=20) == 2
+    assert app.log.lrange("prio", 0, -1)[-2:] == [b"2", b"2"]  # the first run and its retry

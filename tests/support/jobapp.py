@@ -105,6 +105,16 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         current_cache().run(ms)
         return x
 
+    @app.task(name="j.prio", bind=True, shared=False, compass_model="small",
+              compass_exec_ms=5, max_retries=1)
+    def prio(self: Any, retry: bool = False) -> Any:
+        """The priority this run reads in its delivery info; retried once if asked."""
+        seen = (self.request.delivery_info or {}).get("priority")
+        log.rpush("prio", str(seen))
+        if retry and not self.request.retries:
+            raise self.retry(countdown=0)
+        return seen
+
     @app.task(name="j.slow", bind=True, shared=False, compass_model="big",
               compass_exec_ms=1000)
     def slow(self: Any) -> None:
