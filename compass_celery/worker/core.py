@@ -30,7 +30,7 @@ from typing import Generic, Protocol, TypeVar
 from ..planner.admission import latest_start
 from ..planner.batch import BatchSpec, hold_until_ms
 from ..planner.cost import MS_PER_S
-from ..planner.priority import DEFAULT_PRIORITY, aged
+from ..planner.priority import aged
 
 
 class Waiting(Protocol):
@@ -79,12 +79,12 @@ def expires_at_s(due_s: float | None, tail_ms: float | None) -> float | None:
 
 def queued_by_level(charges: Iterable[tuple[int | None, float]]) -> dict[int, float]:
     """What waiting tasks ((level, charge ms) each) charge each level: what the worker
-    publishes as ``WorkerView.queued_ms``. A task without a level counts at the
-    default (lowest) one, as it is served."""
+    publishes as ``WorkerView.queued_ms``. A task without a level charges none, as its
+    send charged none (``Decision.backlog_charges``)."""
     out: dict[int, float] = {}
     for level, ms in charges:
-        key = DEFAULT_PRIORITY if level is None else level
-        out[key] = out.get(key, 0.0) + ms
+        if level is not None:
+            out[level] = out.get(level, 0.0) + ms
     return out
 
 

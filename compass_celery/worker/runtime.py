@@ -29,10 +29,12 @@ from ..placement import Decision
 from ..planner.batch import batch_key
 from ..planner.priority import LEVELS
 from ..planner.types import ClusterView
+from ..settings import with_flags
 from ..state.connection import StateUnavailable
 from ..state.keys import forming_field, queued_field
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
+from .core import queued_by_level
 from .hop import DispatchHop
 from .leases import Leases
 from .memory import FullCollector
@@ -57,9 +59,7 @@ class WorkerRuntime:
                  overrides: Mapping[str, Any] | None = None) -> None:
         self.compass, self.name, self.queue = compass, name, queue
         compass.plan_on_fresh_state()  # a worker's retries are placed on what is there now
-        self.cfg = {**compass.settings, **(overrides or {})}
-        if isinstance(self.cfg["preload"], str):
-            self.cfg["preload"] = [m for m in self.cfg["preload"].split(",") if m]
+        self.cfg = with_flags(compass.settings, overrides or {})
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
         served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
@@ -257,11 +257,11 @@ class WorkerRuntime:
             return
         store = self.compass.store
         waiting = [d for d in self.queued_decisions() if d.worker == self.name]
-        by_level = dict.fromkeys(LEVELS, 0.0)
+        # every level is written, so one that emptied is set back to 0
+        by_level = {**dict.fromkeys(LEVELS, 0.0),
+                    **queued_by_level((d.priority, d.charge_ms) for d in waiting)}
         inputs = dict.fromkeys(self._batch_keys, 0)  # keys seen before: back to 0
         for d in waiting:
-            if d.priority is not None:
-                by_level[d.priority] = by_level.get(d.priority, 0.0) + d.charge_ms
             if d.batch:
                 inputs[d.batch] = inputs.get(d.batch, 0) + 1
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None

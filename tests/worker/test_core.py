@@ -86,7 +86,7 @@ def test_drop_at_dequeue_once_past_the_latest_start():
 
 
 def test_queued_charges_per_level():
-    assert queued_by_level([(9, 30.0), (0, 50.0), (9, 5.0), (None, 1.0)]) == {9: 35.0, 0: 51.0}
+    assert queued_by_level([(9, 30.0), (0, 50.0), (9, 5.0), (None, 1.0)]) == {9: 35.0, 0: 50.0}
     q: LevelQueue[Item] = LevelQueue(AGE_S)
     items = [Item("a", 0, 0.0, 0.1), Item("b", 9, 0.0, 30.0), Item("c", 0, 1.0, 0.2),
              Item("d", 0, 2.0, 0.7)]
