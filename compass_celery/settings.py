@@ -155,28 +155,32 @@ OPTIONS: dict[str, Option] = {
 }
 
 
+def checked(name: str, value: Any, label: str | None = None) -> Any:
+    """``value`` for setting ``name`` if its declaration (:data:`OPTIONS`) accepts it;
+    else :class:`SettingsError` naming ``label`` (the setting, or the flag it came by),
+    the value and what is allowed."""
+    opt, label = OPTIONS[name], label or f"compass_{name}"
+    if value is not None and not isinstance(value, opt.type):
+        raise SettingsError(f"{label} must be {_type_name(opt.type)}, got {value!r}")
+    if isinstance(value, bool) and opt.type in ((int, float),):
+        raise SettingsError(f"{label} must be a number, got {value!r}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if not math.isfinite(value):
+            raise SettingsError(f"{label} must be finite, got {value!r}")
+        if opt.minimum is not None and value < opt.minimum:
+            bound = "> 0" if 0 < opt.minimum < 1e-3 else f">= {opt.minimum:g}"
+            raise SettingsError(f"{label} must be {bound}{opt.unit and ' ' + opt.unit}, "
+                                f"got {value!r}")
+    return value
+
+
 def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
     """Read every ``compass_*`` setting from ``conf``, typed and checked."""
     out: dict[str, Any] = {}
     for name, opt in OPTIONS.items():
         value = conf.get(f"compass_{name}", None)
-        if value is None:
-            value = opt.default
-        if value is not None and not isinstance(value, opt.type):
-            raise SettingsError(
-                f"compass_{name} must be {_type_name(opt.type)}, got {value!r}")
-        if isinstance(value, bool) and opt.type in ((int, float),) and name != "validate":
-            raise SettingsError(f"compass_{name} must be a number, got {value!r}")
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            if not math.isfinite(value):
-                raise SettingsError(f"compass_{name} must be finite, got {value!r}")
-            if opt.minimum is not None and value < opt.minimum:
-                raise SettingsError(
-                    f"compass_{name} must be >= {opt.minimum}{opt.unit and ' ' + opt.unit}, "
-                    f"got {value!r}")
-        out[name] = value
-    if isinstance(out["preload"], str):
-        out["preload"] = [m for m in out["preload"].split(",") if m]
+        out[name] = checked(name, opt.default if value is None else value)
+    _split_preload(out)
     if out["queue_prefix"] is None:
         out["queue_prefix"] = f"{out['key_prefix']}.w."
     if out["shared_queue"] is None:
@@ -198,6 +202,23 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
             raise SettingsError(f"compass_models[{model!r}] must be a size in MB > 0, "
                                 f"got {size!r}")
     return out
+
+
+def with_flags(values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+    """Resolved settings with a worker's ``--compass-*`` flags over them, each checked as
+    its setting is: a bad one (``--compass-speed 0``) is refused at start, naming the flag,
+    rather than published in a record every reader drops."""
+    out = dict(values)
+    for name, value in flags.items():
+        out[name] = checked(name, value, f"--compass-{name.replace('_', '-')}")
+    _split_preload(out)
+    return out
+
+
+def _split_preload(values: dict[str, Any]) -> None:
+    """``preload`` given as 'a,b' (a flag, an environment value) becomes a list."""
+    if isinstance(values["preload"], str):
+        values["preload"] = [m for m in values["preload"].split(",") if m]
 
 
 def _type_name(t: type | tuple[type, ...]) -> str:
