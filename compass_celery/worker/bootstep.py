@@ -16,6 +16,7 @@ from celery import Celery, bootsteps
 
 from ..broker.amqp import is_amqp
 from ..planner.types import SHARED
+from ..settings import with_flags
 from .runtime import WorkerRuntime, peek_queue
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class CompassWorker(bootsteps.StartStopStep):
             worker.concurrency = 1
         self.overrides = {k: options.get(f"compass_{k}") for k in WORKER_FLAGS
                           if options.get(f"compass_{k}") is not None}
+        with_flags(compass.settings, self.overrides)  # a bad flag stops the start here
         compass.priority_queues()  # before the queues below are named (RabbitMQ)
         queues = worker.app.amqp.queues
         self.own_queue = compass.queue_for(worker.hostname)
