@@ -343,6 +343,13 @@ class AmqpQueues:
         so a batched task runs as a batch of one here."""
         return []
 
+    def wait_for_arrival(self, queue: str, timeout_s: float) -> bool:
+        """Nothing to watch without peeking; no batch holds here (:meth:`claim` takes
+        none), so this only waits ``timeout_s`` out."""
+        if timeout_s > 0:
+            threading.Event().wait(timeout_s)
+        return False
+
     def ack(self, tags: Iterable[str]) -> None:
         """Nothing was claimed (:meth:`claim`), so nothing to ack."""
 

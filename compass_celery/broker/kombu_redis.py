@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -22,6 +23,10 @@ from ..planner.priority import aged, broker_priority
 from ..state import keys
 from ..state.connection import text
 from ..state.scripts import register_script
+
+#: Longest a watch's BLMOVE blocks server-side: under the client's socket timeout (compass
+#: uses 2 s), so a watch never reads as a dead connection; a longer wait blocks again.
+WATCH_BLOCK_S = 1.0
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``
@@ -206,6 +211,10 @@ class BrokerQueues(Protocol):
         ``queue``, in flight as if consumed: a batch's other members ([] where the broker
         cannot take messages by content: each runs as a batch of one)."""
 
+    def wait_for_arrival(self, queue: str, timeout_s: float) -> bool:
+        """Block until a message is in ``queue`` or ``timeout_s`` passes, consuming
+        nothing; -> whether one is there. A forming batch holds open with it."""
+
     def ack(self, tags: Iterable[str]) -> None:
         """Ack messages taken by :meth:`claim`."""
 
@@ -334,6 +343,17 @@ class RedisQueues:
                   *self.layout.lists(queue)],
             args=[task, model or "", limit, host_now, scan]))
 
+    def wait_for_arrival(self, queue: str, timeout_s: float) -> bool:
+        """Block until a message is in any of ``queue``'s lists or ``timeout_s`` passes,
+        consuming nothing; -> whether one arrived. A forming batch holds open with it:
+        its lists are empty then (anything else waiting ends the hold), so the first
+        push wakes it, a member to claim or other work to start the batch for.
+        Raises RedisError or OSError when the watch cannot be set (Redis < 6.2: no
+        BLMOVE)."""
+        if timeout_s <= 0:
+            return False
+        return ListWatch(self.client, self.layout.lists(queue)).wait(timeout_s)
+
     def ack(self, tags: Iterable[str]) -> None:
         """Ack claimed messages as kombu acks one (off its unacked hash and index)."""
         tags = list(tags)
@@ -390,6 +410,80 @@ class RedisQueues:
                 if target != name and self._promote(keys=[name, target], args=[raw]):
                     moved += 1
         return moved
+
+
+class ListWatch:
+    """Blocks until any of several lists holds a message, without popping it.
+
+    No Redis command blocks on several lists without popping, so each list gets a BLMOVE
+    of itself onto its own right end (a message that arrives stays where it was, in
+    order), on its own connection, read by its own thread; the first to return wakes
+    the caller. The wait's end is timed here, not by Redis, which ends a blocking
+    command only on its ``hz`` tick (100 ms by default, far past a batch's few ms):
+    CLIENT UNBLOCK then ends every watch still blocked, freeing its connection."""
+
+    def __init__(self, client: Any, lists: list[str], block_s: float = WATCH_BLOCK_S) -> None:
+        self.client, self.lists, self.block_s = client, lists, block_s
+        self.woke = threading.Event()
+        self.arrived = False
+        self.error: BaseException | None = None
+
+    def wait(self, timeout_s: float) -> bool:
+        """Watch every list for at most ``timeout_s``; -> whether a message arrived
+        (False also when a watch timed out on Redis's side first: wait again)."""
+        pool, conns = self.client.connection_pool, []
+        try:
+            for name in self.lists:
+                conn = _connection(pool)
+                conns.append(conn)
+                conn.send_packed_command(conn.pack_commands(
+                    [("CLIENT", "ID"), ("BLMOVE", name, name, "RIGHT", "RIGHT", self.block_s)]))
+            ids = [conn.read_response() for conn in conns]  # each BLMOVE now blocks
+        except BaseException:
+            for conn in conns:
+                conn.disconnect()
+                pool.release(conn)
+            raise
+        for conn in conns:
+            threading.Thread(target=self._read, args=(pool, conn), daemon=True,
+                             name="compass-list-watch").start()
+        self.woke.wait(timeout_s)
+        self._unblock(ids)
+        if self.error is not None and not self.arrived:
+            raise self.error
+        return self.arrived
+
+    def _read(self, pool: Any, conn: Any) -> None:
+        """One watch's reply: a message (it arrived), nil (timed out or unblocked)."""
+        try:
+            if conn.read_response() is not None:
+                self.arrived = True
+        except BaseException as exc:  # a dead connection: the caller hears of it
+            self.error = exc
+            conn.disconnect()
+        finally:
+            pool.release(conn)
+            self.woke.set()
+
+    def _unblock(self, ids: list[Any]) -> None:
+        """End the watches still blocked; one that cannot be ends within ``block_s``."""
+        from redis.exceptions import RedisError
+
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for client_id in ids:
+                pipe.client_unblock(int(client_id))
+            pipe.execute()
+        except (RedisError, OSError, ValueError):
+            pass
+
+
+def _connection(pool: Any) -> Any:
+    """A connection of its own from ``pool`` (redis-py 5.3+ takes no command name)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("BLMOVE")
 
 
 def dead_entry(queue: str, raw: bytes | str, reason: str) -> str:
