@@ -10,9 +10,12 @@ member's result (a job node's completion, or the result backend) and acks each m
 after its result is stored. A worker that dies mid-batch leaves the members in flight:
 recovery re-places them once their leases lapse, as for any task it ran.
 
-It waits for more inputs only while a batch is forming (some were waiting, fewer than
-``max_size``), for at most ``max_wait_ms`` and never past a member's latest start; an
-idle worker with nothing else waiting for the task starts at once.
+It waits for more inputs by the simulator's rule (``planner.batch.hold_until_ms``): only
+while a batch is forming (some were waiting, fewer than ``max_size``) and nothing else
+waits in its queue, until ``max_wait_ms`` after its first input was sent and never past
+a member's latest start, the leader's own included; an idle worker with nothing else
+waiting for the task starts at once. It blocks on the queue's lists meanwhile
+(``wait_for_arrival``), woken by the first message pushed there.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -34,8 +38,9 @@ from ..broker.kombu_redis import MessageError, parse_message
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
 from ..placement import Decision
-from ..planner.batch import BatchSpec
+from ..planner.batch import BatchSpec, hold_until_ms
 from ..state.connection import StateUnavailable
+from .timescale import wall_s, workload_ms
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -44,9 +49,6 @@ if TYPE_CHECKING:
     from .task_path import TaskPath
 
 logger = logging.getLogger("compass_celery.worker")
-
-#: How often a forming batch looks for more waiting inputs.
-POLL_S = 0.001
 
 _current: BatchRunner | None = None
 _lock = threading.Lock()
@@ -130,7 +132,7 @@ class BatchRunner:
         """Run the leader's ``value`` with every waiting input of the same task and model
         as one call of ``task.run``; settle the others; return (or raise) the leader's."""
         decision = Decision.from_header(getattr(task.request, "compass", None))
-        members = self._form(task, opts, decision.model if decision else None)
+        members = self._form(task, opts, decision)
         ready, inputs = [], [value]
         for m in members:
             if self._usable(task, m):
@@ -149,22 +151,53 @@ class BatchRunner:
             raise result
         return result
 
-    def _form(self, task: Any, opts: BatchSpec, model: str | None) -> list[Member]:
-        """Claim what waits now; while a batch is forming, wait for more, at most
-        ``max_wait_ms`` and never past a member's latest start."""
-        if not self.cfg["batching"]:
+    def _form(self, task: Any, opts: BatchSpec, leader: Decision | None) -> list[Member]:
+        """Claim what waits now; while :func:`~compass_celery.planner.batch.hold_until_ms`
+        (the simulator's rule) says hold, block until more arrive, then claim again."""
+        queues = self.compass.queues
+        if not self.cfg["batching"] or queues is None:
             return []
+        model = leader.model if leader else None
         members = self._claim(task, model, opts.max_size - 1)
-        if not members or len(members) >= opts.max_size - 1 or opts.max_wait_ms <= 0:
-            return members
-        until = time.time() + opts.max_wait_ms * self.cfg["time_scale"] / 1000
-        latest = [m.decision.expires_at for m in members if m.decision and m.decision.expires_at]
-        if latest:
-            until = min(until, min(latest))
-        while len(members) < opts.max_size - 1 and time.time() < until:
-            time.sleep(POLL_S)
+        while True:
+            others = bool(members) and self._others_waiting()  # alone, it starts anyway
+            now = time.time()
+            until = self._hold_until(opts, leader, members, now, others)
+            if until <= now:
+                return members
+            try:
+                queues.wait_for_arrival(self.queue, until - now)
+            except (RedisError, OSError) as exc:  # cannot watch: start with what it has
+                logger.warning("compass: batch of %d for %s starts without waiting for "
+                               "more: %s", len(members) + 1, task.name, exc)
+                return members
             members += self._claim(task, model, opts.max_size - 1 - len(members))
-        return members
+
+    def _hold_until(self, opts: BatchSpec, leader: Decision | None, members: list[Member],
+                    now: float, others_ready: bool) -> float:
+        """Until when (epoch s) the batch may hold open, by ``hold_until_ms``: not at all
+        with ``others_ready`` (other work waits behind it), else until ``max_wait_ms``
+        after its first input was sent (the oldest ``queued_at``, the sender's clock,
+        never later than now) and never past a member's latest start (``expires_at``),
+        the leader's own included; <= now: start."""
+        decisions = [d for d in (leader, *(m.decision for m in members)) if d is not None]
+        first = min([now, *(d.queued_at for d in decisions if d.queued_at > 0)])
+        latest = [d.expires_at for d in decisions if d.expires_at > 0]
+        scale = self.cfg["time_scale"]
+        until_ms = hold_until_ms(
+            workload_ms(first - now, scale), opts, waiting=len(members) + 1,
+            others_ready=others_ready,
+            latest_start_ms=workload_ms(min(latest) - now, scale) if latest else math.inf)
+        return now + wall_s(until_ms, scale)
+
+    def _others_waiting(self) -> bool:
+        """Whether work other than the batch's waits in this worker's queue (every waiting
+        member was just claimed, so whatever is left is not one); unknown counts as yes."""
+        queues = self.compass.queues
+        try:
+            return queues is None or queues.waiting(self.queue) > 0
+        except (RedisError, OSError):
+            return True
 
     def _claim(self, task: Any, model: str | None, limit: int) -> list[Member]:
         queues = self.compass.queues
