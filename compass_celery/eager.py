@@ -10,10 +10,11 @@ from celery import Celery
 from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from . import ledger
 from .errors import SendFailed, SetupError
 from .needs import batch_options, check_batched_call, declared, resolve_needs
 from .placement import Decision, decide
-from .router import announce, charge_backlog
+from .router import announce
 from .state.urls import masked
 
 if TYPE_CHECKING:
@@ -31,7 +32,7 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
         return None
     decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
                       c.settings["validate"], batch_aware=c.settings["batch_aware"])
-    charge_backlog(c, decision, +1)
+    ledger.charge(c, decision)
     announce(c, decision)
     return decision
 
@@ -88,7 +89,7 @@ class CompassTaskMixin:
         try:
             result = super().apply(args, kwargs, headers=headers, **options)  # type: ignore[misc]
         finally:
-            charge_backlog(compass, decision, -1)
+            ledger.charge(compass, decision, -1)
         compass.remember(result.id, decision)
         return result
 

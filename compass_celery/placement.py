@@ -20,7 +20,6 @@ from .planner.check import check_plan
 from .planner.pending import send_charge_ms
 from .planner.priority import for_priority
 from .planner.types import SHARED, DagSpec
-from .state.keys import forming_field, queued_field
 from .state.store import Snapshot
 from .state.views import cluster_view
 
@@ -80,19 +79,6 @@ class Decision:
     exec_ms: float = 0.0
     #: The header's version (:data:`HEADER_VERSION`).
     v: int = HEADER_VERSION
-
-    def backlog_charges(self, total: bool = True) -> list[tuple[str, float]]:
-        """The BACKLOG members sending it charges, and by how much: its worker's total
-        (left out without ``total``), its level's queued work, and one more input waiting
-        under its batch key. Empty when it charges nothing (the shared queue)."""
-        if not self.charge_ms:
-            return []
-        out = [(self.worker, self.charge_ms)] if total else []
-        if self.priority is not None:
-            out.append((queued_field(self.worker, self.priority), self.charge_ms))
-        if self.batch:
-            out.append((forming_field(self.worker, self.batch), 1.0))
-        return out
 
     def as_header(self) -> dict[str, Any]:
         """The decision as a plain dict, for the message's ``compass`` header. Every field

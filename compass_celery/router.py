@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from . import ledger
 from .admission import admit, due_at, slo_of_call
 from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
@@ -29,16 +30,6 @@ if TYPE_CHECKING:
     from .context import CompassContext
 
 logger = logging.getLogger("compass_celery.router")
-
-
-def charge_backlog(c: CompassContext, decision: Decision, sign: int) -> None:
-    """Add (``+1``) or take back (``-1``) a decision's run time on its worker's backlog,
-    in the store and in this process's snapshot, so the next decision sees it at once."""
-    if decision.charge_ms:
-        for member, amount in decision.backlog_charges():
-            c.store.charge(member, sign * amount)
-        c.reader.note_charge(decision.worker, sign * decision.charge_ms,
-                             level=decision.priority, batch=decision.batch)
 
 
 def announce(c: CompassContext, decision: Decision) -> None:
@@ -103,23 +94,21 @@ class CompassRouter:
         return {"queue": c.destination(decision.queue)}
 
     def _charge(self, decision: Decision) -> None:
-        """Charge the chosen worker (``Decision.backlog_charges``): at once in this
-        process's snapshot; in Redis through the batcher, off the enqueue path (in-process
-        stores directly)."""
+        """Charge the chosen worker (the ledger): at once in this process's snapshot; in
+        Redis through the batcher, off the enqueue path (in-process stores directly)."""
         c = self.compass
         if not decision.charge_ms:
             return
         if c.store.client is None:
-            charge_backlog(c, decision, +1)
+            ledger.charge(c, decision)
             return
         if self.charges is None:
             self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
             # this process's charges are in Redis before the reader reads there, and
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
-        c.reader.note_charge(decision.worker, decision.charge_ms, level=decision.priority,
-                             batch=decision.batch)
-        for member, amount in decision.backlog_charges():
+        ledger.note(c, decision)
+        for member, amount in ledger.sent(decision):
             self.charges.add(member, amount)
 
     def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot,

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
 
+from .. import ledger
 from ..errors import JobError, JobTimeout
 from ..needs import learned_loads, plan_error_key
 from ..placement import Decision
@@ -229,12 +230,8 @@ class JobRuntime:
                 pipe = pipe if pipe is not None else c.store.client.pipeline(transaction=False)
                 pipe.hset(keys.tasks, mapping={succ: tid for succ, tid, _, _ in sent})
                 for _, _, decision, planned in sent:
-                    if decision.charge_ms:
-                        for member, amount in decision.backlog_charges():
-                            c.store.charge(member, amount, pipe=pipe)
-                        # the next re-placement here sees it before the next read
-                        c.reader.note_charge(decision.worker, decision.charge_ms,
-                                             level=decision.priority, batch=decision.batch)
+                    # the next re-placement here sees it before the next read
+                    ledger.charge(c, decision, pipe=pipe)
                     if planned and planned.get("worker") not in (None, SHARED) and not resumed:
                         c.store.add_pending(planned["worker"], -planned_charge_ms(planned),
                                             pipe=pipe)  # no longer pending

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .. import ledger
 from ..admission import admit, due_at
 from ..dag_validation import DagValidationError
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
@@ -104,8 +105,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     sources = _send_sources(job, spec, plan)
     # the next job this process plans sees this one at once, as the router's bursts do,
     # not only once its snapshot is read again
-    for worker, ms, batch in sources:
-        c.reader.note_charge(worker, ms, batch=batch)
+    for decision in sources:
+        ledger.note(c, decision)
     for worker, ms in pending.values():
         c.reader.note_charge(worker, ms, pending=True)
     return handle
@@ -242,9 +243,9 @@ def _stored(node: dict[str, Any]) -> dict[str, Any]:
 
 
 def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
-                  ) -> list[tuple[str, float, str]]:
+                  ) -> list[Decision]:
     """Send the job's sources (nobody else does), then record them as sent and charge
-    their workers once; -> (worker, ms, batch key) charged."""
+    their workers once (the ledger); -> the decisions charged."""
     c, job_id = job.c, job.job_id
     sent = {}
     for name in _in_planned_order(spec.sources(), plan):
@@ -262,11 +263,11 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
 
     def charge(pipe: Any) -> None:
         _add_once(c, pipe, f"{job_id}:sources", "b",
-                  [x for d in charged for x in d.backlog_charges()])
+                  [x for d in charged for x in ledger.sent(d)])
 
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))
-    return [(d.worker, d.charge_ms, d.batch) for d in charged]
+    return charged
 
 
 def _in_planned_order(sources: list[str], plan: dict[str, Placement]) -> list[str]:

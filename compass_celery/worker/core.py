@@ -80,7 +80,7 @@ def expires_at_s(due_s: float | None, tail_ms: float | None) -> float | None:
 def queued_by_level(charges: Iterable[tuple[int | None, float]]) -> dict[int, float]:
     """What waiting tasks ((level, charge ms) each) charge each level: what the worker
     publishes as ``WorkerView.queued_ms``. A task without a level charges none, as its
-    send charged none (``Decision.backlog_charges``)."""
+    send charged none (``ledger.waiting``)."""
     out: dict[int, float] = {}
     for level, ms in charges:
         if level is not None:

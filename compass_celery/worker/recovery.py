@@ -33,6 +33,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from .. import ledger
 from ..broker.kombu_redis import BrokerQueues, MessageError, parse_message, redis_time
 from ..jobs.failure import sweep_overdue
 from ..needs import TaskDeclarationError, TaskNeeds, batch_options
@@ -172,8 +173,7 @@ def replace_staged(c: CompassContext, queues: BrokerQueues, queue: str,
             moved += 1
             if decision is not None:
                 with contextlib.suppress(StateUnavailable):  # reconciled by its worker
-                    for member, amount in decision.backlog_charges():
-                        c.store.charge(member, amount)
+                    ledger.charge(c, decision)
     if moved:
         logger.warning("compass: re-placed %d task(s) from %s", moved, queue)
     return moved

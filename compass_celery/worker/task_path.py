@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
 
+from .. import ledger
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
@@ -201,15 +202,13 @@ class TaskPath:
         (best effort: reconciliation corrects both)."""
         if decision is None or decision.worker != self.name:
             return
-        waited = decision.backlog_charges(total=False)
-        if not waited:
+        if not ledger.waiting(decision):
             return
         store = self.compass.store
         with contextlib.suppress(StateUnavailable, RedisError, OSError):  # one round trip
             pipe = store.client.pipeline(transaction=False) \
                 if store.client is not None else None
-            for member, amount in waited:
-                store.charge(member, -amount, pipe=pipe)
+            ledger.started(store, decision, pipe)
             if pipe is not None:
                 store.execute(pipe)  # type: ignore[attr-defined]
 
@@ -232,7 +231,7 @@ class TaskPath:
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0
         if decision is not None and decision.worker == self.name and decision.charge_ms:
-            store.charge(self.name, -decision.charge_ms, pipe=pipe)
+            ledger.ended(store, decision, pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
         if started is not None and state == "SUCCESS":  # learned in speed-1.0 ms (exec_ms)
             self._learn_run(task, model, size, run_ms * self.cfg["speed"], pipe)
@@ -273,7 +272,7 @@ class TaskPath:
         decision = Decision.from_header(_header(request, "compass"))
         if decision is not None and decision.worker == self.name and decision.charge_ms:
             with contextlib.suppress(StateUnavailable):
-                self.compass.store.charge(self.name, -decision.charge_ms)
+                ledger.ended(self.compass.store, decision)
             with self._lock:
                 started = request.id in self._running
             if not started:  # it never ran: it no longer waits either

@@ -1,0 +1,78 @@
+"""The ledger: what sending a task charges its worker's backlog, and what its start and
+its end release.
+
+A send charges three counts, all from the task's envelope (:class:`Decision`): its
+worker's total backlog (``charge_ms``: its run and that worker's per-task hop,
+``planner.pending.send_charge_ms``), the queued work of its priority level (the same ms,
+which tasks of a higher level skip), and one more input waiting under its batch key. Its
+start releases the level and the batch count (it no longer waits); its end releases the
+total. The router, job submission, successor sends, recovery's re-placements, retries and
+batches all charge through here, in Redis and in the sending process's own snapshot, so
+what is charged is what is released.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .state.keys import forming_field, queued_field
+
+if TYPE_CHECKING:
+    from .context import CompassContext
+    from .placement import Decision
+    from .state.store import StateStore
+
+Entries = list[tuple[str, float]]
+
+
+def sent(decision: Decision) -> Entries:
+    """The BACKLOG members sending ``decision`` charges, and by how much: its worker's
+    total, its level's queued work and its batch key's count; empty when it charges
+    nothing (the shared queue)."""
+    if not decision.charge_ms:
+        return []
+    return [(decision.worker, decision.charge_ms), *waiting(decision)]
+
+
+def waiting(decision: Decision) -> Entries:
+    """What counts ``decision`` as waiting (its level's queued work, its batch key's
+    inputs): charged by its send, released by its start."""
+    if not decision.charge_ms:
+        return []
+    out = []
+    if decision.priority is not None:
+        out.append((queued_field(decision.worker, decision.priority), decision.charge_ms))
+    if decision.batch:
+        out.append((forming_field(decision.worker, decision.batch), 1.0))
+    return out
+
+
+def post(store: StateStore, entries: Entries, sign: int = 1, pipe: Any = None) -> None:
+    """Write ``entries`` (``-1``: take them back) to the store, on ``pipe`` if given."""
+    for member, amount in entries:
+        store.charge(member, sign * amount, pipe=pipe)
+
+
+def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:
+    """Count a send (``-1``: take it back) in this process's snapshot at once, so its
+    next decision sees it before the next read."""
+    if decision.charge_ms:
+        c.reader.note_charge(decision.worker, sign * decision.charge_ms,
+                             level=decision.priority, batch=decision.batch)
+
+
+def charge(c: CompassContext, decision: Decision, sign: int = 1, pipe: Any = None) -> None:
+    """Charge a send (``-1``: take it back) in the store and in this process's snapshot."""
+    post(c.store, sent(decision), sign, pipe)
+    note(c, decision, sign)
+
+
+def started(store: StateStore, decision: Decision, pipe: Any = None) -> None:
+    """A task that starts no longer waits: release its level's and its batch's counts."""
+    post(store, waiting(decision), -1, pipe)
+
+
+def ended(store: StateStore, decision: Decision, pipe: Any = None) -> None:
+    """A task that ended (or was revoked) no longer occupies its worker: release its total."""
+    if decision.charge_ms:
+        store.charge(decision.worker, -decision.charge_ms, pipe=pipe)
