@@ -15,23 +15,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .state.keys import forming_field, queued_field
+from .state.keys import forming_member, queued_member
 
 if TYPE_CHECKING:
     from .context import CompassContext
     from .placement import Decision
     from .state.store import StateStore
 
-Entries = list[tuple[str, float]]
+#: What a send charges, as (counter hash, member, amount): the hash by its name in
+#: :data:`compass_celery.state.keys.COUNTERS` ("backlog", "queued", "forming").
+Entries = list[tuple[str, str, float]]
 
 
 def sent(decision: Decision) -> Entries:
-    """The BACKLOG members sending ``decision`` charges, and by how much: its worker's
-    total, its level's queued work and its batch key's count; empty when it charges
-    nothing (the shared queue)."""
+    """The counters sending ``decision`` charges, and by how much: its worker's total
+    (BACKLOG), its level's queued work (QUEUED) and its batch key's count (FORMING);
+    empty when it charges nothing (the shared queue)."""
     if not decision.charge_ms:
         return []
-    return [(decision.worker, decision.charge_ms), *waiting(decision)]
+    return [("backlog", decision.worker, decision.charge_ms), *waiting(decision)]
 
 
 def waiting(decision: Decision) -> Entries:
@@ -41,16 +43,17 @@ def waiting(decision: Decision) -> Entries:
         return []
     out = []
     if decision.priority is not None:
-        out.append((queued_field(decision.worker, decision.priority), decision.charge_ms))
+        out.append(("queued", queued_member(decision.worker, decision.priority),
+                    decision.charge_ms))
     if decision.batch:
-        out.append((forming_field(decision.worker, decision.batch), 1.0))
+        out.append(("forming", forming_member(decision.worker, decision.batch), 1.0))
     return out
 
 
 def post(store: StateStore, entries: Entries, sign: int = 1, pipe: Any = None) -> None:
     """Write ``entries`` (``-1``: take them back) to the store, on ``pipe`` if given."""
-    for member, amount in entries:
-        store.charge(member, sign * amount, pipe=pipe)
+    for table, member, amount in entries:
+        store.charge(member, sign * amount, pipe=pipe, table=table)
 
 
 def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:

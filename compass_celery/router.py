@@ -108,8 +108,8 @@ class CompassRouter:
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
         ledger.note(c, decision)
-        for member, amount in ledger.sent(decision):
-            self.charges.add(member, amount)
+        for table, member, amount in ledger.sent(decision):
+            self.charges.add(member, amount, table)
 
     def _admit(self, decision: Decision, slo: Slo | None, snapshot: Snapshot,
                guessed: bool = False) -> Decision:

@@ -55,12 +55,12 @@ def deadlines_key(prefix: str) -> str:
     return _keys.key(_keys.JOB_DEADLINES, prefix)
 
 
-def once_keys(prefix: str, token: str, kind: str) -> list[str]:
-    """once.lua's KEYS for ``token``: its guard, the backlog ('b') or pending ('p') hash,
-    the state log and the change log, all in the cluster state's hash slot."""
-    table = _keys.BACKLOG if kind == "b" else _keys.PENDING
-    return [_keys.key(_keys.ONCE, prefix, token=token), _keys.key(table, prefix),
-            _keys.key(_keys.STATE_LOG, prefix), _keys.key(_keys.CHANGES, prefix)]
+def once_keys(prefix: str, token: str) -> list[str]:
+    """once.lua's KEYS for ``token``: its guard, the state log, the change log and the
+    counter hashes (backlog, queued, forming, pending), all in the cluster state's slot."""
+    return [_keys.key(_keys.ONCE, prefix, token=token),
+            _keys.key(_keys.STATE_LOG, prefix), _keys.key(_keys.CHANGES, prefix),
+            *(_keys.key(template, prefix) for template, _ in _keys.COUNTERS.values())]
 
 
 def placement_json(p: Placement) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from ..planner.priority import for_priority
 from ..planner.types import ClusterView, DagSpec, Placement
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
+from ..state.keys import COUNTERS
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
 from ..state.store import Snapshot
@@ -215,7 +216,8 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
 
     def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
         pipe.zadd(deadlines_key(c.settings["key_prefix"]), {job.job_id: now + timeout})
-        _add_once(c, pipe, f"{job.job_id}:plan", "p", list(pending.values()))
+        _add_once(c, pipe, f"{job.job_id}:plan",
+                  [("pending", worker, ms) for worker, ms in pending.values()])
 
     # done or not, a retry of start is safe: ZADD is idempotent and once.lua adds the
     # work once; a job recorded is recorded whole, with its start when they share a step
@@ -262,8 +264,7 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
         pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
 
     def charge(pipe: Any) -> None:
-        _add_once(c, pipe, f"{job_id}:sources", "b",
-                  [x for d in charged for x in ledger.sent(d)])
+        _add_once(c, pipe, f"{job_id}:sources", [x for d in charged for x in ledger.sent(d)])
 
     job.step("confirming its sources", confirm, charge,
              done=lambda: c.store.client.hlen(job.keys.tasks) >= len(sent))
@@ -287,17 +288,15 @@ def _transaction(client: Any, *steps: Callable[[Any], None]) -> None:
     run_pipeline(pipe)
 
 
-def _add_once(c: CompassContext, client: Any, token: str, kind: str,
-              changes: list[tuple[str, float]]) -> None:
-    """Add each (worker, ms) to the backlog (``kind`` 'b') or pending ('p') counters once
-    per ``token`` (once.lua), on ``client`` or a pipeline; nothing to add writes nothing."""
+def _add_once(c: CompassContext, client: Any, token: str,
+              changes: list[tuple[str, str, float]]) -> None:
+    """Add each (counter hash, member, amount), as the ledger gives them, once per
+    ``token`` (once.lua), on ``client`` or a pipeline; nothing to add writes nothing."""
     if not changes:
         return
-    prefix = c.settings["key_prefix"]
-    guard, table, log, changes_key = once_keys(prefix, token, kind)
     ttl = int(c.settings["submit_retry_s"]) + 60  # outlasts every retry of this submission
     once = register_script(c.store.client, "changelog", "once")
-    args: list[Any] = [ttl, kind, epoch_candidate(), CHANGE_LOG_SIZE]
-    for worker, ms in changes:
-        args += [worker, ms]
-    once(keys=[guard, table, log, changes_key], args=args, client=client)
+    args: list[Any] = [ttl, epoch_candidate(), CHANGE_LOG_SIZE]
+    for table, member, amount in changes:
+        args += [COUNTERS[table][1], member, amount]
+    once(keys=once_keys(c.settings["key_prefix"], token), args=args, client=client)

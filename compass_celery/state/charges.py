@@ -39,7 +39,8 @@ class ChargeBatcher:
         # Held for a whole flush, so a caller's flush returns only once every charge it
         # could see (the flusher thread's in-flight batch included) is in Redis.
         self._flushing = threading.Lock()
-        self._pending: defaultdict[str, float] = defaultdict(float)
+        # (counter hash, member) -> amount not written yet
+        self._pending: defaultdict[tuple[str, str], float] = defaultdict(float)
         self._wake = threading.Event()
         self._pid: int | None = None
         self.flushes = self.dropped = 0
@@ -53,23 +54,24 @@ class ChargeBatcher:
         self._wake.set()
         atexit.unregister(self.flush)
 
-    def add(self, worker: str, ms: float) -> None:
-        """Charge ``ms`` to ``worker``'s backlog in Redis within a flush."""
+    def add(self, member: str, ms: float, table: str = "backlog") -> None:
+        """Charge ``ms`` to a counter in Redis within a flush: by default ``member`` is a
+        worker's backlog; ``table`` names another (the ledger's entries)."""
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: own thread
                 self._pending.clear()
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="compass-charges", daemon=True).start()
-            self._pending[worker] += ms
+            self._pending[(table, member)] += ms
         self._wake.set()
 
     def flush(self) -> int:
         """Write every gathered charge now, after any flush under way; returns how many
-        workers' backlogs it wrote."""
+        counters it wrote."""
         with self._flushing:
             return self._flush()
 
-    def read_through(self, read: Callable[[], T]) -> tuple[T, dict[str, float]]:
+    def read_through(self, read: Callable[[], T]) -> tuple[T, dict[tuple[str, str], float]]:
         """``read()`` while no charge is written, so the read sees exactly the charges
         written before it started; returns what it read and every charge not written yet
         (gathered before or during the read), which the caller folds into what it read.
@@ -90,8 +92,8 @@ class ChargeBatcher:
             return 0
         pipe = self.store.client.pipeline(transaction=False)  # batched for Redis stores only
         try:
-            for worker, ms in batch.items():
-                self.store.charge(worker, ms, pipe=pipe)
+            for (table, member), ms in batch.items():
+                self.store.charge(member, ms, pipe=pipe, table=table)
             self.store.execute(pipe)  # type: ignore[attr-defined]
         except StateUnavailable as exc:
             self.dropped += len(batch)

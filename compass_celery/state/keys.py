@@ -31,28 +31,36 @@ WORKER_STATS = "{{{p}}}:worker-stats"
 # zset: worker name -> Redis TIME of its last publish (liveness); publish.lua / remove.lua,
 # run by state/store.py
 BEATS = "{{{p}}}:beats"
-# hash: worker name -> ms queued and running; counter.lua, run by state/store.py (charge,
-# set_backlog), and once.lua, run by jobs/submit.py (a job's sources). Its members
-# "<worker>\x1f<level>" (queued_field) hold the ms queued at each priority level and
-# not started yet: charged with the backlog, taken off when the task starts. Its members
-# "<worker>\x1e<batch key>" (forming_field) count the inputs of a batched task waiting
-# there (added by whoever sends one, taken off when it starts, set by the worker's
-# reconcile): the planner reads the batch forming there from them
+# hash: worker name -> its total backlog, ms queued and running; counter.lua, run by
+# state/store.py (charge, set_backlog), and once.lua, run by jobs/submit.py (a job's
+# sources). Its members are worker names and nothing else
 BACKLOG = "{{{p}}}:backlog"
-#: Separates a worker's name from a priority level in a BACKLOG member.
-QUEUED_SEP = "\x1f"
-#: Separates a worker's name from a batch key in a BACKLOG member.
-FORMING_SEP = "\x1e"
+# hash: queued_member(worker, level) -> ms queued on that worker at that priority level
+# and not started yet: charged with the backlog, taken off when the task starts, set by
+# the worker's reconcile; counter.lua (state/store.py) and once.lua (jobs/submit.py)
+QUEUED = "{{{p}}}:queued"
+# hash: forming_member(worker, batch key) -> how many inputs of a batched task wait there
+# (added by whoever sends one, taken off when it starts, set by the worker's reconcile):
+# the planner reads the batch forming there from them; counter.lua and once.lua, as above
+FORMING = "{{{p}}}:forming"
+#: Separates the worker's name from the level or batch key in a QUEUED or FORMING member.
+MEMBER_SEP = "\x1f"
 # hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
 # (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
 PENDING = "{{{p}}}:pending"
+
+#: The per-worker counter hashes by the name stores and the ledger call them: each one's
+#: template and the letter its changes carry in the change log (CHANGES).
+COUNTERS: dict[str, tuple[str, str]] = {
+    "backlog": (BACKLOG, "b"), "queued": (QUEUED, "q"), "forming": (FORMING, "i"),
+    "pending": (PENDING, "p")}
 # hash: "task|model" -> JSON {"exec_ms", "n"} learned run time; ewma.lua, run by
 # state/store.py (record_run)
 PROFILES = "{{{p}}}:profiles"
 # hash: version (bumped per change), epoch, floor (newest version trimmed); changelog.lua,
 # put in front of every state script above (state/store.py, jobs/submit.py)
 STATE_LOG = "{{{p}}}:state-log"
-# zset: "w:"/"b:"/"p:"/"f:" + name -> version of its last change; changelog.lua, as above
+# zset: "w:"/"b:"/"q:"/"i:"/"p:"/"f:" + name -> version of its last change; changelog.lua, as above
 CHANGES = "{{{p}}}:changes"
 
 # -- recovery (state Redis) -------------------------------------------------------------
@@ -117,26 +125,17 @@ def key(template: str, prefix: str, **fields: str) -> str:
     return template.format(p=prefix, **fields)
 
 
-def queued_field(worker: str, level: int) -> str:
-    """The BACKLOG member holding ``worker``'s queued work at priority ``level``."""
-    return f"{worker}{QUEUED_SEP}{int(level)}"
+def queued_member(worker: str, level: int) -> str:
+    """The QUEUED member holding ``worker``'s queued work at priority ``level``."""
+    return f"{worker}{MEMBER_SEP}{int(level)}"
 
 
-def split_queued(member: str) -> tuple[str, int | None]:
-    """A BACKLOG member as (worker, level); level None for the worker's own total (or a
-    batch count, :func:`split_forming`)."""
-    worker, sep, level = member.rpartition(QUEUED_SEP)
-    if not sep or not level.isdigit():
-        return split_forming(member)[0], None
-    return worker, int(level)
+def forming_member(worker: str, batch: str) -> str:
+    """The FORMING member counting the inputs of batch key ``batch`` waiting on ``worker``."""
+    return f"{worker}{MEMBER_SEP}{batch}"
 
 
-def forming_field(worker: str, batch: str) -> str:
-    """The BACKLOG member counting the inputs of batch key ``batch`` waiting on ``worker``."""
-    return f"{worker}{FORMING_SEP}{batch}"
-
-
-def split_forming(member: str) -> tuple[str, str | None]:
-    """A BACKLOG member as (worker, batch key); None when it is not a batch count."""
-    worker, sep, batch = member.partition(FORMING_SEP)
-    return (worker, batch) if sep and batch else (member, None)
+def split_member(member: str) -> tuple[str, str]:
+    """A QUEUED or FORMING member as (worker, level or batch key)."""
+    worker, _, part = member.partition(MEMBER_SEP)
+    return worker, part

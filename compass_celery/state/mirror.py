@@ -18,10 +18,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..planner.cost import evolve
-from ..planner.priority import LEVELS
 from ..planner.types import WorkerView
 from .connection import text
-from .keys import forming_field, queued_field, split_forming, split_queued
+from .keys import split_member
 from .records import dead_reason, decode_ms, judge_record, parse_profile
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
@@ -37,6 +36,44 @@ def epoch_candidate() -> str:
 def pairs(flat: Sequence[Any]) -> dict[str, Any]:
     """A flat field/value reply as a dict with text keys."""
     return {text(flat[i]): flat[i + 1] for i in range(0, len(flat), 2)}
+
+
+def _nest(table: dict[str, dict[Any, Any]], member: str, value: Any, inputs: bool) -> str:
+    """Set (``value`` None: drop) one QUEUED member (``inputs``: a FORMING member) in
+    ``table`` (worker -> level or batch key -> ms or count); nothing and none left out.
+    Returns the member's worker."""
+    worker, part = split_member(member)
+    if not inputs and not part.lstrip("-").isdigit():
+        return worker  # not a level: nothing this reader knows
+    sub: Any = part if inputs else int(part)
+    amount = decode_ms(value)
+    amount = round(amount) if inputs else amount
+    got = table.get(worker)
+    if amount > 0:
+        table[worker] = {**(got or {}), sub: amount}  # new dicts: views keep theirs
+    elif got is not None and sub in got:
+        rest = {k: v for k, v in got.items() if k != sub}
+        if rest:
+            table[worker] = rest
+        else:
+            del table[worker]
+    return worker
+
+
+def queued_by_worker(flat: dict[str, Any]) -> dict[str, dict[int, float]]:
+    """QUEUED members as worker -> priority level -> ms queued (none left out)."""
+    table: dict[str, dict[int, float]] = {}
+    for member, value in flat.items():
+        _nest(table, member, value, inputs=False)
+    return table
+
+
+def inputs_by_worker(flat: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """FORMING members as worker -> batch key -> inputs waiting (none left out)."""
+    table: dict[str, dict[str, int]] = {}
+    for member, value in flat.items():
+        _nest(table, member, value, inputs=True)
+    return table
 
 
 class StateMirror:
@@ -55,8 +92,8 @@ class StateMirror:
         self.decoded: dict[str, tuple[Any, WorkerView | str]] = {}  # raw -> view or why not
         self.beats: dict[str, float] = {}  # Redis TIME of the last beat this mirror saw
         self.backlog: dict[str, float] = {}
-        # worker -> the batch keys it has a count of queued inputs for (BACKLOG members)
-        self.batch_keys: dict[str, set[str]] = {}
+        self.queued: dict[str, dict[int, float]] = {}  # worker -> level -> ms (QUEUED)
+        self.inputs: dict[str, dict[str, int]] = {}  # worker -> batch key -> n (FORMING)
         self.pending: dict[str, float] = {}
         self.profiles: dict[str, float] = {}
         self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
@@ -135,15 +172,15 @@ class StateMirror:
         return self.assemble(dirty, stale_beats, now, redis_now)
 
     def load(self, records: dict[str, Any], backlog: dict[str, Any], pending: dict[str, Any],
-             profiles: dict[str, Any]) -> set[str]:
+             profiles: dict[str, Any], queued: dict[str, Any],
+             forming: dict[str, Any]) -> set[str]:
         """Replace everything with a full read; returns every worker name to re-check."""
         dirty = set(self.records) | set(records) | set(self.live)
         self.records = records
         self.decoded = {n: v for n, v in self.decoded.items() if n in records}
         self.backlog = {n: decode_ms(v) for n, v in backlog.items()}
-        self.batch_keys = {}
-        for member in self.backlog:
-            self._index_batch(member)
+        self.queued = queued_by_worker(queued)
+        self.inputs = inputs_by_worker(forming)
         self.pending = {n: decode_ms(v) for n, v in pending.items()}
         self.profiles = {k: ms for k, ms in ((k, parse_profile(v)) for k, v in profiles.items())
                          if ms is not None}
@@ -170,13 +207,11 @@ class StateMirror:
                 table = self.backlog if kind == "b" else self.pending
                 if value is None:
                     table.pop(name, None)
-                    if kind == "b":
-                        self._index_batch(name, drop=True)
                 else:
                     table[name] = decode_ms(value)
-                    if kind == "b":
-                        self._index_batch(name)
-                name = split_queued(name)[0]  # a level's queued work: its worker's view
+            elif kind in ("q", "i"):
+                name = _nest(self.queued if kind == "q" else self.inputs, name, value,
+                             inputs=kind == "i")
             elif kind == "f":
                 profiles = dict(self.profiles) if profiles is None else profiles
                 ms = None if value is None else parse_profile(value)
@@ -208,30 +243,6 @@ class StateMirror:
         self.beats = beats if every else {**old, **beats}
         names = set(old) | set(beats) if every else set(beats)
         return {n for n in names if old.get(n) != beats.get(n)}
-
-    def _index_batch(self, member: str, drop: bool = False) -> None:
-        """Note a BACKLOG member that counts a worker's queued inputs of a batch key (with
-        ``drop``, that it is gone: a removed worker leaves nothing behind here)."""
-        worker, batch = split_forming(member)
-        if batch is None:
-            return
-        if not drop:
-            self.batch_keys.setdefault(worker, set()).add(batch)
-        elif worker in self.batch_keys:
-            self.batch_keys[worker].discard(batch)
-            if not self.batch_keys[worker]:
-                del self.batch_keys[worker]
-
-    def _inputs(self, name: str) -> dict[str, int]:
-        """``name``'s queued inputs per batch key (keys with none left out)."""
-        got = ((k, round(self.backlog.get(forming_field(name, k), 0.0)))
-               for k in self.batch_keys.get(name, ()))
-        return {k: n for k, n in got if n > 0}
-
-    def _queued(self, name: str) -> dict[int, float]:
-        """``name``'s queued work per priority level (levels with none left out)."""
-        got = ((level, self.backlog.get(queued_field(name, level), 0.0)) for level in LEVELS)
-        return {level: ms for level, ms in got if ms > 0}
 
     def _view(self, name: str) -> WorkerView | str:
         """The decoded record of ``name`` (decoded again only when its bytes changed), or
@@ -276,8 +287,8 @@ class StateMirror:
                     view = evolve(view, heartbeat=min(now, beat + offset),
                                   backlog_ms=self.backlog.get(name, 0.0),
                                   pending_ms=self.pending.get(name, 0.0),
-                                  queued_ms=self._queued(name),
-                                  queued_inputs=self._inputs(name))
+                                  queued_ms=self.queued.get(name, {}),
+                                  queued_inputs=self.inputs.get(name, {}))
             if view is None:
                 if self.live.pop(name, None) is not None:
                     members_changed = True

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from ..planner.cost import evolve
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
-from .keys import split_forming, split_queued
+from .keys import split_member
 from .store import Snapshot, StateStore
 
 logger = logging.getLogger("compass_celery.state")
@@ -245,9 +245,10 @@ class SnapshotReader:
 class ChargeSource(Protocol):
     """What the reader needs of the router's charge batcher."""
 
-    def read_through(self, read: Callable[[], Snapshot]) -> tuple[Snapshot, dict[str, float]]:
+    def read_through(self, read: Callable[[], Snapshot]
+                     ) -> tuple[Snapshot, dict[tuple[str, str], float]]:
         """``read()`` while no charge is written; returns what was read and every charge
-        not written yet."""
+        not written yet, by (counter hash, member)."""
 
 
 def _charge(w: WorkerView, ms: float, pending: bool = False,
@@ -276,15 +277,17 @@ def _count_input(w: WorkerView, batch: str, n: float) -> WorkerView:
     return evolve(w, queued_inputs=inputs)
 
 
-def _charged(snap: Snapshot, charges: dict[str, float]) -> Snapshot:
-    """``snap`` with ``charges`` (backlog member -> ms: a worker's total, or its queued
-    work at one level; or a count of queued inputs of a batch key) added to the views."""
+def _charged(snap: Snapshot, charges: dict[tuple[str, str], float]) -> Snapshot:
+    """``snap`` with ``charges`` ((counter hash, member) -> amount: a worker's total
+    backlog, its queued work at one level, or a count of its queued inputs of a batch
+    key, as the ledger names them) added to the views."""
     if not charges:
         return snap
     by_worker: dict[str, list[tuple[int | None, str | None, float]]] = {}
-    for member, ms in charges.items():
-        worker, batch = split_forming(member)
-        level = None if batch is not None else split_queued(member)[1]
+    for (table, member), ms in charges.items():
+        worker, part = split_member(member) if table != "backlog" else (member, "")
+        level = int(part) if table == "queued" else None
+        batch = part if table == "forming" else None
         by_worker.setdefault(worker, []).append((level, batch, ms))
 
     def charged(w: WorkerView) -> WorkerView:

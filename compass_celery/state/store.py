@@ -24,7 +24,7 @@ from ..planner.types import WorkerView
 from . import keys
 from .cluster import unavailable_errors
 from .connection import StateUnavailable, connect
-from .mirror import CHANGE_LOG_SIZE, StateMirror
+from .mirror import CHANGE_LOG_SIZE, StateMirror, inputs_by_worker, queued_by_worker
 from .mirror import epoch_candidate as epoch
 from .records import dead_reason, decode_ms, encode_record, judge_record, parse_profile
 from .scripts import register_script, run_pipeline
@@ -68,11 +68,14 @@ class StateStore(Protocol):
     def remove(self, name: str) -> None:
         """Forget a worker: its record, beat, backlog and pending counters."""
 
-    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Add ``ms`` (negative to release) to a worker's backlog; reads never go below zero."""
+    def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
+        """Add ``ms`` (negative to release) to a counter: by default a worker's backlog;
+        ``table`` names another of :data:`keys.COUNTERS` ("queued", "forming"), whose
+        ``member`` is built by :mod:`keys`. Reads never go below zero."""
 
-    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Overwrite a worker's backlog with a reconciled value."""
+    def set_backlog(self, member: str, ms: float, pipe: Any = None,
+                    table: str = "backlog") -> None:
+        """Overwrite a counter (by default a worker's backlog) with a reconciled value."""
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work to a worker; reads never go below zero."""
@@ -95,8 +98,10 @@ class MemoryStateStore:
         self._lock = threading.Lock()
         self.client: Any = None
         self.records: dict[str, str] = {}
-        self.backlog: dict[str, float] = {}
-        self.pending: dict[str, float] = {}
+        # one dict per counter hash, as in Redis (keys.COUNTERS)
+        self.counters: dict[str, dict[str, float]] = {t: {} for t in keys.COUNTERS}
+        self.backlog = self.counters["backlog"]
+        self.pending = self.counters["pending"]
         self.profiles: dict[str, str] = {}
         self.stats: dict[str, dict[str, Any]] = {}
 
@@ -115,21 +120,25 @@ class MemoryStateStore:
         with self._lock:
             for table in (self.records, self.backlog, self.pending, self.stats):
                 table.pop(name, None)
+            for table in (self.counters["queued"], self.counters["forming"]):
+                for member in [m for m in table if keys.split_member(m)[0] == name]:
+                    del table[member]
 
-    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Add ``ms`` to a worker's backlog, never below zero (``pipe`` is ignored)."""
+    def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
+        """Add ``ms`` to a counter, never below zero (``pipe`` is ignored)."""
         with self._lock:
-            self.backlog[worker] = max(0.0, self.backlog.get(worker, 0.0) + ms)
+            counts = self.counters[table]
+            counts[member] = max(0.0, counts.get(member, 0.0) + ms)
 
-    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Overwrite a worker's backlog with a reconciled value (``pipe`` is ignored)."""
+    def set_backlog(self, member: str, ms: float, pipe: Any = None,
+                    table: str = "backlog") -> None:
+        """Overwrite a counter with a reconciled value (``pipe`` is ignored)."""
         with self._lock:
-            self.backlog[worker] = max(0.0, ms)
+            self.counters[table][member] = max(0.0, ms)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work, never below zero."""
-        with self._lock:
-            self.pending[worker] = max(0.0, self.pending.get(worker, 0.0) + ms)
+        self.charge(worker, ms, table="pending")
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold one measured run time into the learned one for ``task|model``."""
@@ -156,6 +165,8 @@ class MemoryStateStore:
         skipped: list[str] = []
         dead: list[tuple[str, str]] = []
         with self._lock:
+            queued = queued_by_worker(self.counters["queued"])
+            inputs = inputs_by_worker(self.counters["forming"])
             for name, raw in self.records.items():
                 view = judge_record(name, raw, None)
                 if isinstance(view, str):
@@ -165,7 +176,9 @@ class MemoryStateStore:
                     dead.append((view.name, view.queue))
                 else:
                     workers.append(replace(view, backlog_ms=decode_ms(self.backlog.get(name)),
-                                           pending_ms=decode_ms(self.pending.get(name))))
+                                           pending_ms=decode_ms(self.pending.get(name)),
+                                           queued_ms=queued.get(name, {}),
+                                           queued_inputs=inputs.get(name, {})))
             profiles = {k: ms for k, ms in ((k, parse_profile(v))
                                             for k, v in self.profiles.items()) if ms is not None}
         workers.sort(key=lambda w: w.name)
@@ -201,12 +214,13 @@ class RedisStateStore:
         self._pid = -1
         self._client: Any = None
         self._keys = {k: keys.key(t, prefix) for k, t in (
-            ("workers", keys.WORKERS), ("backlog", keys.BACKLOG), ("pending", keys.PENDING),
-            ("profiles", keys.PROFILES), ("beats", keys.BEATS), ("log", keys.STATE_LOG),
-            ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS))}
+            ("workers", keys.WORKERS), ("profiles", keys.PROFILES), ("beats", keys.BEATS),
+            ("log", keys.STATE_LOG), ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS),
+            *((name, template) for name, (template, _) in keys.COUNTERS.items()))}
         self._log = [self._keys["log"], self._keys["changes"]]
-        self._read_keys = [self._keys[k] for k in ("log", "changes", "workers", "beats",
-                                                   "backlog", "pending", "profiles")]
+        self._read_keys = [self._keys[k] for k in (
+            "log", "changes", "workers", "beats", "backlog", "pending", "profiles", "queued",
+            "forming")]
         self._fresh_mirror()
 
     def _fresh_mirror(self) -> None:
@@ -248,32 +262,35 @@ class RedisStateStore:
             client=pipe))
 
     def remove(self, name: str) -> None:
-        """Forget a worker (record, beat, backlog, pending); readers drop it."""
+        """Forget a worker (record, beat, its counters); readers drop it."""
         self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._remove(
             keys=[self._keys[k] for k in ("workers", "beats", "backlog", "pending")]
-            + self._log + [self._keys["stats"]], args=[name, epoch(), CHANGE_LOG_SIZE]))
+            + self._log + [self._keys[k] for k in ("stats", "queued", "forming")],
+            args=[name, epoch(), CHANGE_LOG_SIZE, keys.MEMBER_SEP]))
 
-    def _count(self, table: str, worker: str, ms: float, mode: str, pipe: Any) -> None:
+    def _count(self, table: str, field: str, ms: float, mode: str, pipe: Any) -> None:
         self._call(lambda: self.client)  # a cluster client connects when made
-        member = f"{table[0]}:{worker}"
+        member = f"{keys.COUNTERS[table][1]}:{field}"
         reply = self._call(lambda: self._counter(
             keys=[self._keys[table], *self._log],
-            args=[worker, ms, mode, member, epoch(), CHANGE_LOG_SIZE], client=pipe))
+            args=[field, ms, mode, member, epoch(), CHANGE_LOG_SIZE], client=pipe))
         if pipe is None:
             self._mirror.note_own(member, reply)
         else:  # its reply comes from execute(pipe): remember where it will be
             with _own_lock:
                 _own_queued.setdefault(pipe, []).append((len(pipe) - 1, member))
 
-    def charge(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Add ``ms`` to a worker's backlog; queued on ``pipe`` when given."""
-        self._count("backlog", worker, ms, "add", pipe)
+    def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
+        """Add ``ms`` to a counter (by default a worker's backlog); queued on ``pipe``
+        when given."""
+        self._count(table, member, ms, "add", pipe)
 
-    def set_backlog(self, worker: str, ms: float, pipe: Any = None) -> None:
-        """Overwrite a worker's backlog with a reconciled value (never below zero); queued
-        on ``pipe`` when given."""
-        self._count("backlog", worker, max(0.0, ms), "set", pipe)
+    def set_backlog(self, member: str, ms: float, pipe: Any = None,
+                    table: str = "backlog") -> None:
+        """Overwrite a counter (by default a worker's backlog) with a reconciled value
+        (never below zero); queued on ``pipe`` when given."""
+        self._count(table, member, max(0.0, ms), "set", pipe)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""

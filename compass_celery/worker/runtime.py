@@ -31,7 +31,7 @@ from ..planner.priority import LEVELS
 from ..planner.types import ClusterView
 from ..settings import with_flags
 from ..state.connection import StateUnavailable
-from ..state.keys import forming_field, queued_field
+from ..state.keys import forming_member, queued_member
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
 from .core import queued_by_level
@@ -268,9 +268,9 @@ class WorkerRuntime:
         store.set_backlog(self.name, self.tasks.running_charge_ms()
                           + sum(d.charge_ms for d in waiting), pipe=pipe)
         for level, ms in by_level.items():
-            store.set_backlog(queued_field(self.name, level), ms, pipe=pipe)
+            store.set_backlog(queued_member(self.name, level), ms, pipe=pipe, table="queued")
         for batch, n in inputs.items():
-            store.set_backlog(forming_field(self.name, batch), n, pipe=pipe)
+            store.set_backlog(forming_member(self.name, batch), n, pipe=pipe, table="forming")
         self._batch_keys |= inputs.keys()  # once seen, always set: a stale count is reset
         if pipe is not None:
             store.execute(pipe)  # type: ignore[attr-defined]

@@ -42,7 +42,7 @@ class Recorder:
         def call(keys: Any = None, args: Any = None, client: Any = None) -> Any:
             self.calls.append((name, list(keys or [])))
             if name == "snapshot":
-                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[], [], [], []]]
+                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[], [], [], [], [], []]]
             return b"0"
         return call
 
@@ -64,6 +64,8 @@ def test_every_state_script_call_is_single_slot(prefix):
     store.remove("w{1}")
     store.charge("w{1}", 5.0)
     store.set_backlog("w{1}", 5.0)
+    store.charge(keys.queued_member("w{1}", 2), 5.0, table="queued")
+    store.set_backlog(keys.forming_member("w{1}", "t|m"), 1, table="forming")
     store.add_pending("w{1}", 5.0)
     store.record_run("task|model", 5.0, 0.3)
     store.snapshot(time.time(), 30.0)
@@ -82,9 +84,8 @@ def test_job_scripts_and_transactions_are_single_slot(prefix, job_id):
     assert len(slots([jk.job, jk.done])) == 1  # fail.lua
     assert len(slots([jk.tasks])) == 1  # submission's confirmation
     state = slots([keys.key(keys.WORKERS, prefix)])
-    for kind in ("b", "p"):  # once.lua, alone or with the deadline in one transaction
-        assert slots([*once_keys(prefix, f"{job_id}:plan", kind), deadlines_key(prefix)]) \
-            == state
+    # once.lua, alone or with the deadline in one transaction
+    assert slots([*once_keys(prefix, f"{job_id}:plan"), deadlines_key(prefix)]) == state
 
 
 def test_job_keys_carry_the_job_id_as_their_tag():

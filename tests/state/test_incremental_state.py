@@ -310,27 +310,28 @@ def test_a_read_rewrites_only_the_workers_that_changed_in_place(stores):
 
 
 def test_counts_of_waiting_batch_inputs_are_read_and_go_with_their_worker(stores):
-    from compass_celery.state.keys import forming_field, queued_field
+    from compass_celery.state.keys import forming_member, queued_member
 
     writer, reader, client = stores
     writer.publish(_view("a"))
     writer.publish(_view("b"))
     assert _snap(reader).workers[0].queued_inputs == {}
-    writer.charge(forming_field("a", "t|m"), 3.0)
-    writer.charge(forming_field("b", "t|m"), 1.0)
-    writer.charge(queued_field("a", 5), 40.0)
+    writer.charge(forming_member("a", "t|m"), 3.0, table="forming")
+    writer.charge(forming_member("b", "t|m"), 1.0, table="forming")
+    writer.charge(queued_member("a", 5), 40.0, table="queued")
     a, b = _snap(reader).workers
     assert (a.queued_inputs, b.queued_inputs) == ({"t|m": 3}, {"t|m": 1})
     assert a.backlog_ms == 0.0  # a count is not work in ms
-    writer.charge(forming_field("a", "t|m"), -3.0)
+    writer.charge(forming_member("a", "t|m"), -3.0, table="forming")
     assert _snap(reader).workers[0].queued_inputs == {}
-    writer.charge(forming_field("a", "t|m"), 2.0)
+    writer.charge(forming_member("a", "t|m"), 2.0, table="forming")
     _snap(reader)
     # removing a worker drops its counts and its queued work per level, in Redis and in
     # every reader's mirror (read incrementally, from the change log)
     writer.remove("a")
-    members = {m.decode() for m in client.hkeys(keys.key(keys.BACKLOG, "compass"))}
-    assert members == {forming_field("b", "t|m")}
+    members = {m.decode() for m in client.hkeys(keys.key(keys.FORMING, "compass"))}
+    assert members == {forming_member("b", "t|m")}
+    assert client.hkeys(keys.key(keys.QUEUED, "compass")) == []
     snap = _snap(reader)
     assert [(w.name, w.queued_inputs) for w in snap.workers] == [("b", {"t|m": 1})]
-    assert "a" not in reader._mirror.batch_keys and reader.full_reads == 1
+    assert "a" not in reader._mirror.inputs and reader.full_reads == 1

@@ -85,15 +85,15 @@ class HeldCharges:
         self.store, self.pending, self.reads = store, {}, 0
         self.during: dict[str, float] = {}
 
-    def add(self, worker: str, ms: float) -> None:
-        self.pending[worker] = self.pending.get(worker, 0.0) + ms
+    def add(self, member: str, ms: float, table: str = "backlog") -> None:
+        self.pending[(table, member)] = self.pending.get((table, member), 0.0) + ms
 
     def read_through(self, read):
         self.reads += 1
         snap = read()
         held, self.pending = dict(self.pending), {}
-        for worker, ms in held.items():  # written once the read is done
-            self.store.charge(worker, ms)
+        for (table, member), ms in held.items():  # written once the read is done
+            self.store.charge(member, ms, table=table)
         return snap, held
 
 

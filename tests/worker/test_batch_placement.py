@@ -14,7 +14,7 @@ from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.signals import task_placed
 from compass_celery.state import keys
-from compass_celery.state.keys import forming_field
+from compass_celery.state.keys import forming_member
 from compass_celery.testing import worker_logs
 from tests.support.jobapp import make_app
 
@@ -36,7 +36,7 @@ def _one_worker(url, compass_workers, name, **conf):
 
 def _count(app, worker: str) -> float:
     raw = redis.Redis.from_url(app.conf.broker_url).hget(
-        keys.key(keys.BACKLOG, "compass"), forming_field(worker, KEY))
+        keys.key(keys.FORMING, "compass"), forming_member(worker, KEY))
     return float(raw or 0)
 
 
@@ -108,11 +108,11 @@ def test_dag_nodes_are_counted_and_a_wrong_count_is_reconciled(compass_redis_url
     busy.get(timeout=20)
     assert [j.get(timeout=30) for j in jobs] == [{"e": f"e(q{i})"} for i in range(3)]
     # a count gone wrong (a lost release, a garbled value) is set right by a reconcile
-    client.hset(keys.key(keys.BACKLOG, "compass"), forming_field("bp3@batch", KEY), "junk")
+    client.hset(keys.key(keys.FORMING, "compass"), forming_member("bp3@batch", KEY), "junk")
     assert app.compass.store.snapshot(time.time(), 3.0).workers[0].queued_inputs == {}
-    client.hset(keys.key(keys.BACKLOG, "compass"), forming_field("bp3@batch", KEY), 7)
+    client.hset(keys.key(keys.FORMING, "compass"), forming_member("bp3@batch", KEY), 7)
     wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "the reconcile")
     # and again, long after the count was last set to 0 with nothing waiting
     time.sleep(2.5)
-    client.hset(keys.key(keys.BACKLOG, "compass"), forming_field("bp3@batch", KEY), 4)
+    client.hset(keys.key(keys.FORMING, "compass"), forming_member("bp3@batch", KEY), 4)
     wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "a later reconcile")

@@ -1,0 +1,96 @@
+"""Each per-worker counter hash holds one kind of member: BACKLOG a worker's total, QUEUED
+its queued work per priority level, FORMING its waiting inputs per batch key; and what the
+ledger charges reads back the same from Redis and from the in-process store."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from compass_celery import ledger
+from compass_celery.jobs.keys import once_keys
+from compass_celery.placement import Decision
+from compass_celery.planner.types import WorkerView
+from compass_celery.state import keys
+from compass_celery.state.mirror import CHANGE_LOG_SIZE, epoch_candidate
+from compass_celery.state.scripts import register_script
+from compass_celery.state.store import MemoryStateStore, RedisStateStore
+
+pytestmark = pytest.mark.redis
+
+QP = "compass.w."
+WORKERS = ("a", "b|c@host")  # a name with the batch key's own separator in it
+
+
+def _view(name: str) -> WorkerView:
+    return WorkerView(name=name, queue=QP + name, gpu_total_mb=1000.0, gpu_free_mb=500.0,
+                      heartbeat=time.time())
+
+
+def _sends() -> list[Decision]:
+    return [Decision(task="t", model="m", worker=w, queue=QP + w, policy="compass",
+                     charge_ms=ms, priority=level, batch=batch)
+            for w in WORKERS
+            for ms, level, batch in ((10.0, 0, ""), (20.0, 5, "t|m"), (5.0, 5, "t|m"),
+                                     (7.0, None, "u|m"))]
+
+
+def _charge(store, sends: list[Decision]) -> None:
+    for d in sends:
+        ledger.post(store, ledger.sent(d))
+    ledger.started(store, sends[-1])  # one of them started: it no longer waits
+
+
+def _members(client: redis.Redis, template: str) -> list[str]:
+    return [m.decode() for m in client.hkeys(keys.key(template, "compass"))]
+
+
+def test_each_counter_hash_holds_one_kind_of_member(compass_redis_url):
+    store = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    client = redis.Redis.from_url(compass_redis_url)
+    for w in WORKERS:
+        store.publish(_view(w))
+    _charge(store, _sends())
+    # a submission's sources (once.lua) and a reconcile write the same hashes
+    once = register_script(client, "changelog", "once")
+    extra = Decision(task="t", model="m", worker="a", queue=QP + "a", policy="compass",
+                     charge_ms=3.0, priority=9, batch="v|m")
+    args: list = [60, epoch_candidate(), CHANGE_LOG_SIZE]
+    for table, member, amount in ledger.sent(extra):
+        args += [keys.COUNTERS[table][1], member, amount]
+    once(keys=once_keys("compass", "job:sources"), args=args)
+    store.set_backlog(keys.queued_member("a", 3), 4.0, table="queued")
+    store.set_backlog(keys.forming_member("a", "w|m"), 2, table="forming")
+
+    assert sorted(_members(client, keys.BACKLOG)) == sorted(WORKERS)
+    assert sorted(_members(client, keys.PENDING)) == []
+    queued = [keys.split_member(m) for m in _members(client, keys.QUEUED)]
+    assert {w for w, _ in queued} == set(WORKERS)
+    assert all(level.isdigit() for _, level in queued)
+    forming = [keys.split_member(m) for m in _members(client, keys.FORMING)]
+    assert {w for w, _ in forming} == set(WORKERS)
+    assert {b for _, b in forming} == {"t|m", "u|m", "v|m", "w|m"}
+    a = next(w for w in store.snapshot(time.time(), 30.0).workers if w.name == "a")
+    assert a.backlog_ms == 45.0
+    assert dict(a.queued_ms) == {0: 10.0, 3: 4.0, 5: 25.0, 9: 3.0}
+    assert dict(a.queued_inputs) == {"t|m": 2, "u|m": 1, "v|m": 1, "w|m": 2}
+
+
+def test_redis_and_memory_stores_read_the_ledger_alike(compass_redis_url):
+    stores = [RedisStateStore(compass_redis_url, queue_prefix=QP), MemoryStateStore()]
+    got = []
+    for store in stores:
+        for w in WORKERS:
+            store.publish(_view(w))
+        _charge(store, _sends())
+        snap = store.snapshot(time.time(), 30.0)
+        got.append([(w.name, w.backlog_ms, dict(w.queued_ms), dict(w.queued_inputs))
+                    for w in snap.workers])
+        store.remove(WORKERS[0])
+        snap = store.snapshot(time.time(), 30.0)
+        got.append([(w.name, dict(w.queued_ms)) for w in snap.workers])
+    assert got[0] == got[2] and got[1] == got[3]
+    assert got[0][0] == ("a", 42.0, {0: 10.0, 5: 25.0}, {"t|m": 2, "u|m": 1})
+    assert got[0][1][3] == {"t|m": 2}  # its last send started: no longer waits
