@@ -16,6 +16,7 @@ Without ``redis-server`` the Redis-backed tests skip locally and fail in CI
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -61,6 +62,7 @@ def compass_redis_server() -> Iterator[RedisServer]:
         pytest.skip(str(exc))
     yield server
     server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -75,17 +77,19 @@ def compass_redis_url(compass_redis_server: RedisServer) -> str:
 
 
 @pytest.fixture
-def compass_workers() -> Iterator[Callable[..., WorkerProcess]]:
+def compass_workers(tmp_path: Any) -> Iterator[Callable[..., WorkerProcess]]:
     """Factory starting real ``celery worker`` processes; all are stopped afterwards.
 
     ``start(app, name, *args, env={...})`` returns the running :class:`WorkerProcess`.
-    On a failing test, each worker's log is printed to help the diagnosis.
+    Each worker logs to the test's ``tmp_path`` (pytest keeps it by its
+    ``tmp_path_retention_policy``; ``worker_logs`` puts the logs in assertion messages).
     """
     started: list[WorkerProcess] = []
 
     def start(app: str, name: str, *args: str, env: dict[str, str] | None = None
               ) -> WorkerProcess:
-        proc = WorkerProcess(app, name, args, env=env).start()
+        log = tmp_path / f"compass-{name.replace('@', '_')}.log"
+        proc = WorkerProcess(app, name, args, env=env, log_path=str(log)).start()
         started.append(proc)
         return proc
 

@@ -12,9 +12,13 @@ from compass_celery.demo import run_demo
 pytestmark = pytest.mark.redis
 
 
-def test_the_demo_burst_shows_loads_and_resident_models(compass_redis_url) -> None:
+def test_the_demo_burst_shows_loads_and_resident_models(compass_redis_url, tmp_path,
+                                                         monkeypatch) -> None:
     import os
+    import tempfile
 
+    # the demo's workers log to the temp dir by default: here, the test's own
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     before = {k: os.environ.get(k) for k in ("COMPASS_BROKER_URL", "COMPASS_KEY_PREFIX")}
     lines: list[str] = []
     assert run_demo(compass_redis_url, 4, 16, echo=lines.append, side_by_side_jobs=0,

@@ -40,7 +40,7 @@ def test_a_set_and_a_list_with_the_same_members_are_the_same_setting() -> None:
 def test_compass_after_the_tasks_are_bound_says_to_call_it_first() -> None:
     app = _app()
 
-    @app.task(name="first.t", compass_model="m", compass_exec_ms=10)
+    @app.task(name="first.t", shared=False, compass_model="m", compass_exec_ms=10)
     def t(x: int) -> int:
         return x
 
@@ -52,7 +52,7 @@ def test_compass_after_the_tasks_are_bound_says_to_call_it_first() -> None:
 def test_a_plain_task_bound_before_compass_is_fine() -> None:
     app = _app()
 
-    @app.task(name="first.plain")
+    @app.task(name="first.plain", shared=False)
     def plain() -> int:
         return 1
 
@@ -65,7 +65,7 @@ def test_switching_eager_off_again_uses_redis(compass_redis_url) -> None:
     app = _app(compass_redis_url=compass_redis_url, broker_url=compass_redis_url)
     Compass(app)
 
-    @app.task(name="first.placed", compass_model="m", compass_exec_ms=10)
+    @app.task(name="first.placed", shared=False, compass_model="m", compass_exec_ms=10)
     def placed() -> int:
         return 1
 

@@ -251,7 +251,7 @@ def test_a_bad_task_declaration_is_an_input_error_at_apply_async():
         app.conf.update(task_always_eager=eager, compass_models={"m": 100.0})
         Compass(app)
 
-        @app.task(name="decl.t", compass_model="m", compass_exec_ms=10)
+        @app.task(name="decl.t", shared=False, compass_model="m", compass_exec_ms=10)
         def t() -> int:
             return 1
 

@@ -54,7 +54,7 @@ def test_the_routing_fallback_warning_has_no_password(caplog) -> None:
     app.conf.update(compass_redis_url=_bad_url(), compass_models={"m": 10.0})
     Compass(app)
 
-    @app.task(name="sec.t", compass_model="m", compass_exec_ms=5)
+    @app.task(name="sec.t", shared=False, compass_model="m", compass_exec_ms=5)
     def t() -> int:
         return 1
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -102,6 +103,7 @@ def test_tls_rediss_urls_work_for_broker_and_state(tmp_path, compass_workers):
         assert app.compass.redis_url.startswith("rediss://")
     finally:
         server.stop()
+        shutil.rmtree(server.dir, ignore_errors=True)
 
 
 def _tls_ping(url: str) -> bool:

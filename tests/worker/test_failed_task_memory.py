@@ -26,7 +26,7 @@ def _failure_survives(hook: Callable[..., Any] | None) -> bool:
     app = Celery("failing", set_as_current=False)
     made: list[weakref.ref[Boom]] = []
 
-    @app.task(bind=True)
+    @app.task(bind=True, shared=False)
     def fail(self: Any) -> None:
         exc = Boom("bad input")
         made.append(weakref.ref(exc))
