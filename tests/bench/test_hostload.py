@@ -3,11 +3,11 @@
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
 from compass_celery.bench.hostload import HostLoad, host_line, summarise
+from compass_celery.local import wait_until
 
 linux = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads /proc")
 
@@ -39,7 +39,9 @@ def test_a_process_that_exits_keeps_its_cpu_and_the_machine_shows_busy():
     load = HostLoad({"burner": [burner.pid], "gone": [2 ** 22 + 12345]},
                     interval_s=0.05).start()
     burner.wait(30)
-    time.sleep(0.3)  # sampled after it exited and was reaped
+    reaped = len(load._busy)  # samples taken so far
+    wait_until(lambda: len(load._busy) >= reaped + 2, 10,
+               "two samples after it exited and was reaped")
     load.stop()
     host = load.summary(tasks=3)
     assert host is not None and host["samples"] >= 5

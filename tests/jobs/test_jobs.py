@@ -154,6 +154,8 @@ def test_failing_middle_task_fails_job_and_nothing_runs_after(cluster):
     assert err["worker"] in ("a@jobs", "b@jobs")
     assert err["exc_type"] == "ValueError" and "boom on 1" in err["exc"]
     assert "node 'b'" in str(info.value) and "ValueError" in str(info.value)
+    # a negative check: c, had it been sent at b's failure, would start within a hop on
+    # an idle worker; half a second gives it that chance
     time.sleep(0.5)
     assert f"{job.id}:c" not in runs(app, job.id)
     assert job.status == "FAILURE"
@@ -185,7 +187,9 @@ def test_failure_revokes_queued_sibling_branches(compass_redis_url, compass_work
     job = dag.apply_async()
     with pytest.raises(JobFailed, match="node 'b'"):
         job.get(timeout=30)
-    time.sleep(1.5)
+    # the one worker takes its queue in priority order: once a task sent now at the
+    # lowest priority has run, c (queued earlier, not lower) has been taken or removed
+    assert app.tasks["j.src"].apply_async((0,), priority="batch").get(timeout=20) == 0
     ran = runs(app, job.id)
     assert f"{job.id}:c" not in ran and f"{job.id}:d" not in ran, (ran, w.log()[-2000:])
 

@@ -4,11 +4,12 @@ measured runs, as a plain task's routing is (real worker, real Redis)."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
 from compass_celery.jobs.dag import Dag
+from compass_celery.local import wait_until
+from compass_celery.needs import profile_key
 from compass_celery.testing import worker_logs
 from tests.support.emulated import one_emulated
 
@@ -30,9 +31,11 @@ def test_an_undeclared_node_is_planned_with_its_learned_run_time(compass_redis_u
 
     first = planned_run_ms()
     assert first == app.compass.settings["default_exec_ms"]  # nothing learned yet
-    # a producer plans on a snapshot at most this old: wait until it postdates the run
-    settings = app.compass.settings
-    time.sleep(settings["snapshot_ttl_s"] + settings["snapshot_refresh_ahead_s"] + 0.05)
+    # a producer plans on its snapshot (at most TTL plus read-ahead old): wait until the
+    # snapshot it reads holds the learned run time, as the next plan's read will
+    learned = profile_key("emulated.infer", "m")
+    wait_until(lambda: learned in app.compass.reader.get().profiles, 10,
+               "the producer's snapshot to hold the learned run time")
     second = planned_run_ms()
     assert 250 <= second <= 450, (second, worker_logs([w]))  # the measured run, not 100
 

@@ -57,3 +57,11 @@ def compass_keys_left(app: Any, queues: list[str]) -> dict[str, int]:
         if n:
             out[q] = n
     return out
+
+
+def wait_started(app: Any, *results: Any, timeout: float = 20.0) -> None:
+    """Wait until each of ``results`` (jobapp tasks, which count a run as it starts) has
+    started on its worker: what is sent next queues behind it."""
+    client = app.compass.store.client
+    wait_until(lambda: all(client.hexists("execs", r.id) for r in results), timeout,
+               f"{len(results)} task(s) to start")

@@ -16,6 +16,7 @@ from compass_celery.signals import task_placed
 from compass_celery.state import keys
 from compass_celery.state.keys import forming_member
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_started
 from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
@@ -59,7 +60,7 @@ def test_inputs_waiting_are_counted_joined_and_charged_what_they_add(compass_red
                                                                      compass_workers):
     app, w = _one_worker(compass_redis_url, compass_workers, "bp1@batch")
     busy = app.tasks["j.wait"].apply_async((0, 1.0), compass={"exec_ms": 1000})
-    time.sleep(0.2)
+    wait_started(app, busy)
     embed = app.tasks["j.embed"]
     decisions, results = _placed(app, lambda: [embed.delay(f"t{i}") for i in range(6)])
     assert [d.batch for d in decisions] == [KEY] * 6
@@ -82,7 +83,7 @@ def test_placement_blind_to_batches_charges_each_input_a_full_run(compass_redis_
     app, w = _one_worker(compass_redis_url, compass_workers, "bp2@batch",
                          compass_batch_aware=False)
     busy = app.tasks["j.wait"].apply_async((0, 0.5), compass={"exec_ms": 500})
-    time.sleep(0.2)
+    wait_started(app, busy)
     decisions, results = _placed(app, lambda: [app.tasks["j.embed"].delay(f"u{i}")
                                                for i in range(4)])
     assert [d.charge_ms for d in decisions] == [20.0] * 4
@@ -97,7 +98,7 @@ def test_dag_nodes_are_counted_and_a_wrong_count_is_reconciled(compass_redis_url
     app, w = _one_worker(compass_redis_url, compass_workers, "bp3@batch")
     client = redis.Redis.from_url(compass_redis_url)
     busy = app.tasks["j.wait"].apply_async((0, 1.0), compass={"exec_ms": 1000})
-    time.sleep(0.2)
+    wait_started(app, busy)
     jobs = []
     for i in range(3):
         dag = Dag(app, f"emb{i}")
@@ -112,7 +113,8 @@ def test_dag_nodes_are_counted_and_a_wrong_count_is_reconciled(compass_redis_url
     assert app.compass.store.snapshot(time.time(), 3.0).workers[0].queued_inputs == {}
     client.hset(keys.key(keys.FORMING, "compass"), forming_member("bp3@batch", KEY), 7)
     wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "the reconcile")
-    # and again, long after the count was last set to 0 with nothing waiting
+    # and again, long after the count was last set to 0 with nothing waiting: the elapsed
+    # time is the subject (over two reconcile intervals of 1 s), not an event to wait on
     time.sleep(2.5)
     client.hset(keys.key(keys.FORMING, "compass"), forming_member("bp3@batch", KEY), 4)
     wait_until(lambda: _count(app, "bp3@batch") == 0, 10, "a later reconcile")

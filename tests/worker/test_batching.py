@@ -13,6 +13,7 @@ from compass_celery.jobs.dag import Dag
 from compass_celery.local import wait_until
 from compass_celery.needs import TaskDeclarationError, batch_profile_key, resolve_needs
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_started
 from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
@@ -41,7 +42,7 @@ def test_waiting_inputs_run_as_one_batch_and_each_caller_gets_its_own(compass_re
     app, ws = _cluster(compass_redis_url, compass_workers, ["b1@batch"])
     embed = app.tasks["j.embed"]
     busy = app.tasks["j.wait"].delay(0, 1.0)  # the worker is busy: the inputs queue up
-    time.sleep(0.2)
+    wait_started(app, busy)
     results = [embed.delay(f"t{i}") for i in range(6)] + [embed.delay("bad")]
     busy.get(timeout=20)
     assert [r.get(timeout=20) for r in results[:6]] == [f"e(t{i})" for i in range(6)]
@@ -71,7 +72,7 @@ def test_a_body_that_raises_runs_each_input_alone(compass_redis_url, compass_wor
     app, ws = _cluster(compass_redis_url, compass_workers, ["b3@batch"])
     embed = app.tasks["j.embed"]
     busy = app.tasks["j.wait"].delay(0, 1.0)
-    time.sleep(0.2)
+    wait_started(app, busy)
     rs = [embed.delay("a"), embed.delay("boom"), embed.delay("c")]
     busy.get(timeout=20)
     assert rs[0].get(timeout=20) == "e(a)" and rs[2].get(timeout=20) == "e(c)"
@@ -82,7 +83,7 @@ def test_a_body_that_raises_runs_each_input_alone(compass_redis_url, compass_wor
 def test_a_batched_dag_node_completes_its_job(compass_redis_url, compass_workers):
     app, ws = _cluster(compass_redis_url, compass_workers, ["b4@batch"])
     busy = app.tasks["j.wait"].delay(0, 1.0)
-    time.sleep(0.2)
+    wait_started(app, busy)
     jobs = []
     for i in range(4):
         dag = Dag(app, f"emb{i}")
@@ -100,10 +101,11 @@ def test_a_worker_killed_mid_batch_loses_nothing(compass_redis_url, compass_work
     # everything to the one worker that holds it: pin by queue
     queue = app.compass.destination(app.compass.queue_for("k1@batch"))
     busy = app.tasks["j.wait"].apply_async((0, 1.0), queue=queue)
-    time.sleep(0.2)
+    wait_started(app, busy)
     rs = [slow.apply_async((f"x{i}",), queue=queue) for i in range(5)]
-    wait_until(lambda: len(_batches(app)) >= 1, 20, "the batch to start")
-    time.sleep(0.5)
+    wait_until(lambda: (b := _batches(app)) and sum(
+        app.log.hexists("execs", f"embed:x{i}") for i in range(5)) >= b[0], 20,
+        "the first batch's members to run")  # then 3 s of body: a kill now is mid-batch
     ws[0].kill()  # mid-batch: its members are in flight, leased by a dead worker
     assert [r.get(timeout=60) for r in rs] == [f"e(x{i})" for i in range(5)], worker_logs(ws)
     del busy
@@ -136,12 +138,14 @@ def test_redis_paused_during_a_batch_loses_nothing(compass_redis_server, compass
     app, ws = _cluster(compass_redis_url, compass_workers, ["p1@batch"])
     slow = app.tasks["j.embed_slow"]
     busy = app.tasks["j.wait"].delay(0, 1.0)
-    time.sleep(0.2)
+    wait_started(app, busy)
     rs = [slow.delay(f"z{i}") for i in range(4)]
     wait_until(lambda: len(_batches(app)) >= 1, 20, "the batch to start")
     os.kill(compass_redis_server.proc.pid, signal.SIGSTOP)
     try:
-        time.sleep(4.0)  # the batch ends while Redis is frozen
+        # the outage's length is the test's subject: longer than the batch's 3 s body,
+        # so the batch ends while Redis is frozen (nothing to wait on while it is)
+        time.sleep(4.0)
     finally:
         os.kill(compass_redis_server.proc.pid, signal.SIGCONT)
     assert [r.get(timeout=60) for r in rs] == [f"e(z{i})" for i in range(4)], worker_logs(ws)
@@ -166,7 +170,7 @@ def test_eager_mode_runs_a_batch_of_one():
     Compass(app)
     seen = []
 
-    @app.task(name="eb.embed", compass_model="embedder", compass_exec_ms=5,
+    @app.task(name="eb.embed", shared=False, compass_model="embedder", compass_exec_ms=5,
               compass_batch={"max_size": 16, "max_wait_ms": 5})
     def embed(texts: list[str]) -> list[object]:
         seen.append(len(texts))
@@ -186,7 +190,7 @@ def test_a_worker_learns_a_batched_tasks_cost_curve(compass_redis_url, compass_w
     embed, wait = app.tasks["j.embed_curve"], app.tasks["j.wait"]
     for size in (1, 6, 1, 3, 8, 1, 5, 2):
         busy = wait.delay(0, 0.4)  # the worker is busy: ``size`` inputs queue up
-        time.sleep(0.1)
+        wait_started(app, busy)
         results = [embed.delay(f"x{size}-{i}") for i in range(size)]
         busy.get(timeout=20)
         assert [r.get(timeout=20) for r in results] == [f"e(x{size}-{i})"

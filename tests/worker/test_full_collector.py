@@ -7,38 +7,55 @@ import gc
 import threading
 import time
 
+from compass_celery.local import wait_until
 from compass_celery.worker.memory import FullCollector
 
 
-def _run(collector: FullCollector, stopping: threading.Event, seconds: float) -> None:
+def _run(collector: FullCollector, stopping: threading.Event, until, what: str) -> float:
+    """Run the collector's loop until ``until()`` holds, stop it; the seconds it ran."""
     t = threading.Thread(target=collector.loop, daemon=True)
+    started = time.monotonic()
     t.start()
-    time.sleep(seconds)
-    stopping.set()
-    t.join(2)
+    try:
+        wait_until(until, 10, what, interval=0.005)
+    finally:
+        stopping.set()
+        t.join(2)
     assert not t.is_alive()
+    return time.monotonic() - started
 
 
 def test_collects_on_its_clock_and_waits_for_a_moment_between_tasks():
-    stopping, busy, calls = threading.Event(), [1], []
-    collector = FullCollector(0.1, lambda: busy[0], stopping,
-                              collect=lambda: calls.append(busy[0]))
+    stopping, busy, calls, asked = threading.Event(), [1], [], []
+
+    def running() -> int:
+        asked.append(busy[0])
+        return busy[0]
+    # its clock stands still: the "whole further interval" never passes, so it is only
+    # a moment between tasks that can let it collect
+    collector = FullCollector(0.1, running, stopping, collect=lambda: calls.append(busy[0]),
+                              clock=lambda: 0.0)
     t = threading.Thread(target=collector.loop, daemon=True)
     t.start()
-    time.sleep(0.15)  # due, but a task runs: it waits
-    assert calls == []
-    busy[0] = 0  # the task ends: it collects, between tasks
-    time.sleep(0.1)
-    stopping.set()
-    t.join(2)
-    assert calls and set(calls) == {0} and collector.collections == len(calls)
+    try:  # due, but a task runs: it asks again and again, and waits
+        wait_until(lambda: len(asked) >= 3, 10, "the collector to ask while due")
+        assert calls == []
+        busy[0] = 0  # the task ends: it collects, between tasks
+        wait_until(lambda: calls, 10, "a collection between tasks", interval=0.005)
+    finally:
+        stopping.set()
+        t.join(2)
+    assert not t.is_alive()
+    assert set(calls) == {0} and collector.collections == len(calls)
 
 
 def test_a_worker_never_idle_still_collects_after_a_further_interval():
     stopping, calls = threading.Event(), []
     collector = FullCollector(0.05, lambda: 1, stopping, collect=lambda: calls.append(1))
-    _run(collector, stopping, 0.3)
-    assert 1 <= len(calls) <= 3  # every 2 intervals at most, never skipped for good
+    ran_s = _run(collector, stopping, lambda: len(calls) >= 2, "two collections")
+    # never skipped for good (two came), and each took its interval plus a further one:
+    # a slow machine can only make them rarer (10 ms: the timers' granularity)
+    assert len(calls) * 2 * 0.05 <= ran_s + 0.01, (len(calls), ran_s)
 
 
 def test_zero_turns_it_off_and_the_default_runs_a_real_full_collection():
@@ -53,7 +70,8 @@ def test_zero_turns_it_off_and_the_default_runs_a_real_full_collection():
             full.append(info)
     gc.callbacks.append(note)
     try:
-        _run(FullCollector(0.05, lambda: 0, stopping := threading.Event()), stopping, 0.2)
+        _run(FullCollector(0.05, lambda: 0, stopping := threading.Event()), stopping,
+             lambda: full, "a full collection")
     finally:
         gc.callbacks.remove(note)
     assert full  # gc.collect(): a generation-2 (full) collection

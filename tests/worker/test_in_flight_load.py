@@ -60,7 +60,8 @@ def test_the_next_task_waits_for_the_load_in_flight(compass_redis_url, compass_w
     except TimeoutError:
         raise AssertionError(worker_logs([w0, w1])) from None
     assert ends - started == pytest.approx(FULL_LOAD_MS / 1000, rel=0.05)
-    time.sleep(max(0.0, started + 0.5 - time.time()))  # a quarter of it done
+    # a quarter of it done: a point on the load's own timeline, not an event to wait on
+    time.sleep(max(0.0, started + 0.5 - time.time()))
 
     second = _one_node_job(app, "second")
     placed = _plan(app, second)

@@ -9,6 +9,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+from compass_celery.local import wait_until
 from compass_celery.worker.task_path import TaskPath
 
 
@@ -29,29 +30,50 @@ def _path(poll_s: float, queued: list[str]) -> tuple[TaskPath, list[list[str]], 
     return path, asked, peeks
 
 
-def _run_for(path: TaskPath, seconds: float) -> None:
+class _CountingEvent(threading.Event):
+    """An Event that counts the waits begun on it: a second begun, the first is over."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits = 0
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits += 1
+        return super().wait(timeout)
+
+
+def _run_until(path: TaskPath, until, what: str) -> float:
+    """Run the loop until ``until()`` holds, stop it; the seconds that took."""
     t = threading.Thread(target=path.prefetch_loop, daemon=True)
+    started = time.monotonic()
     t.start()
-    time.sleep(seconds)
-    path._stopping.set()
-    path.stop()
-    t.join(3)
+    try:
+        took = wait_until(until, 10, what, interval=0.005) and time.monotonic() - started
+    finally:
+        path._stopping.set()
+        path.stop()
+        t.join(3)
     assert not t.is_alive()
+    return took
 
 
 def test_while_a_task_runs_the_queue_is_peeked_and_a_change_asked_for_once():
     queued = ["big"]
     path, asked, peeks = _path(0.02, queued)
-    _run_for(path, 0.3)
-    assert len(peeks) >= 5  # every 20 ms
+    took = _run_until(path, lambda: len(peeks) >= 5, "five peeks")
+    # every 20 ms: five peeks in far less than the 1 s wait each that no polling would take
+    assert took < 4.0, took
     assert asked == [["big"]]  # the same models again ask for nothing
 
 
 def test_at_zero_it_peeks_only_when_a_task_starts():
     path, asked, peeks = _path(0.0, ["big"])
-    _run_for(path, 1.3)  # past the loop's 1 s wait: a timeout alone must not peek
+    path._prefetch_due = due = _CountingEvent()
+    # until the loop's 1 s wait has timed out and it waits again: a timeout alone must
+    # not peek
+    _run_until(path, lambda: due.waits >= 2, "the loop's wait to time out")
     assert peeks == [] and asked == []
     path2, asked2, _ = _path(0.0, ["big"])
     path2._prefetch_due.set()  # a task started
-    _run_for(path2, 0.2)
+    _run_until(path2, lambda: asked2, "a peek for the started task")
     assert asked2 == [["big"]]
