@@ -16,6 +16,7 @@ from ..placement import Decision
 from ..planner.admission import latest_start
 from ..planner.types import SHARED, Placement
 from .keys import JOB_HEADER, placement_json, planned_charge_ms
+from .retry import NOT_DONE
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -74,12 +75,29 @@ def _expires_at(c: CompassContext, node: dict[str, Any]) -> float:
     return latest_start(float(node["due"]), float(node["tail_ms"]), c.settings["time_scale"])
 
 
-def queued(c: CompassContext, task_id: str) -> bool:
-    """Whether a message with ``task_id`` already waits in a compass queue (a publish
-    whose reply was lost); only checked after a failure."""
+def published(c: CompassContext, task_id: str, remember: bool = True) -> Any:
+    """The :class:`Decision` a publish whose reply was lost sent ``task_id`` with, read
+    back from its waiting message (remembered, as :func:`publish_node` would have), or
+    ``NOT_DONE`` when none waits: a ``done`` check for sending a node, so the caller
+    charges what was sent rather than skipping it. Only checked after a failure."""
+    headers = _queued_headers(c, task_id)
+    if headers is None:
+        return NOT_DONE
+    decision = Decision.from_header(headers.get("compass"))
+    if decision is not None and remember:
+        c.remember(task_id, decision)
+    return decision
+
+
+def _queued_headers(c: CompassContext, task_id: str) -> dict[str, Any] | None:
+    """The headers of the message with ``task_id`` waiting in a compass queue, if any."""
     queues = c.queues
     if queues is None:
-        return False
+        return None
     names = [c.shared_queue, *(c.queue_for(w.name) for w in c.reader.get().workers)]
-    return any(message_headers(raw).get("id") == task_id
-               for q in names for raw in queues.peek(q))
+    for q in names:
+        for raw in queues.peek(q):
+            headers = message_headers(raw)
+            if headers.get("id") == task_id:
+                return headers
+    return None

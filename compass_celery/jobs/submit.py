@@ -47,8 +47,8 @@ from ..state.store import Snapshot
 from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .limits import check_submission
-from .retry import retry_transient
-from .send import publish_node, queued
+from .retry import done_if, retry_transient
+from .send import publish_node, published
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -71,13 +71,14 @@ class _Submission:
     def step(self, what: str, *steps: Callable[[Any], None],
              done: Callable[[], bool] | None = None) -> None:
         """Run ``steps`` as one transaction, retried through Redis hiccups; with ``single``
-        off, the first step alone and then each of the others."""
+        off, the first step alone and then each of the others. ``done`` says whether the
+        first took effect although its reply was lost (a transaction returns nothing)."""
         client = self.c.store.client
         groups = [steps] if self.single else [steps[:1], *((s,) for s in steps[1:])]
         for i, group in enumerate(groups):
             retry_transient(f"job {self.job_id}: {what}",
                             lambda g=group: _transaction(client, *g), give_up_s=self.retry_s,
-                            done=done if i == 0 else None)
+                            done=done_if(done) if done is not None and i == 0 else None)
 
 
 def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *,
@@ -256,7 +257,8 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
             f"job {job_id}: sending {name!r}",
             lambda n=name, t=task_id: publish_node(c, job_id, n, job.nodes[n], plan.get(n),
                                                    None, None, t),
-            give_up_s=job.retry_s, done=lambda t=task_id: queued(c, t))
+            # a publish whose reply was lost gives the Decision it sent: charged below too
+            give_up_s=job.retry_s, done=lambda t=task_id: published(c, t))
     charged = [d for d in sent.values() if isinstance(d, Decision) and d.charge_ms]
 
     def confirm(pipe: Any) -> None:

@@ -21,7 +21,7 @@ from redis import RedisError
 from .. import ledger
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
-from ..jobs.retry import retry_transient
+from ..jobs.retry import permanent, retry_transient
 from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
@@ -328,6 +328,13 @@ class TaskPath:
                             delay_s=COMPLETION_BACKOFF_S, max_delay_s=COMPLETION_BACKOFF_CAP_S)
         except RetriesExhausted as exc:
             logger.error("compass: %s; the job fails at its deadline", exc)
+        except (RedisError, StateUnavailable) as exc:
+            if not permanent(exc):
+                raise
+            # refused (a password, an ACL) or a wrong request: not retried, as no retry
+            # could succeed
+            logger.error("compass: recording %s/%s refused (%s); the job fails at its "
+                         "deadline", job.get("id"), job.get("node"), exc)
 
     # -- prefetch -------------------------------------------------------------------------
     def _queued_models(self) -> list[str | None]:
