@@ -19,6 +19,7 @@ from celery import Celery
 from celery.canvas import Signature
 
 from ..dag_validation import DagValidationError, validate_dag
+from ..errors import SendFailed
 from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
 from ..planner.batch import BatchSpec, batch_record
 from ..planner.priority import PriorityError, resolve_priority
@@ -202,6 +203,7 @@ class Dag:
         from ..errors import Rejected
         from ..planner.admission import DEGRADE, REJECT
         from .eager import run_eagerly
+        from .retry import refusal
         from .submit import submit
 
         spec = self.spec()
@@ -219,6 +221,11 @@ class Dag:
         except Rejected:
             if alternative is None or job_slo is None or job_slo.on_miss != DEGRADE:
                 raise
+        except Exception as exc:
+            cause = refusal(exc)  # a wrong password or ACL: no retry gets it in
+            if cause is None:
+                raise
+            raise _send_failed(self.app, spec.name, cause) from exc
         return alternative.apply_async(timeout_s=timeout_s, priority=priority,
                                        deadline_ms=job_slo.deadline_ms, slo=slo,
                                        on_miss=REJECT)
@@ -289,3 +296,16 @@ class CanvasDag(Dag):
         """Celery's result for the canvas, from a job's ``{sink node: result}`` read
         elsewhere (rebuilding the Dag from the same canvas gives the same node names)."""
         return canvas_result(self.name, self.shape, results)
+
+
+def _send_failed(app: Celery, name: str, refused: BaseException) -> SendFailed:
+    """The :class:`SendFailed` a plain task's send raises too, for a job Redis refused
+    (a wrong password, an ACL): no retry could get it in, so the caller hears at once,
+    naming the cause and the URLs (passwords masked)."""
+    from ..state.urls import masked
+
+    return SendFailed(
+        f"job {name!r} was not sent (nothing was queued): the state Redis at "
+        f"{masked(app.compass.redis_url or '')} or the broker at "
+        f"{masked(app.conf.broker_url or '')} refused it: {type(refused).__name__}: "
+        f"{refused}")

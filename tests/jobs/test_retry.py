@@ -1,5 +1,6 @@
 """The one retry policy for Redis hiccups: jittered backoff within bounds, the give-up
-time, ``done`` giving back the step's result, and errors no retry can fix raised at once."""
+time, ``done`` giving back the step's result, and errors no retry can fix raised at once
+(a Dag sent with a wrong password fails fast with :class:`SendFailed`)."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ from redis.exceptions import (
     ResponseError,
 )
 
-from compass_celery.errors import RetriesExhausted
+from compass_celery.errors import RetriesExhausted, SendFailed
 from compass_celery.jobs import retry
 from compass_celery.jobs.dag import Dag
 from compass_celery.jobs.retry import NOT_DONE, RetryPolicy, done_if, retry_transient
+from compass_celery.local import RedisServer
 from compass_celery.state.connection import StateUnavailable
 
 
@@ -181,3 +183,30 @@ def test_submit_charges_a_source_whose_send_reply_was_lost(compass_redis_url: st
     assert c.placement(lost[0]).worker == "x@lost"  # and remembered, as a send answered
     assert len(c.queues.peek(c.queue_for("x@lost"))) == 1  # sent once
 
+
+@pytest.mark.redis
+@pytest.mark.parametrize("acl", [
+    (["--requirepass", "right"], "redis://:wrong@127.0.0.1:{port}/0", "AuthenticationError"),
+    (["--user", "default", "off", "--user", "compass", "on", ">pw", "~*", "&*", "+@all",
+      "-hset"], "redis://compass:pw@127.0.0.1:{port}/0", "NoPermissionError"),
+])
+def test_a_dag_redis_refuses_fails_fast_with_send_failed(
+        compass_redis_server: RedisServer, acl: tuple[list[str], str, str]) -> None:
+    """A wrong password (or an ACL without a command the submission needs) is not a
+    hiccup: the Dag fails with the SendFailed a plain task raises, at once, naming the
+    cause, not after submit_retry_s of retries."""
+    from tests.support.jobapp import make_app
+
+    args, url, cause = acl
+    with RedisServer(args=args) as server:
+        app = make_app(url.format(port=server.port))
+        dag = Dag(app, "refused")
+        a = dag.node("a", app.tasks["j.src"].s(1))
+        dag.node("b", app.tasks["j.add"].s(1), after=[a])
+        started = time.monotonic()
+        with pytest.raises(SendFailed) as err:
+            dag.apply_async()
+        assert time.monotonic() - started < 2.0
+    message = str(err.value)
+    assert "'refused'" in message and "not sent" in message and cause in message
+    assert ":wrong@" not in message and ":pw@" not in message
