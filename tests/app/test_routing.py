@@ -79,9 +79,9 @@ def test_busy_worker_loses_once_backlog_outweighs_load_time(two_workers):
 def test_killed_worker_stops_being_chosen(two_workers):
     app, ws = two_workers
     ws[0].kill()  # SIGKILL: no clean shutdown, its record stays behind
-    time.sleep(1.6)
-    snap = app.compass.store.snapshot(time.time(), 1.5)
-    assert [w.name for w in snap.workers] == ["det@test"]
+    # its last beat ages past the 1.5 s heartbeat timeout: from then on it is not live
+    wait_until(lambda: [w.name for w in app.compass.store.snapshot(time.time(), 1.5).workers]
+               == ["det@test"], 10, "only det@test live")
     res = app.tasks["emulated.caption"].delay("after-kill")
     assert app.compass.placement(res.id).worker == "det@test"
     assert res.get(timeout=20)["worker"] == "det@test"

@@ -117,7 +117,8 @@ def test_sigterm_hands_back_and_every_task_runs_once(amqp_url, compass_redis_url
     results = _burst(app, 30, 150)
     on_g0 = [r for r in results if app.compass.placement(r.id).worker == names[0]]
     assert len(on_g0) >= 10, "the burst should queue work on both workers"
-    time.sleep(0.5)
+    wait_until(lambda: any(_ledger(compass_redis_url, keys.BENCH_STARTS)[r.id] for r in on_g0),
+               20, "g0 to be running")
     ws[0].kill(signal.SIGTERM)  # a warm shutdown, as every deploy sends
     assert sorted(r.get(timeout=60)["data"] for r in results) == list(range(30)), \
         worker_logs(ws)
@@ -134,8 +135,10 @@ def test_sigkill_queue_is_drained_by_the_peer(amqp_url, compass_redis_url, compa
     app, ws = _cluster(amqp_url, compass_redis_url, compass_workers, names,
                        preload="captioner")
     results = _burst(app, 20, 200)
-    assert sum(app.compass.placement(r.id).worker == names[0] for r in results) >= 5
-    time.sleep(0.5)
+    on_k0 = [r for r in results if app.compass.placement(r.id).worker == names[0]]
+    assert len(on_k0) >= 5
+    wait_until(lambda: any(_ledger(compass_redis_url, keys.BENCH_STARTS)[r.id] for r in on_k0),
+               20, "k0 to be running")
     ws[0].kill()  # SIGKILL mid-task: the broker returns its unacked message to its queue
     assert sorted(r.get(timeout=60)["data"] for r in results) == list(range(20)), \
         worker_logs(ws)

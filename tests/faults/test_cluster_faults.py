@@ -82,6 +82,8 @@ def test_duplicate_completion_is_idempotent(compass_redis_url, compass_workers):
     wait_until(lambda: Counter(e.decode().rsplit(":", 1)[0]
                                for e in app.log.lrange("ran", 0, -1))[f"{job.id}:a"] == 2,
                10, "the duplicate delivery to run")
+    # a negative check: a second b, had the duplicate's completion sent one, would start
+    # within a hop on an idle worker; half a second gives it that chance
     time.sleep(0.5)
     ran = Counter(e.decode().rsplit(":", 1)[0] for e in app.log.lrange("ran", 0, -1))
     assert ran[f"{job.id}:b"] == 1  # the successor was not sent a second time

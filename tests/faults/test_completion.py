@@ -32,7 +32,7 @@ def test_a_completion_that_cannot_reach_redis_past_its_old_retries_still_release
     wait_until(lambda: _ran(app)[f"{job.id}:a"] == 1, 15, "node a to start")
     os.kill(compass_redis_server.proc.pid, signal.SIGSTOP)
     try:  # a finishes meanwhile; its completion keeps failing for 16 s (it gave up at ~13 s)
-        time.sleep(16)
+        time.sleep(16)  # the outage's length is the test's subject
     finally:
         os.kill(compass_redis_server.proc.pid, signal.SIGCONT)
     assert job.get(timeout=40) == {"b": 6}, worker_logs(ws)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import pytest
 
@@ -20,7 +19,7 @@ def test_warm_shutdown_hands_back_its_queue(compass_redis_url, compass_workers):
     results = [heavy.delay(i) for i in range(30)]
     on_g0 = [r for r in results if app.compass.placement(r.id).worker == "g0@deploy"]
     assert len(on_g0) >= 10, "the burst should queue work on both workers"
-    time.sleep(0.5)
+    wait_until(lambda: any(executions(app)[r.id] for r in on_g0), 20, "g0 to be running")
     ws[0].kill(signal.SIGTERM)  # a warm shutdown, as every deploy sends
     values = sorted(r.get(timeout=60) for r in results)
     assert values == list(range(30)), worker_logs(ws)

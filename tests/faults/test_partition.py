@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from compass_celery.local import RedisServer, WorkerProcess
+from compass_celery.local import RedisServer, WorkerProcess, wait_until
 from compass_celery.testing import worker_logs
 from tests.support.cluster import GPU, compass_keys_left, executions, wait_live
 from tests.support.jobapp import make_app
@@ -47,14 +47,16 @@ def other_host() -> Iterator[str]:
     subprocess.run(["ip", "netns", "del", NS], capture_output=True)
 
 
-def test_a_worker_cut_off_for_twice_the_timeout_loses_nothing(other_host):
+def test_a_worker_cut_off_for_twice_the_timeout_loses_nothing(other_host, tmp_path):
     with RedisServer(args=["--bind", "127.0.0.1", HOST_IP, "--protected-mode", "no"]) as r:
         env = {"COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"}
         cut = WorkerProcess("tests.support.jobapp", "cut@h1", GPU, env={
             **env, "COMPASS_BROKER_URL": f"redis://{HOST_IP}:{r.port}/0"},
-            wrapper=["ip", "netns", "exec", other_host]).start()
+            wrapper=["ip", "netns", "exec", other_host],
+            log_path=str(tmp_path / "cut.log")).start()
         stay = WorkerProcess("tests.support.jobapp", "stay@h0", GPU,
-                             env={**env, "COMPASS_BROKER_URL": r.url}).start()
+                             env={**env, "COMPASS_BROKER_URL": r.url},
+                             log_path=str(tmp_path / "stay.log")).start()
         ws = [cut, stay]
         try:
             app = make_app(r.url, compass_snapshot_ttl_s=0.0, compass_heartbeat_timeout_s=1.0)
@@ -63,11 +65,13 @@ def test_a_worker_cut_off_for_twice_the_timeout_loses_nothing(other_host):
 
             app.log = redis.Redis.from_url(r.url)
             results = [app.tasks["j.heavy"].delay(i) for i in range(12)]
-            assert any(app.compass.placement(x.id).worker == "cut@h1" for x in results)
-            time.sleep(0.5)
+            on_cut = [x for x in results if app.compass.placement(x.id).worker == "cut@h1"]
+            assert on_cut
+            wait_until(lambda: any(executions(app)[x.id] for x in on_cut), 20,
+                       "the cut worker to be running")
             _ip("link", "set", HOST_IF, "down")  # cut the "host" off
             try:
-                time.sleep(2.5)  # > 2x the heartbeat timeout
+                time.sleep(2.5)  # the cut's length, the test's subject: > 2x the timeout
             finally:
                 _ip("link", "set", HOST_IF, "up")
             values = sorted(x.get(timeout=60) for x in results)

@@ -8,7 +8,6 @@ The Redis is private to the test (a free port, AOF on, so a restart keeps the jo
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import pytest
@@ -71,8 +70,13 @@ def test_soak_state_returns_to_the_ttl_bounded_level(compass_workers):
         app, ws = start(server.url, compass_workers, ["s0@soak", "s1@soak"], timeout_s=3.0,
                         env=env, compass_job_ttl_s=TTL_S, compass_job_timeout_s=60)
         client = app.log
-        time.sleep(1.0)
-        base_keys = _compass_keys(client)
+        seen: list[set[bytes]] = []
+
+        def settled() -> set[bytes] | None:  # the workers' own keys: two reads agree
+            seen.append(_compass_keys(client))
+            return seen[-1] if len(seen) > 1 and seen[-1] == seen[-2] else None
+
+        base_keys = wait_until(settled, 10, "the workers' keys to settle", interval=0.3)
         base_mb = client.info("memory")["used_memory"] / 2**20
         ok = failed = 0
         peak_mb = base_mb
@@ -93,10 +97,15 @@ def test_soak_state_returns_to_the_ttl_bounded_level(compass_workers):
         wait_until(lambda: client.zcard(DEADLINES) == 0, 80, "the deadline set to empty")
         wait_until(lambda: client.zcard(LEASES) == 0, 5, "the leases to go")
         client.delete(*TEST_LOG)
-        time.sleep(TTL_S + 1.5)
+
+        def jobs_left() -> list[bytes]:
+            return [k for k in _compass_keys(client) - base_keys if b":job:" in k]
+
+        try:  # every job's records expire within their TTL of its end
+            wait_until(lambda: not jobs_left(), TTL_S + 1.5, "the job records to expire")
+        except TimeoutError:
+            raise AssertionError(jobs_left()[:5]) from None
         left = _compass_keys(client) - base_keys
-        jobs_left = [k for k in left if b":job:" in k]
-        assert not jobs_left, jobs_left[:5]
         # what stays a while is a submission's once-guards, each with its own expiry; the
         # rest is per worker or per task kind (records, counters, bindings), never per job
         once = [k for k in left if b":once:" in k]
