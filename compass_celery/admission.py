@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import CompassInputError, Rejected
-from .needs import plan_error_key
 from .planner.admission import Slo, SloError, Verdict, judge, resolve_slo, retry_after_s
 from .signals import admission_decided
 
@@ -43,13 +42,13 @@ def slo_of_call(c: CompassContext, call: Mapping[str, Any]) -> Slo | None:
 
 def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
           wait_ms: float, load_ms: float = 0.0,
-          profiles: Mapping[str, float] | None = None, guessed: bool = False) -> Verdict:
+          plan_errors: Mapping[str, float] | None = None, guessed: bool = False) -> Verdict:
     """Judge a plan, adding how late plans of its SLO class have run (learned from the
-    jobs that ended, in ``profiles``); ``guessed``: it rests on a run time nobody
-    declared or measured (``planner.admission.judge``). A refusal raises
+    jobs that ended: ``plan_errors``, SLO class -> ms, a snapshot's); ``guessed``: it
+    rests on a run time nobody declared or measured (``planner.admission.judge``). A refusal raises
     :class:`Rejected` (nothing was written or sent)."""
     cfg = c.settings
-    error = (profiles or {}).get(plan_error_key(slo.name), 0.0) if slo is not None else 0.0
+    error = (plan_errors or {}).get(slo.name, 0.0) if slo is not None else 0.0
     verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg["max_queue_ms"],
                     admission=cfg["admission"], load_ms=load_ms,
                     headroom=cfg["admission_headroom"], error_ms=error, guessed=guessed)

@@ -65,14 +65,18 @@ def batch_profile_key(task: str, model: str | None) -> str:
 LOAD_PROFILE = "compass.load"
 
 
-#: Task part of the learned plan error of jobs of one SLO class (measured minus predicted
-#: job finish, ms; the quantile admission adds to a plan: planner.admission).
-PLAN_ERROR_PROFILE = "compass.plan_error"
+#: A measured run this many times off the learned one (either way) replaces it instead
+#: of being averaged in: the task changed (dask's outlier rule, widened from 2x).
+OUTLIER_RATIO = 3.0
 
 
-def plan_error_key(slo: str) -> str:
-    """Field of the learned plan error of SLO class ``slo`` in the profiles table."""
-    return f"{PLAN_ERROR_PROFILE}|{slo}"
+def learn_run_ms(learned: float | None, ms: float, alpha: float) -> float:
+    """The learned run time after one measured run ``ms``: an EWMA with weight ``alpha``,
+    reset to ``ms`` by an outlier (:data:`OUTLIER_RATIO`) or when nothing was learned.
+    The one definition: both state stores apply it (state/records.py)."""
+    if learned is None or not learned / OUTLIER_RATIO <= ms <= learned * OUTLIER_RATIO:
+        return ms
+    return learned + alpha * (ms - learned)
 
 
 def learned_loads(profiles: Mapping[str, float]) -> dict[str, float]:

@@ -119,7 +119,7 @@ class CompassRouter:
         can still meet it (the message's ``expires``)."""
         c = self.compass
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, decision.load_ms, snapshot.profiles, guessed)
+                        decision.wait_ms, decision.load_ms, snapshot.plan_errors, guessed)
         if slo is None:
             return decision
         due = due_at(c, slo)

@@ -20,7 +20,7 @@ from redis import RedisError
 
 from .. import ledger
 from ..errors import JobError, JobTimeout
-from ..needs import learned_loads, plan_error_key
+from ..needs import learned_loads
 from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.admission import ERROR_QUANTILE, ERROR_STEP_MS, should_shed
@@ -345,8 +345,8 @@ class JobRuntime:
             return
         error_ms = 1000 * (end - plan_end) / self.c.settings["time_scale"]
         with contextlib.suppress(StateUnavailable, RedisError, OSError):
-            self.c.store.record_quantile(plan_error_key(job.get("slo") or ""), error_ms,
-                                         ERROR_QUANTILE, ERROR_STEP_MS)
+            self.c.store.record_plan_error(job.get("slo") or "", error_ms, ERROR_QUANTILE,
+                                           ERROR_STEP_MS)
 
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:

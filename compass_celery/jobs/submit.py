@@ -98,7 +98,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     plan, snapshot = _plan(c, spec,
                            max((v.get("priority") or 0 for v in nodes.values()), default=0))
     verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    job_load_ms(plan), snapshot.profiles if snapshot else None, guessed)
+                    job_load_ms(plan), snapshot.plan_errors if snapshot else None, guessed)
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})

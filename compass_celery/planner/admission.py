@@ -229,7 +229,8 @@ def plan_error_step(q: float, error_ms: float, tau: float = ERROR_QUANTILE,
     """One update of the learned quantile ``q`` of a plan's error (measured minus
     predicted job finish, ms): up by ``tau x step`` when a job ran later than ``q``,
     down by ``(1 - tau) x step`` otherwise, so that ``q`` settles where a share ``tau``
-    of jobs are within it. The Redis stores run the same rule in ewma.lua."""
+    of jobs are within it. The one definition: both state stores apply it
+    (state/records.py), the simulator too."""
     return q + step_ms * (tau if error_ms > q else tau - 1.0)
 
 

@@ -54,13 +54,18 @@ PENDING = "{{{p}}}:pending"
 COUNTERS: dict[str, tuple[str, str]] = {
     "backlog": (BACKLOG, "b"), "queued": (QUEUED, "q"), "forming": (FORMING, "i"),
     "pending": (PENDING, "p")}
-# hash: "task|model" -> JSON {"exec_ms", "n"} learned run time; ewma.lua, run by
+# hash: "task|model" -> JSON {"exec_ms", "n"} learned run time; learn.lua, run by
 # state/store.py (record_run)
 PROFILES = "{{{p}}}:profiles"
+# hash: SLO class -> JSON {"error_ms", "n"}: the learned quantile of how late its jobs end
+# against their plan (admission's margin); learn.lua, run by state/store.py
+# (record_plan_error)
+PLAN_ERRORS = "{{{p}}}:plan-errors"
 # hash: version (bumped per change), epoch, floor (newest version trimmed); changelog.lua,
 # put in front of every state script above (state/store.py, jobs/submit.py)
 STATE_LOG = "{{{p}}}:state-log"
-# zset: "w:"/"b:"/"q:"/"i:"/"p:"/"f:" + name -> version of its last change; changelog.lua, as above
+# zset: "w:"/"b:"/"q:"/"i:"/"p:"/"f:"/"e:" + name -> version of its last change;
+# changelog.lua, as above
 CHANGES = "{{{p}}}:changes"
 
 # -- recovery (state Redis) -------------------------------------------------------------

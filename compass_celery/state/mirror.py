@@ -21,7 +21,7 @@ from ..planner.cost import evolve
 from ..planner.types import WorkerView
 from .connection import text
 from .keys import split_member
-from .records import dead_reason, decode_ms, judge_record, parse_profile
+from .records import dead_reason, decode_ms, judge_record, parse_plan_error, parse_profile
 
 #: Members the change log keeps (about 80 bytes each): a reader that misses more changes
 #: than this between two reads reads everything again.
@@ -96,6 +96,7 @@ class StateMirror:
         self.inputs: dict[str, dict[str, int]] = {}  # worker -> batch key -> n (FORMING)
         self.pending: dict[str, float] = {}
         self.profiles: dict[str, float] = {}
+        self.plan_errors: dict[str, float] = {}  # SLO class -> ms
         self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
         self.live: dict[str, WorkerView] = {}
         self.order: list[str] = []
@@ -172,8 +173,8 @@ class StateMirror:
         return self.assemble(dirty, stale_beats, now, redis_now)
 
     def load(self, records: dict[str, Any], backlog: dict[str, Any], pending: dict[str, Any],
-             profiles: dict[str, Any], queued: dict[str, Any],
-             forming: dict[str, Any]) -> set[str]:
+             profiles: dict[str, Any], queued: dict[str, Any], forming: dict[str, Any],
+             plan_errors: dict[str, Any]) -> set[str]:
         """Replace everything with a full read; returns every worker name to re-check."""
         dirty = set(self.records) | set(records) | set(self.live)
         self.records = records
@@ -184,6 +185,9 @@ class StateMirror:
         self.pending = {n: decode_ms(v) for n, v in pending.items()}
         self.profiles = {k: ms for k, ms in ((k, parse_profile(v)) for k, v in profiles.items())
                          if ms is not None}
+        self.plan_errors = {k: ms for k, ms in ((k, parse_plan_error(v))
+                                                for k, v in plan_errors.items())
+                            if ms is not None}
         return dirty
 
     def apply(self, body: Sequence[Any]) -> set[str]:
@@ -219,6 +223,12 @@ class StateMirror:
                     profiles.pop(name, None)
                 else:
                     profiles[name] = ms
+                continue
+            elif kind == "e":  # a new dict: snapshots already handed out keep theirs
+                error = None if value is None else parse_plan_error(value)
+                self.plan_errors = {k: v for k, v in self.plan_errors.items() if k != name}
+                if error is not None:
+                    self.plan_errors[name] = error
                 continue
             dirty.add(name)
         if profiles is not None:
@@ -257,9 +267,11 @@ class StateMirror:
 
     def assemble(self, dirty: set[str], stale: dict[str, float], now: float,
                  redis_now: float) -> tuple[tuple[WorkerView, ...], dict[str, float],
-                                            tuple[str, ...], tuple[tuple[str, str], ...]]:
+                                            tuple[str, ...], tuple[tuple[str, str], ...],
+                                            dict[str, float]]:
         """Re-check the ``dirty`` workers and those whose staleness changed; returns a
-        snapshot's live workers, profiles, skipped reasons and dead (name, queue)."""
+        snapshot's live workers, profiles, skipped reasons, dead (name, queue) and plan
+        errors."""
         dirty |= set(stale).symmetric_difference(self.stale)
         self.stale = stale
         for name, score in stale.items():
@@ -315,4 +327,4 @@ class StateMirror:
             age = None if name in self.no_beat else max(0.0, redis_now - stale[name])
             skipped.append(dead_reason(name, age))
             dead.append((view.name, view.queue))
-        return self.workers, self.profiles, tuple(skipped), tuple(dead)
+        return self.workers, self.profiles, tuple(skipped), tuple(dead), self.plan_errors

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import CompassInputError
+from ..needs import learn_run_ms
+from ..planner.admission import plan_error_step
 from ..planner.types import ModelDemand, WorkerView
 
 MAX_RECORD_BYTES = 256 * 1024
@@ -188,13 +190,41 @@ def dead_reason(name: str, age_s: float | None) -> str:
     return f"worker {name!r}: heartbeat {age_s:.1f}s old (dead)"
 
 
+def _learned(raw: Any, name: str) -> tuple[float | None, int]:
+    """A learned value's number under ``name`` and its count of observations; (None, 0)
+    when there is none or it is unusable."""
+    try:
+        body = json.loads(raw)
+        value, n = float(body[name]), int(body.get("n") or 0)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None, 0
+    return (value, n) if math.isfinite(value) else (None, 0)
+
+
 def parse_profile(raw: Any) -> float | None:
     """A learned run time (JSON ``{"exec_ms", "n"}``) in ms, or None when unusable."""
-    try:
-        ms = float(json.loads(raw)["exec_ms"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    return ms if math.isfinite(ms) and ms >= 0 else None
+    ms = _learned(raw, "exec_ms")[0]
+    return ms if ms is not None and ms >= 0 else None
+
+
+def parse_plan_error(raw: Any) -> float | None:
+    """A learned plan error (JSON ``{"error_ms", "n"}``) in ms, or None when unusable."""
+    return _learned(raw, "error_ms")[0]
+
+
+def next_profile(raw: Any, ms: float, alpha: float) -> str:
+    """A profile (``raw``, None for none) after one measured run: needs.learn_run_ms."""
+    learned, n = _learned(raw, "exec_ms")
+    learned = learned if learned is not None and learned >= 0 else None
+    return json.dumps({"exec_ms": learn_run_ms(learned, ms, alpha), "n": n + 1})
+
+
+def next_plan_error(raw: Any, error_ms: float, tau: float, step_ms: float) -> str:
+    """A learned plan error (``raw``, None for none: 0) after one job's error:
+    planner.admission.plan_error_step."""
+    q, n = _learned(raw, "error_ms")
+    return json.dumps({"error_ms": plan_error_step(q or 0.0, error_ms, tau, step_ms),
+                       "n": n + 1})
 
 
 def decode_ms(raw: bytes | str | None) -> float:

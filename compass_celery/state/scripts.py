@@ -25,7 +25,7 @@ from .cluster import is_cluster_client
 
 #: The subpackage of ``compass_celery`` each script lives in, beside the code that runs it.
 HOMES: dict[str, str] = {
-    **dict.fromkeys(("changelog", "counter", "ewma", "publish", "remove", "snapshot"),
+    **dict.fromkeys(("changelog", "counter", "learn", "publish", "remove", "snapshot"),
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
     **dict.fromkeys(("stage", "move", "lease", "promote", "claim"), "broker"),

@@ -19,14 +19,22 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from ..planner.admission import plan_error_step
 from ..planner.types import WorkerView
 from . import keys
 from .cluster import unavailable_errors
-from .connection import StateUnavailable, connect
+from .connection import StateUnavailable, connect, text
 from .mirror import CHANGE_LOG_SIZE, StateMirror, inputs_by_worker, queued_by_worker
 from .mirror import epoch_candidate as epoch
-from .records import dead_reason, decode_ms, encode_record, judge_record, parse_profile
+from .records import (
+    dead_reason,
+    decode_ms,
+    encode_record,
+    judge_record,
+    next_plan_error,
+    next_profile,
+    parse_plan_error,
+    parse_profile,
+)
 from .scripts import register_script, run_pipeline
 from .urls import masked
 
@@ -40,7 +48,13 @@ logger = logging.getLogger("compass_celery.state")
 #: guards it (stores are used from several threads).
 _own_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, str]]] = \
     weakref.WeakKeyDictionary()
+#: Per pipeline, the learned-value updates queued on it, as (reply index, update):
+#: :meth:`RedisStateStore.execute` settles them (``_settle``). Guarded by the same lock.
+_own_learned: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = \
+    weakref.WeakKeyDictionary()
 _own_lock = threading.Lock()
+#: How many times one learned-value update is tried against other writers.
+LEARN_TRIES = 5
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,8 @@ class Snapshot:
     skipped: tuple[str, ...] = ()
     taken_at: float = 0.0
     dead: tuple[tuple[str, str], ...] = ()
+    #: SLO class -> the learned plan error admission adds (ms).
+    plan_errors: Mapping[str, float] = field(default_factory=dict)
 
 
 class StateStore(Protocol):
@@ -83,9 +99,10 @@ class StateStore(Protocol):
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold one measured run time into the learned one for ``task|model``."""
 
-    def record_quantile(self, key: str, value: float, tau: float, step: float,
-                        pipe: Any = None) -> None:
-        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``."""
+    def record_plan_error(self, slo: str, error_ms: float, tau: float, step: float,
+                          pipe: Any = None) -> None:
+        """Move SLO class ``slo``'s learned plan-error quantile ``tau`` one step towards
+        ``error_ms``."""
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker (backlog and pending folded in) and the learned run times."""
@@ -103,6 +120,7 @@ class MemoryStateStore:
         self.backlog = self.counters["backlog"]
         self.pending = self.counters["pending"]
         self.profiles: dict[str, str] = {}
+        self.plan_errors: dict[str, str] = {}
         self.stats: dict[str, dict[str, Any]] = {}
 
     def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
@@ -141,22 +159,17 @@ class MemoryStateStore:
         self.charge(worker, ms, table="pending")
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
-        """Fold one measured run time into the learned one for ``task|model``."""
+        """Fold one measured run time into the learned one for ``task|model``
+        (records.next_profile, as the Redis store)."""
         with self._lock:
-            old = self.profiles.get(key)
-            prof = json.loads(old) if old else None
-            if prof and ms <= prof["exec_ms"] * 3 and ms * 3 >= prof["exec_ms"]:
-                ms = prof["exec_ms"] + alpha * (ms - prof["exec_ms"])
-            self.profiles[key] = json.dumps({"exec_ms": ms, "n": (prof or {"n": 0})["n"] + 1})
+            self.profiles[key] = next_profile(self.profiles.get(key), ms, alpha)
 
-    def record_quantile(self, key: str, value: float, tau: float, step: float,
-                        pipe: Any = None) -> None:
-        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``."""
+    def record_plan_error(self, slo: str, error_ms: float, tau: float, step: float,
+                          pipe: Any = None) -> None:
+        """Move ``slo``'s learned plan error one step (records.next_plan_error)."""
         with self._lock:
-            old = self.profiles.get(key)
-            prof = json.loads(old) if old else {"exec_ms": 0.0, "n": 0}
-            q = plan_error_step(prof["exec_ms"], value, tau, step)
-            self.profiles[key] = json.dumps({"exec_ms": q, "n": prof["n"] + 1})
+            self.plan_errors[slo] = next_plan_error(self.plan_errors.get(slo), error_ms,
+                                                    tau, step)
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, decoded from the in-process records (each record's own
@@ -181,8 +194,10 @@ class MemoryStateStore:
                                            queued_inputs=inputs.get(name, {})))
             profiles = {k: ms for k, ms in ((k, parse_profile(v))
                                             for k, v in self.profiles.items()) if ms is not None}
+            errors = {k: ms for k, ms in ((k, parse_plan_error(v))
+                                          for k, v in self.plan_errors.items()) if ms is not None}
         workers.sort(key=lambda w: w.name)
-        return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead))
+        return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead), errors)
 
 
 #: How often a store reads everything again, whatever its change log says (a safety net).
@@ -215,12 +230,16 @@ class RedisStateStore:
         self._client: Any = None
         self._keys = {k: keys.key(t, prefix) for k, t in (
             ("workers", keys.WORKERS), ("profiles", keys.PROFILES), ("beats", keys.BEATS),
+            ("plan_errors", keys.PLAN_ERRORS),
             ("log", keys.STATE_LOG), ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS),
             *((name, template) for name, (template, _) in keys.COUNTERS.items()))}
         self._log = [self._keys["log"], self._keys["changes"]]
         self._read_keys = [self._keys[k] for k in (
             "log", "changes", "workers", "beats", "backlog", "pending", "profiles", "queued",
-            "forming")]
+            "forming", "plan_errors")]
+        # (hash, field) -> the raw learned value this process last wrote or was told of:
+        # what its next update starts from (learn.lua checks it is still current)
+        self._learned: dict[tuple[str, str], str] = {}
         self._fresh_mirror()
 
     def _fresh_mirror(self) -> None:
@@ -237,7 +256,7 @@ class RedisStateStore:
             self._pid = os.getpid()
             client = self._client
             self._counter = register_script(client, "changelog", "counter")
-            self._ewma = register_script(client, "ewma")
+            self._learn = register_script(client, "changelog", "learn")
             self._publish = register_script(client, "changelog", "publish")
             self._remove = register_script(client, "changelog", "remove")
             self._read = register_script(client, "snapshot")
@@ -297,28 +316,59 @@ class RedisStateStore:
         self._count("pending", worker, ms, "add", pipe)
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
-        """Fold a measured run time into the learned one, then log it for readers;
-        queued on ``pipe`` when given (one round trip either way)."""
-        self._profile(key, [key, ms, alpha], pipe)
+        """Fold a measured run time into the learned one (records.next_profile) and log it
+        for readers; queued on ``pipe`` when given (one round trip either way)."""
+        self._update("profiles", "f", key, lambda raw: next_profile(raw, ms, alpha), pipe)
 
-    def record_quantile(self, key: str, value: float, tau: float, step: float,
-                        pipe: Any = None) -> None:
-        """Move the quantile ``tau`` learned under ``key`` one step towards ``value``
-        (ewma.lua's quantile mode), then log it for readers."""
-        self._profile(key, [key, value, tau, "quantile", step], pipe)
+    def record_plan_error(self, slo: str, error_ms: float, tau: float, step: float,
+                          pipe: Any = None) -> None:
+        """Move ``slo``'s learned plan error one step (records.next_plan_error) and log it
+        for readers; queued on ``pipe`` when given."""
+        self._update("plan_errors", "e", slo,
+                     lambda raw: next_plan_error(raw, error_ms, tau, step), pipe)
 
-    def _profile(self, key: str, args: list[Any], pipe: Any = None) -> None:
+    def _update(self, table: str, letter: str, field: str, rule: Callable[[Any], str],
+                pipe: Any) -> None:
+        """Apply ``rule`` (old raw value, None for none -> new) to one learned value.
+
+        The rule is Python's alone; learn.lua only writes its result if the field still
+        holds what it was computed from (compare-and-set), atomically with the change
+        log. The field is usually what this process wrote last, so a write takes one
+        round trip, queued with the caller's; when another process wrote meanwhile (or
+        this one never read it), the script returns the current value and the rule is
+        applied again to it (:meth:`_settle`). A WATCH/MULTI transaction could not join
+        the caller's pipeline and would abort on any other field of the same hash."""
         self._call(lambda: self.client)  # a cluster client connects when made
+        start = self._learned.get((table, field))
+        new = rule(start)
+        call = (table, letter, field, rule, new)
+        reply = self._call(lambda: self._learn(
+            keys=[self._keys[table], *self._log],
+            args=[field, start or "", new, f"{letter}:{field}", epoch(), CHANGE_LOG_SIZE],
+            client=pipe))
+        if pipe is None:
+            self._settle(call, reply)
+        else:  # its reply comes from execute(pipe)
+            with _own_lock:
+                _own_learned.setdefault(pipe, []).append((len(pipe) - 1, call))
 
-        def go() -> None:
-            p = pipe if pipe is not None else self.client.pipeline(transaction=False)
-            self._ewma(keys=[self._keys["profiles"]], args=args, client=p)
-            self._counter(keys=[self._keys["profiles"], *self._log],
-                          args=[key, 0, "note", f"f:{key}", epoch(), CHANGE_LOG_SIZE],
-                          client=p)
-            if pipe is None:
-                run_pipeline(p)
-        self._call(go)
+    def _settle(self, call: tuple[str, str, str, Callable[[Any], str], str],
+                reply: Any) -> None:
+        """Finish an update from learn.lua's reply: remember what was written, or apply
+        the rule again to the value found, until it is written (at most ``LEARN_TRIES``;
+        past that the observation is dropped, as a lost best-effort write is)."""
+        table, letter, field, rule, new = call
+        for _ in range(LEARN_TRIES):
+            if int(reply[0]) == 1:
+                self._learned[(table, field)] = new
+                return
+            found = None if reply[1] is None else text(reply[1])
+            new = rule(found)
+            reply = self._call(lambda f=found, n=new: self._learn(
+                keys=[self._keys[table], *self._log],
+                args=[field, f or "", n, f"{letter}:{field}", epoch(), CHANGE_LOG_SIZE]))
+        logger.debug("compass: %s %r not learned: written by others %d times meanwhile",
+                     table, field, LEARN_TRIES)
 
     def execute(self, pipe: Any) -> None:
         """Run what was queued on ``pipe`` (one round trip); this process's reads then
@@ -326,8 +376,11 @@ class RedisStateStore:
         replies = self._call(lambda: run_pipeline(pipe))
         with _own_lock:
             own = _own_queued.pop(pipe, ())
+            learned = _own_learned.pop(pipe, ())
         for at, member in own:
             self._mirror.note_own(member, replies[at])
+        for at, call in learned:
+            self._settle(call, replies[at])
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, from what changed since this process's last read."""
@@ -336,7 +389,7 @@ class RedisStateStore:
             parts = self._call(lambda: self._mirror.read(
                 lambda args: self._read(keys=self._read_keys, args=args),
                 heartbeat_timeout_s, now, self.beat_sync_s, self.full_read_s))
-        return Snapshot(parts[0], parts[1], parts[2], now, parts[3])
+        return Snapshot(parts[0], parts[1], parts[2], now, parts[3], parts[4])
 
     @property
     def full_reads(self) -> int:

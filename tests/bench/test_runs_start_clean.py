@@ -10,7 +10,6 @@ import pytest
 import redis
 
 from compass_celery.bench.runner import _forget_previous_run
-from compass_celery.needs import plan_error_key
 from compass_celery.state import keys
 
 pytestmark = pytest.mark.redis
@@ -20,11 +19,11 @@ def test_a_run_forgets_its_policys_state_and_keeps_others(compass_redis_url):
     client = redis.Redis.from_url(compass_redis_url)
     mine, other = "compass-bench-compass", "compass-bench-jsq"
     for prefix in (mine, other):
-        client.hset(keys.key(keys.PROFILES, prefix), plan_error_key("interactive"), 900.0)
+        client.hset(keys.key(keys.PLAN_ERRORS, prefix), "interactive", 900.0)
         client.hset(keys.key(keys.WORKERS, prefix), "w0", "{}")
         client.rpush(f"{prefix}.w.w0", "message")
     _forget_previous_run(client, client, mine)
-    assert not client.exists(keys.key(keys.PROFILES, mine), keys.key(keys.WORKERS, mine),
+    assert not client.exists(keys.key(keys.PLAN_ERRORS, mine), keys.key(keys.WORKERS, mine),
                              f"{mine}.w.w0")
-    assert client.exists(keys.key(keys.PROFILES, other), keys.key(keys.WORKERS, other),
+    assert client.exists(keys.key(keys.PLAN_ERRORS, other), keys.key(keys.WORKERS, other),
                          f"{other}.w.w0") == 3

@@ -42,7 +42,9 @@ class Recorder:
         def call(keys: Any = None, args: Any = None, client: Any = None) -> Any:
             self.calls.append((name, list(keys or [])))
             if name == "snapshot":
-                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[], [], [], [], [], []]]
+                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[], [], [], [], [], [], []]]
+            if name == "learn":
+                return [1]
             return b"0"
         return call
 
@@ -68,8 +70,9 @@ def test_every_state_script_call_is_single_slot(prefix):
     store.set_backlog(keys.forming_member("w{1}", "t|m"), 1, table="forming")
     store.add_pending("w{1}", 5.0)
     store.record_run("task|model", 5.0, 0.3)
+    store.record_plan_error("interactive", 5.0, 0.9, 10.0)
     store.snapshot(time.time(), 30.0)
-    assert {name for name, _ in client.calls} == {"publish", "remove", "counter", "ewma",
+    assert {name for name, _ in client.calls} == {"publish", "remove", "counter", "learn",
                                                   "snapshot"}
     state_slot = slots([keys.key(keys.WORKERS, prefix)])
     for name, used in client.calls:
@@ -98,7 +101,7 @@ def test_job_keys_carry_the_job_id_as_their_tag():
 
 
 def test_every_script_is_checked_or_runs_on_the_broker():
-    checked = {"changelog", "publish", "remove", "counter", "ewma", "snapshot", "complete",
+    checked = {"changelog", "publish", "remove", "counter", "learn", "snapshot", "complete",
                "fail", "once"}
     shipped = {p.stem for p in PACKAGE.glob("*/lua/*.lua")}
     assert shipped == set(HOMES), "every script file is named in scripts.HOMES, and only those"

@@ -4,6 +4,7 @@ ledger charges reads back the same from Redis and from the in-process store."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -94,3 +95,37 @@ def test_redis_and_memory_stores_read_the_ledger_alike(compass_redis_url):
     assert got[0] == got[2] and got[1] == got[3]
     assert got[0][0] == ("a", 42.0, {0: 10.0, 5: 25.0}, {"t|m": 2, "u|m": 1})
     assert got[0][1][3] == {"t|m": 2}  # its last send started: no longer waits
+
+
+def test_learned_values_follow_one_rule_in_both_stores(compass_redis_url):
+    """The learning rules (run-time EWMA with its outlier reset, plan-error quantile step)
+    are Python's alone: both stores give the same values on the same runs, a second
+    writer's update in between included, and no state script carries a rule."""
+    from pathlib import Path
+
+    redis_store = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    other = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    memory = MemoryStateStore()
+    runs = [100.0, 120.0, 500.0, 90.0, 95.0, 10.0, 12.0, 0.0, 0.0, 40.0]
+    for i, ms in enumerate(runs):
+        writer = other if i % 3 == 2 else redis_store  # another process wrote meanwhile
+        writer.record_run("t|m", ms, 0.3)
+        memory.record_run("t|m", ms, 0.3)
+        writer.record_plan_error("interactive", ms - 60.0, 0.9, 25.0)
+        memory.record_plan_error("interactive", ms - 60.0, 0.9, 25.0)
+    pipe = redis_store.client.pipeline(transaction=False)
+    redis_store.record_run("t|m", 44.0, 0.3, pipe=pipe)  # on a pipeline, settled by execute
+    redis_store.execute(pipe)
+    memory.record_run("t|m", 44.0, 0.3)
+    got = redis_store.snapshot(time.time(), 30.0)
+    want = memory.snapshot(time.time(), 30.0)
+    assert got.profiles == pytest.approx(want.profiles)
+    assert got.plan_errors == pytest.approx(want.plan_errors)
+    client = redis.Redis.from_url(compass_redis_url)
+    assert json.loads(client.hget(keys.key(keys.PROFILES, "compass"), "t|m"))["n"] == 11
+    assert client.hkeys(keys.key(keys.PROFILES, "compass")) == [b"t|m"]  # no plan error
+    lua = Path(__file__).resolve().parents[2] / "compass_celery" / "state" / "lua"
+    for path in lua.glob("*.lua"):
+        code = path.read_text()
+        assert not any(word in code for word in ("alpha", "tau", "exec_ms", "error_ms")), \
+            f"{path.name} carries a learning rule: keep it in Python (state/records.py)"

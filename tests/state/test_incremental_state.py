@@ -221,11 +221,14 @@ def test_a_pipeline_keeps_no_compass_state_and_a_forgotten_script_runs_once(stor
     writer, reader, client = stores
     writer.publish(_view("a"))
     _snap(reader)
-    ewma = register_script(writer.client, "ewma")
+    learn = register_script(writer.client, "changelog", "learn")
     pipe = writer.client.pipeline(transaction=False)
     writer.charge("a", 30.0, pipe=pipe)
     pipe.hset("other", "x", 1)
-    ewma(keys=[keys.key(keys.PROFILES, "compass")], args=["t|m", 80.0, 0.3], client=pipe)
+    learn(keys=[keys.key(keys.PROFILES, "compass"), keys.key(keys.STATE_LOG, "compass"),
+                keys.key(keys.CHANGES, "compass")],
+          args=["t|m", "", json.dumps({"exec_ms": 80.0, "n": 1}), "f:t|m", "e", 100],
+          client=pipe)
     assert not [k for k in vars(pipe) if "compass" in k]
     assert len(scripts._queued[pipe]) == 2 and len(state_store._own_queued[pipe]) == 1
     client.script_flush()

@@ -178,7 +178,8 @@ def test_incremental_snapshot_reads_on_the_cluster(compass_cluster_url):
     client = connect(compass_cluster_url)
     state = [keys.key(t, "compass") for t in (keys.WORKERS, keys.BEATS, keys.BACKLOG,
                                               keys.PENDING, keys.PROFILES, keys.STATE_LOG,
-                                              keys.CHANGES, keys.QUEUED, keys.FORMING)]
+                                              keys.CHANGES, keys.QUEUED, keys.FORMING,
+                                              keys.PLAN_ERRORS)]
     assert {client.cluster_keyslot(k) for k in state} == {key_slot(state[0].encode())}
 
 

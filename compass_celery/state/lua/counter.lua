@@ -1,8 +1,7 @@
--- Change one per-worker counter (backlog or pending ms) and log the change for readers;
--- mode 'note' writes nothing and only logs MEMBER (a profile ewma.lua just updated).
+-- Change one per-worker counter (keys.COUNTERS) and log the change for readers.
 -- (changelog.lua is put in front of this script.)
 -- KEYS: 1 counter hash, 2 state log hash, 3 changes zset
--- ARGV: 1 field, 2 ms, 3 mode ('add': add ms; 'set': overwrite; 'note'), 4 change-log
+-- ARGV: 1 field, 2 ms, 3 mode ('add': add ms; 'set': overwrite), 4 change-log
 --       member, 5 epoch candidate, 6 change-log size
 -- Additions commute: a worker's release may land before the producer's charge (charges
 -- are written in batches, off the enqueue path), so a counter may go below zero for a
@@ -10,10 +9,6 @@
 -- writes below zero. Returns {new value, version, epoch} when the change was logged, so
 -- the writer's own reader can skip it (snapshot.lua), or {new value} when the value did
 -- not change (nothing logged).
-if ARGV[3] == 'note' then
-  log_change(KEYS[2], KEYS[3], ARGV[5], ARGV[6], ARGV[4])
-  return false
-end
 local old = redis.call('HGET', KEYS[1], ARGV[1])
 local v = tonumber(ARGV[2])
 if ARGV[3] == 'add' then
