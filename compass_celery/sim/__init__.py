@@ -1,4 +1,5 @@
-"""Discrete-event simulator: the real planner and cache-decision code on simulated clusters.
+"""Discrete-event simulator: the real planner, cache-decision and worker-core code on
+simulated clusters (the simulator adds only the clock and the simulated GPU).
 
 ``simulate(workload, ["compass", "celery-default"], workers=1000)`` returns the same
 JSON shape as the benchmark (with its per-task ``breakdown_ms``), plus ``plan_ms``, the
@@ -8,7 +9,9 @@ planned-not-sent work in its backlog estimate. The planner's per-worker columns 
 live (``columns.LiveColumns``), so runs of 100,000 jobs on 1,000 workers take minutes.
 Jobs of templates a workload gives an SLO are admitted and shed by the planner's own
 rules (``planner.admission``), as the real submit and workers do (``admission=``,
-``max_queue_ms=``); the record's ``slo`` section then reads as the benchmark's.
+``max_queue_ms=``); the record's ``slo`` section then reads as the benchmark's. Their
+nodes take their class's priority level and workers serve them by the real worker's
+rules (``worker.core``: level with ageing, then age; ``priority_age_s=``).
 """
 
 from .runner import Simulation, compare_count_pending, simulate

@@ -25,8 +25,9 @@ time, no counts).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any
 
 from ..cache.decisions import CacheDecider, Evict
@@ -240,9 +241,12 @@ class SimWorker:
                 distinct -= 1
         out: list[str | None] = []
         seen: set[str] = set()
-        for task in self.queue:
-            if task is skip:
-                continue
+        tasks: Iterator[SimTask] = iter(self.queue)
+        if skip is not None:  # it is listed first unless ageing lifted it from below
+            first = next(tasks, None)
+            if first is not skip and first is not None:
+                tasks = chain((first,), (t for t in tasks if t is not skip))
+        for task in tasks:
             model = task.model
             out.append(model)
             if model is not None:
@@ -315,15 +319,19 @@ class SimWorker:
         return False
 
     def try_start(self) -> None:
-        """Start the head task if its model is resident and its inputs have arrived (a
-        task past its latest start is dropped first)."""
-        if self.running is not None or not self.queue:
-            return
-        if self._drop_expired() or self.running is not None or not self.queue:
+        """Start the task that runs next if its model is resident and its inputs have
+        arrived (a task past its latest start is dropped first)."""
+        if self.running is not None:
             return
         now = self.engine.now
         task = self.queue.peek(now)
-        assert task is not None
+        if task is None:
+            return
+        if task.tail_ms is not None:  # it has a latest start, which may have passed
+            if self._drop_expired() or self.running is not None or not self.queue:
+                return
+            task = self.queue.peek(now)
+            assert task is not None
         if task.turn_at < 0:
             task.turn_at = now
         model = task.model

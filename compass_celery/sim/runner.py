@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -202,7 +202,9 @@ class Simulation:
         dag = job.dag
         if self.demand is not None:
             self.demand.observe(dag, self.engine.now / MS_PER_S)  # read at the next rebuild
-        snapshot = self._for_level(self.cluster.snapshot(), job.level)
+        snapshot = self.cluster.snapshot()
+        if job.level > DEFAULT_PRIORITY:  # (the lowest level skips nothing)
+            snapshot = self._for_level(snapshot, job.level)
         started = time.perf_counter_ns()
         try:
             plan = self.policy.plan(dag, snapshot)
@@ -307,11 +309,13 @@ class Simulation:
         worker = self.cluster.by_name.get(planned)
         level = job.level
         record = worker.view() if worker is not None else None
-        if record is not None and level > DEFAULT_PRIORITY:
-            record = for_priority((record,), level)[0]  # what it would overtake there
-        moved = choose_successor(job.dag.nodes[node], planned,
-                                 lambda: self._for_level(self.cluster.snapshot(), level),
-                                 inputs, factor=self.move_factor, is_join=len(preds) > 1,
+        snapshot: Callable[[], ClusterView] = self.cluster.snapshot
+        if level > DEFAULT_PRIORITY:  # what it would overtake, there and everywhere
+            if record is not None:
+                record = for_priority((record,), level)[0]
+            snapshot = lambda: self._for_level(self.cluster.snapshot(), level)  # noqa: E731
+        moved = choose_successor(job.dag.nodes[node], planned, snapshot, inputs,
+                                 factor=self.move_factor, is_join=len(preds) > 1,
                                  adjusts=self.adjusts, planned=record)
         if moved is None:
             return planned

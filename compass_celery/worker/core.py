@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from typing import Generic, Protocol, TypeVar
 
 from ..planner.admission import latest_start
@@ -118,7 +119,7 @@ class LevelQueue(Generic[T]):
     be next: picking looks at one task per level, whatever the queue's length. Iteration
     (what the cache looks ahead at) runs level by level, most urgent first."""
 
-    __slots__ = ("age_s", "_fifo", "_order", "_ms", "_n")
+    __slots__ = ("age_s", "_fifo", "_order", "_ms", "_n", "_only")
 
     def __init__(self, age_s: float = 0.0) -> None:
         self.age_s = age_s  # ``compass_priority_age_s``; 0: no ageing
@@ -126,6 +127,9 @@ class LevelQueue(Generic[T]):
         self._order: list[int] = []  # levels with waiting tasks, most urgent first
         self._ms: dict[int, float] = {}  # level -> ms its waiting tasks charged
         self._n = 0
+        # the one level's FIFO while exactly one level has waiting tasks (as with no
+        # priorities in play: then serving and iterating are the deque's own), else None
+        self._only: deque[T] | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -134,8 +138,10 @@ class LevelQueue(Generic[T]):
         return self._n > 0
 
     def __iter__(self) -> Iterator[T]:
-        for level in self._order:
-            yield from self._fifo[level]
+        only = self._only
+        if only is not None:
+            return iter(only)
+        return chain.from_iterable(map(self._fifo.__getitem__, self._order))
 
     def push(self, item: T) -> None:
         """A task arrives: it waits behind those of its level, charging that level."""
@@ -146,14 +152,18 @@ class LevelQueue(Generic[T]):
             self._ms[level] = 0.0
             self._order.append(level)
             self._order.sort(reverse=True)
+            self._only = fifo if len(self._order) == 1 else None
         fifo.append(item)
         self._ms[level] += item.charged_ms
         self._n += 1
 
     def peek(self, now_ms: float) -> T | None:
         """The task that runs next at ``now_ms`` (None: nothing waits)."""
+        only = self._only
+        if only is not None:
+            return only[0]
         order = self._order
-        if len(order) <= 1 or self.age_s <= 0:
+        if not order or self.age_s <= 0:
             return self._fifo[order[0]][0] if order else None
         fronts = [self._fifo[level][0] for level in order]
         return fronts[next_index([(t.level, t.sent_at) for t in fronts], now_ms, self.age_s)]
@@ -174,7 +184,11 @@ class LevelQueue(Generic[T]):
             fifo.popleft()
         else:
             fifo.remove(item)
-        self._settle(level, fifo, item.charged_ms)
+        if fifo:  # (``_settle``, inline: this runs for every task a worker starts)
+            self._n -= 1
+            self._ms[level] -= item.charged_ms
+        else:
+            self._settle(level, fifo, item.charged_ms)
 
     def take(self, match: Callable[[T], bool], limit: int) -> list[T]:
         """Take out up to ``limit`` waiting tasks that ``match``, in iteration order (a
@@ -201,8 +215,16 @@ class LevelQueue(Generic[T]):
             self._ms[level] -= ms
         else:
             del self._fifo[level], self._ms[level]
-            self._order.remove(level)
+            order = self._order
+            order.remove(level)
+            self._only = self._fifo[order[0]] if len(order) == 1 else None
 
     def queued_ms(self) -> dict[int, float]:
-        """ms charged per level by what waits (never below 0)."""
-        return {level: max(ms, 0.0) for level, ms in self._ms.items()}
+        """ms charged per level by what waits (a float sum can dip a hair below 0)."""
+        ms = self._ms
+        if self._only is not None:  # one level (no priorities in play): the quick way
+            ((level, v),) = ms.items()
+            return {level: v if v >= 0.0 else 0.0}
+        if not ms:
+            return {}
+        return {level: max(v, 0.0) for level, v in ms.items()}
