@@ -209,6 +209,9 @@ _SEED = click.option("--seed", type=int, default=None,
               help="smallest worker count keeping p99 under this SLO (ms), per policy")
 @click.option("--kill-worker-after", type=click.FloatRange(min=0), default=None,
               help="SIGKILL one worker this many real seconds into each policy's run")
+@click.option("--kill-restart", "kill_restarts", type=click.IntRange(min=1), default=None,
+              help="from 3 s, SIGKILL a random worker this many times at random moments "
+              "(1.5 s apart on average) and restart it at once under its own name")
 @click.option("--restart-redis-after", type=click.FloatRange(min=0), default=None,
               help="restart the private Redis this many real seconds into each run")
 @click.option("--redis-aof/--no-redis-aof", default=False, show_default=True,
@@ -253,6 +256,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
           time_scale: float, warmup_frac: float, redis_url: str | None, broker_url: str | None,
           n_workers: int | None,
           sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
+          kill_restarts: int | None,
           restart_redis_after: float | None, redis_aof: bool,
           rolling_restart_after: float | None, pause_redis_after: float | None,
           pause_redis_for: float | None, skew_clock_s: float | None,
@@ -297,6 +301,7 @@ def bench(workload_path: str, policies: str | None, json_out: str | None,
                         time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
                         broker_url=broker_url,
                         workers=n_workers, kill_worker_after=kill_worker_after,
+                        kill_restarts=kill_restarts,
                         restart_redis_after=restart_redis_after, progress=not quiet,
                         cache_policy=cache_policy, redis_aof=redis_aof,
                         rolling_restart_after=rolling_restart_after,

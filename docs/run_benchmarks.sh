@@ -14,6 +14,7 @@ faults() {
   local -A cases=(
     [rolling-restart]="--rolling-restart-after 5"
     [kill-worker]="--kill-worker-after 10"
+    [kill-restart]="--kill-restart 50 --jobs 1200"
     [restart-redis-aof]="--restart-redis-after 10 --redis-aof"
     [restart-redis-no-aof]="--restart-redis-after 10 --no-redis-aof"
     [pause-redis]="--pause-redis-after 10"
@@ -21,7 +22,7 @@ faults() {
     [long-task]="--long-task-s 20"
   )
   local name
-  for name in rolling-restart kill-worker restart-redis-aof restart-redis-no-aof pause-redis \
+  for name in rolling-restart kill-worker kill-restart restart-redis-aof restart-redis-no-aof pause-redis \
               clock-skew long-task; do
     # shellcheck disable=SC2086  # the flags split on purpose
     run "${base[@]}" ${cases[$name]} --json "$out/fault-$name.json" \

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import threading
@@ -15,6 +16,10 @@ from typing import Any
 from ..broker.amqp import is_amqp
 from ..local import RedisServer, WorkerProcess, wait_until
 from .options import BenchOptions
+
+#: The repeated-kill fault (``--kill-restart N``): from this many real seconds into a run,
+#: a kill this many seconds apart on average.
+KILL_RESTART_FROM_S, KILL_RESTART_EVERY_S = 3.0, 1.5
 
 
 def live_workers(app: Any) -> set[str]:
@@ -71,6 +76,10 @@ def schedule_faults(opts: BenchOptions, workers: list[WorkerProcess],
                          "the broker is RabbitMQ")
     if opts.kill_worker_after is not None:
         jobs.append((opts.kill_worker_after, kill))
+    if opts.kill_restarts:
+        jobs.append((KILL_RESTART_FROM_S, lambda: kill_restart_loop(
+            workers, int(opts.kill_restarts or 0), KILL_RESTART_EVERY_S, stopping, events, at,
+            random.Random(len(workers)))))
     if opts.restart_redis_after is not None:
         if restart is None:
             raise ValueError("--restart-redis-after needs the private Redis (no --redis)")
@@ -124,3 +133,24 @@ def _restart_worker(w: WorkerProcess, app: Any, log_dir: str, policy: str, n: in
     except TimeoutError as exc:
         event["note"] = str(exc)
     return event
+
+
+def kill_restart_loop(workers: list[WorkerProcess], kills: int, every_s: float,
+                      stopping: threading.Event, events: list[dict[str, Any]],
+                      at: Callable[[], float], rng: random.Random) -> None:
+    """SIGKILL a random worker ``kills`` times, at random moments ``every_s`` apart on
+    average, and start it again at once under its own name: the hunt for the fetch
+    window. Gaps are drawn from 0.1 s to twice ``every_s``, so some kills land while a
+    worker consumes and some while it starts or takes back what its last life left."""
+    for n in range(kills):
+        if stopping.wait(rng.uniform(0.1, max(0.2, 2 * every_s - 0.1))):
+            return
+        w = rng.choice(workers)
+        starting = w.proc is not None and time.monotonic() - getattr(w, "started_at", 0.0) < 3
+        w.kill(signal.SIGKILL)
+        if w.proc is not None:
+            w.proc.wait()
+        events.append({"fault": "kill-restart", "worker": w.name, "n": n, "at_s": at(),
+                       "within_3s_of_start": starting})
+        w.start()
+        w.started_at = time.monotonic()  # type: ignore[attr-defined]

@@ -35,6 +35,7 @@ class BenchOptions:
     broker_url: str | None = None
     workers: int | None = None
     kill_worker_after: float | None = None
+    kill_restarts: int | None = None          # SIGKILL + same-name restart, this many times
     restart_redis_after: float | None = None
     # Faults, all in real seconds; None = off. See the ``bench`` command's --help.
     rolling_restart_after: float | None = None

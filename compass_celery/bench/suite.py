@@ -60,6 +60,7 @@ def min_workers(workload: Workload, opts: BenchOptions, slo_ms: float,
 FAULT_ROWS = {
     "rolling-restart": "rolling restart of every worker (SIGTERM, same name) from 5 s",
     "kill-worker": "SIGKILL one worker at 10 s",
+    "kill-restart": "SIGKILL a random worker 50 times from 3 s, same-name restart (1,200 jobs)",
     "restart-redis-aof": "restart Redis at 10 s, AOF on",
     "restart-redis-no-aof": "restart Redis at 10 s, no persistence",
     "pause-redis": "Redis paused (SIGSTOP) at 10 s for 6 s",
