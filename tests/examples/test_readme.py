@@ -1,7 +1,9 @@
-"""The README's own code, copied verbatim into a new folder, passes as a user's project
-would: the app (``proj.py``), its eager unit test and its Redis-backed test with the pytest
-plugin, on emulated workers; plus one check that is not in the README, the same app on a
-real torch worker on the CPU."""
+"""The README's and the docs' own code, copied verbatim into a new folder, passes as a user's
+project would: the app (``proj.py``, in the README and in docs/getting-started.md), its eager
+unit test and its Redis-backed test with the pytest plugin (docs/guides/testing.md), on
+emulated workers; plus one check that is in neither, the same app on a real torch worker on
+the CPU. A file shown on two pages must be the same on both. The API reference page names
+every public name."""
 
 from __future__ import annotations
 
@@ -15,7 +17,10 @@ import pytest
 
 pytest.importorskip("torch")
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+#: Every page a user reads: the README and the documentation site's pages.
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
 BLOCK = re.compile(r"```python\n# (?P<file>[\w/]+\.py)\n(?P<body>.*?)```", re.S)
 
 ON_A_CPU_WORKER = '''
@@ -39,13 +44,42 @@ def test_caption_on_a_cpu_worker(compass_redis_url, compass_workers):
 '''
 
 
+def page_files(pages: list[Path] = PAGES) -> dict[str, str]:
+    """Every code block on the pages that starts by naming its file, by file name; a file
+    shown on two pages must read the same on both."""
+    found: dict[str, tuple[Path, str]] = {}
+    for page in pages:
+        for m in BLOCK.finditer(page.read_text()):
+            seen = found.setdefault(m["file"], (page, m["body"]))
+            assert seen[1] == m["body"], f"{m['file']} differs between {seen[0]} and {page}"
+    return {name: body for name, (_, body) in found.items()}
+
+
 def readme_files() -> dict[str, str]:
-    """Every README code block that starts by naming its file, by file name."""
-    return {m["file"]: m["body"] for m in BLOCK.finditer(README.read_text())}
+    """Every project file the README and the docs show."""
+    return page_files()
 
 
 def test_the_readme_names_its_project_files() -> None:
+    assert "proj.py" in page_files([README])
     assert {"proj.py", "conftest.py", "test_eager.py", "test_cluster.py"} <= set(readme_files())
+
+
+def test_the_api_page_names_every_public_name() -> None:
+    """docs/reference/api.md renders, with mkdocstrings, each public name from where it is
+    defined; each must be there (the lazy names of ``compass_celery`` and the jobs face)."""
+    from importlib import import_module
+
+    import compass_celery
+    import compass_celery.jobs as jobs
+
+    shown = set()
+    for ref in re.findall(r"^::: ([\w.]+)$", (ROOT / "docs/reference/api.md").read_text(), re.M):
+        module, _, name = ref.rpartition(".")
+        shown.add(id(getattr(import_module(module), name)))
+    public = {n: getattr(compass_celery, n) for n in compass_celery.__all__}
+    public.update({n: getattr(jobs, n) for n in jobs.__all__})
+    assert not [n for n, obj in public.items() if id(obj) not in shown]
 
 
 @pytest.mark.redis
