@@ -6,12 +6,15 @@ state in :mod:`compass_celery.state`, worker behaviour in :mod:`compass_celery.w
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 from collections import OrderedDict
 from functools import cached_property, partial
 from typing import Any
 
 from celery import Celery, signals
+from kombu.utils.imports import symbol_by_name
 
 from . import settings as settings_mod
 from .admission import earliest_expiry
@@ -31,6 +34,33 @@ logger = logging.getLogger("compass_celery")
 
 REDIS_SCHEMES = ("redis://", "rediss://", "unix://", "redis+socket://", "sentinel://")
 MAX_DECISIONS = 10_000
+
+class CompassControl:
+    """Mixed into the app's ``Control`` by ``Compass(app)``: ``purge()`` discards the tasks
+    waiting in compass's queues too, which Celery's configured queues never name (each
+    worker's own queue carries its hostname)."""
+
+    app: Celery
+
+    def purge(self, connection: Any = None) -> int:
+        """Discard every waiting task, in Celery's queues and compass's; how many."""
+        count = super().purge(connection)  # type: ignore[misc]
+        compass = getattr(self.app, "compass", None)
+        return count + (compass.purge(connection) if compass is not None else 0)
+
+    discard_all = purge
+
+
+def install_control(app: Celery) -> None:
+    """Make ``app.control`` a :class:`CompassControl` (idempotent); one made already is
+    made anew on its next use."""
+    base = symbol_by_name(app.control_cls)
+    if issubclass(base, CompassControl):
+        return
+    app.control_cls = type(base.__name__, (CompassControl, base),
+                           {"__module__": base.__module__})
+    app.__dict__.pop("control", None)
+
 
 class Compass:
     """Compass scheduling for one Celery app. ``Compass(app)`` is all a user writes."""
@@ -55,6 +85,7 @@ class Compass:
 
         install_worker_steps(app)
         install_task_class(app)
+        install_control(app)
         self._connect_signals()
 
     # -- settings and collaborators ------------------------------------------------
@@ -223,6 +254,27 @@ class Compass:
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue (``compass_queue_prefix`` + name)."""
         return f"{self.settings['queue_prefix']}{worker_name}"
+
+    def task_queues(self) -> list[str]:
+        """Every compass queue a task may wait in: each worker's own (live, or dead and not
+        drained yet) and the shared one; none of them is among Celery's configured queues."""
+        self.follow_mode()
+        snap = self.store.snapshot(time.time(), self.settings["heartbeat_timeout_s"])
+        return sorted({w.queue for w in snap.workers} | {queue for _, queue in snap.dead}
+                      | {self.shared_queue})
+
+    def purge(self, connection: Any = None) -> int:
+        """Discard the tasks waiting in compass's queues (:meth:`task_queues`); how many.
+        ``app.control.purge()`` calls it after purging Celery's own queues."""
+        if self.eager:
+            return 0
+        total = 0
+        with self.app.connection_or_acquire(connection) as conn:
+            for queue in self.task_queues():
+                # never declared (RabbitMQ): nothing waits there
+                with contextlib.suppress(*conn.channel_errors):
+                    total += conn.default_channel.queue_purge(queue) or 0
+        return total
 
     def model_sizes(self) -> dict[str, float]:
         """Model sizes in MB: the registry's, overridden by ``compass_models``."""
