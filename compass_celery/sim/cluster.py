@@ -34,11 +34,19 @@ from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
 from ..cache.host_tier import HostTier
 from ..planner.batch import BatchSpec, batch_key, marginal_ms
-from ..planner.cost import KB_PER_MB, MS_PER_S, remember_arrays
+from ..planner.cost import (
+    KB_PER_MB,
+    MS_PER_S,
+    WorkerArrays,
+    evolve,
+    remember_arrays,
+    with_rows,
+    worker_arrays,
+)
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
 from ..planner.pending import send_charge_ms
-from ..planner.priority import DEFAULT_PRIORITY
+from ..planner.priority import DEFAULT_PRIORITY, ahead_ms
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..worker.core import (
     LevelQueue,
@@ -515,6 +523,20 @@ class SimWorker:
         self.try_start()
 
 
+@dataclass(eq=False)
+class Leveled:
+    """The cluster as a task of one priority level sees it (``planner.priority``'s
+    ``for_priority``), kept up to date row by row as the snapshot is: the work queued
+    below the level is left out of each worker's backlog."""
+
+    views: list[WorkerView]  # each worker as the level sees it
+    arrays: WorkerArrays  # their columns, as ``build_worker_arrays`` would build them
+    stale: set[int]  # rows re-read into the snapshot since these were brought up to it
+    lowered: set[int] = field(default_factory=set)  # rows with work queued below the level
+    snapshot: ClusterView | None = None  # the snapshot they were brought up to
+    view: ClusterView | None = None  # what a plan at the level is given
+
+
 class SimCluster:
     """The workers, the shared queue (celery-default) and a cached snapshot for planning."""
 
@@ -558,6 +580,7 @@ class SimCluster:
         self.columns = LiveColumns(self._views, self.sizes)
         self.dirty.clear()
         self._snapshot: ClusterView | None = None
+        self._levels: dict[int, Leveled] = {}  # priority level -> the cluster as it sees it
 
     def preload(self, models_by_worker: Mapping[str, Iterable[str]]) -> None:
         """Load and pin each worker's models before the first job (see SimWorker.preload)."""
@@ -585,11 +608,50 @@ class SimCluster:
             for i in self.dirty:
                 view = views[i] = workers[i].view()
                 columns.update(i, view)
+            for seen in self._levels.values():
+                seen.stale |= self.dirty
             self.dirty.clear()
             rates = {} if self.demand is None else self.demand.rates(self.engine.now / MS_PER_S)
             self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now, rates)
             remember_arrays(self._snapshot, columns.arrays())
         return self._snapshot
+
+    def leveled(self, level: int) -> ClusterView:
+        """The snapshot as a task of ``level`` sees it: each worker's backlog less what waits
+        queued below ``level`` (``planner.priority.ahead_ms``), the very snapshot when
+        nothing does, as ``for_priority`` gives it. Only rows re-read since the last call
+        are recomputed, and their columns rewritten (``with_rows``), so a plan at a high
+        level never walks every worker either."""
+        snap = self.snapshot()
+        seen = self._levels.get(level)
+        if seen is None:
+            seen = self._levels[level] = Leveled(list(snap.workers), worker_arrays(snap),
+                                                 set(range(len(self.workers))))
+        if seen.snapshot is snap:
+            assert seen.view is not None
+            return seen.view
+        rows: dict[int, WorkerView] = {}
+        before: dict[int, WorkerView] = {}
+        for i in seen.stale:
+            view = snap.workers[i]
+            if any(ms for q, ms in view.queued_ms.items() if q < level):
+                seen.lowered.add(i)
+                view = evolve(view, backlog_ms=ahead_ms(view, level))
+            else:
+                seen.lowered.discard(i)
+            if view is not seen.views[i]:
+                before[i], rows[i] = seen.views[i], view
+                seen.views[i] = view
+        seen.stale.clear()
+        seen.arrays = with_rows(seen.arrays, rows, before)
+        seen.snapshot = snap
+        if not seen.lowered:
+            seen.view = snap
+        else:
+            seen.view = ClusterView(tuple(seen.views), snap.model_sizes_mb, snap.now,
+                                    snap.demand, snap.load_ms)
+            remember_arrays(seen.view, seen.arrays)
+        return seen.view
 
     def last_snapshot(self) -> ClusterView:
         """The snapshot the planners saw last (built now if there is none yet)."""

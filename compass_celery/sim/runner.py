@@ -162,7 +162,6 @@ class Simulation:
         # each template's level, as the router resolves a job's class's priority
         self.levels = {name: resolve_priority(slo.priority if slo is not None else None)
                        for name, slo in self.slos.items()}
-        self._leveled: tuple[ClusterView, int, ClusterView] | None = None
         self.move_factor = move_factor
         self.workload, self.stream = workload, stream
         self.engine = Engine()
@@ -202,9 +201,9 @@ class Simulation:
         dag = job.dag
         if self.demand is not None:
             self.demand.observe(dag, self.engine.now / MS_PER_S)  # read at the next rebuild
-        snapshot = self.cluster.snapshot()
-        if job.level > DEFAULT_PRIORITY:  # (the lowest level skips nothing)
-            snapshot = self._for_level(snapshot, job.level)
+        # as a task of its level sees the workers (the lowest level skips nothing)
+        snapshot = self.cluster.snapshot() if job.level <= DEFAULT_PRIORITY \
+            else self.cluster.leveled(job.level)
         started = time.perf_counter_ns()
         try:
             plan = self.policy.plan(dag, snapshot)
@@ -313,7 +312,7 @@ class Simulation:
         if level > DEFAULT_PRIORITY:  # what it would overtake, there and everywhere
             if record is not None:
                 record = for_priority((record,), level)[0]
-            snapshot = lambda: self._for_level(self.cluster.snapshot(), level)  # noqa: E731
+            snapshot = lambda: self.cluster.leveled(level)  # noqa: E731
         moved = choose_successor(job.dag.nodes[node], planned, snapshot, inputs,
                                  factor=self.move_factor, is_join=len(preds) > 1,
                                  adjusts=self.adjusts, planned=record)
@@ -321,22 +320,6 @@ class Simulation:
             return planned
         self.moved += 1
         return moved.worker
-
-    def _for_level(self, snapshot: ClusterView, level: int) -> ClusterView:
-        """``snapshot`` as a task of ``level`` sees it (``planner.priority.for_priority``,
-        as submission and the runtime's re-placement plan): the same object when nothing
-        waits below that level, so its live columns are reused. The last view built is
-        kept while its snapshot is current."""
-        workers = for_priority(snapshot.workers, level)
-        if workers is snapshot.workers:
-            return snapshot
-        kept = self._leveled
-        if kept is not None and kept[0] is snapshot and kept[1] == level:
-            return kept[2]
-        view = ClusterView(workers, snapshot.model_sizes_mb, snapshot.now, snapshot.demand,
-                           snapshot.load_ms)
-        self._leveled = (snapshot, level, view)
-        return view
 
     def _failed(self, task: SimTask, worker: SimWorker) -> None:
         task.job.failed = True

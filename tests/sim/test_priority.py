@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import json
 from pathlib import Path
 from statistics import mean
 
@@ -17,6 +18,7 @@ from compass_celery.sim import runner as sim_runner
 from compass_celery.worker import core
 from compass_celery.workload import job_stream, parse_workload
 
+ROOT = Path(__file__).resolve().parents[2]
 ONE = {"nodes": {"a": {"model": "m", "exec_ms": 30}}}
 
 
@@ -86,10 +88,10 @@ def test_workers_publish_queued_work_per_level_and_plans_skip_lower_levels():
     assert set(view.queued_ms) == {0, 9} and view.queued_ms[0] > 100.0
     waiting = sum(view.queued_ms.values())
     assert waiting == pytest.approx(view.backlog_ms - 30.0, abs=30.0)  # all but the runner
-    seen = sim._for_level(sim.cluster.snapshot(), 9).workers[0]
+    seen = sim.cluster.leveled(9).workers[0]
     assert seen.backlog_ms == pytest.approx(ahead_ms(view, 9))
     assert seen.backlog_ms < view.backlog_ms - 100.0
-    assert sim._for_level(sim.cluster.snapshot(), 0) is sim.cluster.snapshot()
+    assert sim.cluster.leveled(0) is sim.cluster.snapshot()
 
 
 def test_a_workload_without_priorities_plans_on_the_snapshot_itself(monkeypatch):
@@ -104,6 +106,35 @@ def test_a_workload_without_priorities_plans_on_the_snapshot_itself(monkeypatch)
                         or plan(dag, snap))
     sim.run()
     assert seen and all(seen) and {j.level for j in sim.jobs} == {0}
+
+
+@pytest.mark.parametrize("refresh_ms", [0.0, 25.0])
+def test_the_leveled_cluster_is_for_priority_of_the_snapshot(refresh_ms):
+    """Kept row by row, it must equal the planner's own for_priority and the columns a
+    fresh build gives, throughout a run with priorities."""
+    import dataclasses
+
+    import numpy as np
+
+    from compass_celery.planner.cost import build_worker_arrays, worker_arrays
+    from compass_celery.planner.priority import for_priority
+    from tests.sim.test_speed import assert_same_arrays
+
+    w = parse_workload(json.loads((ROOT / "dags" / "bursty-mixed.json").read_text()))
+    w = dataclasses.replace(w, cluster=w.cluster.scaled(12))
+    sim = Simulation(w, "compass", job_stream(w, rate=90.0, jobs=500), refresh_ms=refresh_ms)
+    lowered = 0
+    for until in np.arange(40.0, 6000.0, 61.0):
+        sim.run(until)
+        for level in (9, 5):
+            snap, seen = sim.cluster.snapshot(), sim.cluster.leveled(level)
+            want = for_priority(snap.workers, level)
+            assert [v.backlog_ms for v in seen.workers] == [v.backlog_ms for v in want]
+            assert (seen is snap) == (want is snap.workers)
+            assert seen.now == snap.now and seen.demand == snap.demand
+            assert_same_arrays(worker_arrays(seen), build_worker_arrays(seen))
+            lowered += seen is not snap
+    assert lowered > 20  # batch work really was queued under the urgent plans
 
 
 # -- one home for each rule: the simulator runs the worker core, it has no copy ---------
