@@ -186,7 +186,8 @@ class LevelQueue(Generic[T]):
             fifo.remove(item)
         if fifo:  # (``_settle``, inline: this runs for every task a worker starts)
             self._n -= 1
-            self._ms[level] -= item.charged_ms
+            left = self._ms[level] - item.charged_ms
+            self._ms[level] = left if left > 0.0 else 0.0
         else:
             self._settle(level, fifo, item.charged_ms)
 
@@ -212,7 +213,8 @@ class LevelQueue(Generic[T]):
         emptied level is gone (its charge exactly 0, not what float sums leave)."""
         self._n -= n
         if fifo:
-            self._ms[level] -= ms
+            left = self._ms[level] - ms
+            self._ms[level] = left if left > 0.0 else 0.0  # a float sum's dip below 0
         else:
             del self._fifo[level], self._ms[level]
             order = self._order
@@ -220,11 +222,5 @@ class LevelQueue(Generic[T]):
             self._only = self._fifo[order[0]] if len(order) == 1 else None
 
     def queued_ms(self) -> dict[int, float]:
-        """ms charged per level by what waits (a float sum can dip a hair below 0)."""
-        ms = self._ms
-        if self._only is not None:  # one level (no priorities in play): the quick way
-            ((level, v),) = ms.items()
-            return {level: v if v >= 0.0 else 0.0}
-        if not ms:
-            return {}
-        return {level: max(v, 0.0) for level, v in ms.items()}
+        """ms charged per level by what waits (a copy: the view it goes into is frozen)."""
+        return self._ms.copy()
