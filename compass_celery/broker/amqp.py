@@ -214,12 +214,14 @@ class AmqpQueues:
 
     # -- the drain -------------------------------------------------------------------------
     def stage(self, queues: Iterable[str], lease_timeout_s: float = 0.0,
-              with_unacked: bool = True) -> dict[str, tuple[int, int]]:
+              with_unacked: bool = True, in_flight_only: bool = False
+              ) -> dict[str, tuple[int, int]]:
         """Take what waits in each queue now (the drain gets no more than that, so a
         message re-placed onto the same queue is not drained again in this round);
-        -> {queue: (waiting, consumers still attached)}. Nothing moves yet."""
+        -> {queue: (waiting, consumers still attached)}. Nothing moves yet. RabbitMQ
+        returns a lost consumer's unacked messages itself: ``in_flight_only`` takes none."""
         out = {}
-        for queue in queues:
+        for queue in queues if not in_flight_only else ():
             waiting, consumers = self.counts(queue)
             with self._lock:
                 self._budget[(threading.get_ident(), queue)] = waiting
@@ -336,6 +338,9 @@ class AmqpQueues:
 
     def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
         """Nothing to patch: Celery's AMQP consumer logs and acks undecodable bodies."""
+
+    def fetch_atomically(self, queue: str) -> None:
+        """Nothing to patch: RabbitMQ delivers into its own unacked state, with no window."""
 
     def claim(self, queue: str, task: str, model: str | None, limit: int,
               host_now: float) -> list[bytes]:

@@ -13,13 +13,18 @@ for RabbitMQ.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import json
+import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from typing import Any, Protocol
 
-from ..planner.priority import aged, broker_priority
+from ..planner.priority import DEFAULT_PRIORITY, aged, broker_priority
 from ..state import keys
 from ..state.connection import text
 from ..state.scripts import register_script
@@ -27,6 +32,13 @@ from ..state.scripts import register_script
 #: Longest a watch's BLMOVE blocks server-side: under the client's socket timeout (compass
 #: uses 2 s), so a watch never reads as a dead connection; a longer wait blocks again.
 WATCH_BLOCK_S = 1.0
+
+#: Longest the consumer's blocking wait (a BLMOVE of one list into its fetch list) lasts
+#: before it looks at every list again: while a worker is idle, what arrives on a list it
+#: does not block on waits at most this long (the list it blocks on wakes it at once).
+FETCH_BLOCK_S = 0.05
+
+logger = logging.getLogger("compass_celery.broker")
 
 PRIORITY_STEPS = (0, 3, 6, 9)     # kombu's default for Redis
 PRIORITY_SEP = "\x06\x16"         # kombu's default ``sep``
@@ -175,8 +187,10 @@ class BrokerQueues(Protocol):
         """The Redis list of unusable messages, each with its queue and the reason."""
 
     def stage(self, queues: Iterable[str], lease_timeout_s: float,
-              with_unacked: bool = True) -> dict[str, tuple[int, int]]:
-        """Take each queue's messages for a drain; -> {queue: (taken, still in flight)}."""
+              with_unacked: bool = True, in_flight_only: bool = False
+              ) -> dict[str, tuple[int, int]]:
+        """Take each queue's messages for a drain; -> {queue: (taken, still in flight)}.
+        ``in_flight_only``: only in-flight messages whose lease lapsed (a shared queue)."""
 
     def next_staged(self, queue: str) -> bytes | None:
         """The next taken message of ``queue`` to re-place (None when done)."""
@@ -204,6 +218,10 @@ class BrokerQueues(Protocol):
 
     def guard_consumer(self, on_garbage: Callable[[str, str], None]) -> None:
         """Make this process's consumer keep an undecodable message instead of dying."""
+
+    def fetch_atomically(self, queue: str) -> None:
+        """Make this process's consumer of ``queue`` take each message into flight in one
+        step, so none is lost to a kill between taking and recording it."""
 
     def claim(self, queue: str, task: str, model: str | None, limit: int,
               host_now: float) -> list[bytes]:
@@ -262,6 +280,16 @@ class RedisQueues:
         """The list of unusable messages, each with its queue and the reason."""
         return keys.key(keys.DEAD_LETTER, self.prefix)
 
+    def fetch_key(self, queue: str) -> str:
+        """The list a blocked consumer of ``queue`` moves an arrival into
+        (:func:`install_atomic_fetch`): drained with the queue, taken first."""
+        return fetch_key(self.prefix, queue)
+
+    def fetch_atomically(self, queue: str) -> None:
+        """Make this process's consumer of ``queue`` take each message atomically into
+        flight (:func:`install_atomic_fetch`)."""
+        install_atomic_fetch(queue, self.fetch_key(queue), self.leases_key)
+
     @property
     def leases_key(self) -> str:
         """The sorted set of delivery tags by the Redis time their runner last renewed."""
@@ -272,20 +300,25 @@ class RedisQueues:
         return peek(self.client, self.layout, queue, limit)
 
     def stage(self, queues: Iterable[str], lease_timeout_s: float,
-              with_unacked: bool = True) -> dict[str, tuple[int, int]]:
-        """Move each queue's waiting messages, and its in-flight ones whose lease has
-        lapsed, into its staging list; -> {queue: (staged now, in flight and leased)}."""
+              with_unacked: bool = True, in_flight_only: bool = False
+              ) -> dict[str, tuple[int, int]]:
+        """Move each queue's waiting messages (its fetch list's first), and its in-flight
+        ones whose lease has lapsed, into its staging list; -> {queue: (staged now, in
+        flight and leased)}. ``in_flight_only`` (a queue live workers share): no waiting
+        message, and only in-flight ones whose lease lapsed (an unleased one is not known
+        to be a dead worker's: kombu's visibility timeout returns it)."""
         queues = list(queues)
         if not queues:
             return {}
-        lists = [self.layout.lists(q) for q in queues]
+        lists = [[] if in_flight_only else [self.fetch_key(q), *self.layout.lists(q)]
+                 for q in queues]
         keys_ = [self.layout.keyprefix + self.layout.unacked,
                  self.layout.keyprefix + self.layout.unacked_index, self.leases_key]
         argv: list[Any] = [lease_timeout_s, 1 if with_unacked else 0, len(queues)]
         for q, ls in zip(queues, lists, strict=True):
             keys_.append(self.staging_key(q))
             keys_.extend(ls)
-            argv.extend([q, len(ls)])
+            argv.extend([q, len(ls), 1 if in_flight_only else 0])
         counts = self._stage(keys=keys_, args=argv)
         return {q: (int(counts[2 * i]), int(counts[2 * i + 1])) for i, q in enumerate(queues)}
 
@@ -326,7 +359,7 @@ class RedisQueues:
     def has_work(self, queue: str) -> bool:
         """Whether ``queue`` has a message in any of its lists or in staging."""
         pipe = self.client.pipeline(transaction=False)
-        for name in [*self.layout.lists(queue), self.staging_key(queue)]:
+        for name in [*self.layout.lists(queue), self.staging_key(queue), self.fetch_key(queue)]:
             pipe.llen(name)
         return any(pipe.execute())
 
@@ -495,3 +528,141 @@ def redis_time(client: Any) -> float:
     """Redis's own clock, in seconds: the one clock liveness is judged by."""
     sec, usec = client.time()
     return float(sec) + float(usec) / 1e6
+
+
+# -- the atomic fetch: kombu's BRPOP, without its window -------------------------------------
+_FETCH: dict[str, tuple[str, str]] = {}  # own queue -> (its fetch list, the leases zset)
+
+
+def fetch_key(prefix: str, queue: str) -> str:
+    """The fetch list of ``queue``'s consumer: what its blocking wait moved out of a list."""
+    return f"{prefix}:fetch:{queue}"
+
+
+def install_atomic_fetch(queue: str, fetch_list: str, leases_key: str) -> None:
+    """Make this process's kombu Redis consumer of ``queue`` fetch atomically.
+
+    kombu BRPOPs and then writes its unacked entry: a message Redis hands to a worker
+    killed in between (or to a connection of a process already dead, before Redis saw
+    it close) is in neither place, and nothing can find it. Here a channel consuming
+    ``queue`` instead runs fetch.lua, which moves the next message (kombu's order:
+    priority lists, then queues) into kombu's unacked hash and index with a compass
+    lease, in one step; with nothing to take, it blocks with a BLMOVE of one list into
+    ``fetch_list`` (an atomic move: a dead worker's arrival waits there, drained with
+    its queue), then looks again. Acks, rejects, the visibility timeout and prefetch
+    are kombu's own, unchanged. A Redis that refuses either command (< 6.2) gets
+    kombu's BRPOP back, with a warning. Installed by the compass worker (idempotent).
+    """
+    import kombu.transport.redis as kredis
+
+    _FETCH[queue] = (fetch_list, leases_key)
+    channel = kredis.Channel
+    if getattr(channel._brpop_start, "compass_fetch", False):
+        return
+    start, read = channel._brpop_start, channel._brpop_read
+
+    def _brpop_start(self: Any, timeout: Any = None) -> Any:
+        own = _own_queue(self)
+        return start(self, timeout) if own is None else _fetch_start(self, own)
+
+    def _brpop_read(self: Any, **options: Any) -> Any:
+        if getattr(self, "_compass_cmd", None) is None:
+            return read(self, **options)
+        return _fetch_read(self, **options)
+
+    _brpop_start.compass_fetch = True  # type: ignore[attr-defined]
+    channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
+
+
+def _own_queue(channel: Any) -> str | None:
+    """The compass queue ``channel`` consumes atomically, None for kombu's own BRPOP."""
+    if getattr(channel, "_compass_off", False):
+        return None
+    return next((q for q in _FETCH if q in channel.active_queues), None)
+
+
+def _fetch_start(channel: Any, own: str) -> None:
+    """Send the next look (fetch.lua) or, after one found nothing, the blocking wait."""
+    queues = channel._queue_cycle.consume(len(channel.active_queues))
+    if not queues:
+        return
+    pre = channel.global_keyprefix or ""
+    lists = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
+    fetch_list, leases = _FETCH[own]
+    conn = channel.client.connection
+    channel._in_poll = conn
+    channel._brpop_sent_at = time.monotonic()
+    if getattr(channel, "_compass_idle", False):
+        wake = getattr(channel, "_compass_wake", None)
+        if wake not in lists:  # until a message came: compass's default level
+            wake = pre + channel._q_for_pri(own, broker_priority(DEFAULT_PRIORITY, redis=True))
+        channel._compass_cmd = "BLMOVE"
+        conn.send_command("BLMOVE", wake, fetch_list, "RIGHT", "LEFT", FETCH_BLOCK_S)
+        return
+    channel._compass_cmd = "EVAL"
+    conn.send_command("EVAL", _fetch_script(), 4 + len(lists), pre + channel.unacked_key,
+                      pre + channel.unacked_index_key, leases, fetch_list, *lists,
+                      repr(time.time()))
+
+
+def _fetch_read(channel: Any, **options: Any) -> bool:
+    """Read the reply :func:`_fetch_start` asked for; deliver a message as kombu does."""
+    import kombu.transport.redis as kredis
+    from kombu.utils.encoding import bytes_to_str
+
+    cmd, client = channel._compass_cmd, channel.client
+    try:
+        try:
+            reply = client.parse_response(client.connection, cmd, **options)
+        except channel.connection_errors:
+            client.connection.disconnect()  # the next round reconnects
+            raise
+        except channel.ResponseError as exc:
+            channel._compass_off = True
+            logger.warning("compass: Redis refused the atomic fetch (%s); this worker "
+                           "consumes with kombu's BRPOP", exc)
+            raise kredis.Empty() from None
+        channel._compass_idle = cmd == "EVAL" and not reply
+        if cmd == "BLMOVE" or not reply:
+            raise kredis.Empty()
+        src, raw = bytes_to_str(reply[0]), bytes_to_str(reply[1])
+        dest = _destination(channel, src, raw)
+        if src not in {f for f, _ in _FETCH.values()}:
+            channel._compass_wake = src  # the list traffic comes on: block on it next
+        with contextlib.suppress(ValueError):
+            channel._queue_cycle.rotate(dest)
+        channel.connection._deliver(kredis.loads(raw), dest)
+        return True
+    finally:
+        channel._in_poll = None
+        channel._compass_cmd = None
+        flush = getattr(channel, "_flush_brpop_reauth", None)
+        if flush is not None:
+            flush()
+
+
+def _destination(channel: Any, src: str, raw: str) -> str:
+    """The queue a fetched message is delivered to: its list's, as kombu's BRPOP reads
+    it; for the fetch list, the message's routing key (else the compass queue)."""
+    pre = channel.global_keyprefix or ""
+    for own, (fetch_list, _) in _FETCH.items():
+        if src == fetch_list:
+            routing = message_routing_key(raw)
+            return routing if routing in channel.active_queues else own
+    name = src[len(pre):] if pre and src.startswith(pre) else src
+    return name.rsplit(channel.sep, 1)[0]
+
+
+def message_routing_key(raw: bytes | str) -> str | None:
+    """The routing key a raw kombu message was published with (None if unreadable)."""
+    try:
+        key = json.loads(raw)["properties"]["delivery_info"]["routing_key"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return key if isinstance(key, str) else None
+
+
+@functools.cache
+def _fetch_script() -> str:
+    """fetch.lua's source (sent whole: EVAL needs no reload after a Redis restart)."""
+    return resources.files("compass_celery").joinpath("broker/lua/fetch.lua").read_text()

@@ -19,7 +19,8 @@ back to that same queue after the transport's visibility timeout. So:
   unacked on the drainer's connection until its copy is confirmed in its new
   queue, and the broker returns it if the drainer dies;
 - in-flight messages whose runner still renews its lease are left alone, so a
-  stopping worker's running task, or a long one, never runs twice;
+  stopping worker's running task, or a long one, never runs twice; the shared queue's
+  in-flight messages whose lease lapsed are re-placed too (:func:`recover_shared`);
 - the leader also fails jobs past their deadline, whether anyone waits on them
   or not.
 """
@@ -104,11 +105,12 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
     # every tick, dead queue or not: a lease its runner stopped renewing (a killed
     # process, whose ended tasks were never dropped) is forgotten in bounded time
     queues.prune_leases(PRUNE_AFTER_TIMEOUTS * lease_timeout_s(c))
+    shared = recover_shared(c, queues)
     dead_key = keys.key(keys.DEAD_QUEUES, prefix)
     marked = {text(q): t
               for q, t in client.zrange(dead_key, 0, -1, withscores=True)}
     if not marked:
-        return 0
+        return shared
     live = {w.name for w in snapshot.workers}
     todo = []
     for queue in marked:
@@ -127,7 +129,18 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
         if not leased and not queues.has_work(queue) \
                 and now - marked[queue] > PRUNE_AFTER_TIMEOUTS * timeout:
             client.zrem(dead_key, queue)
-    return moved
+    return moved + shared
+
+
+def recover_shared(c: CompassContext, queues: BrokerQueues) -> int:
+    """Re-place the shared queue's in-flight messages whose lease lapsed: a dead worker
+    held them, and its own queue's drain does not see them (their routing key is the
+    shared queue's); kombu would return them only after its visibility timeout (an
+    hour). Messages nobody leased are left to that timeout. Nothing to do over AMQP."""
+    if queues.returns_unacked:
+        return 0
+    queues.stage([c.shared_queue], lease_timeout_s(c), in_flight_only=True)
+    return replace_staged(c, queues, c.shared_queue)  # a killed leader's staged ones too
 
 
 def hand_back(c: CompassContext, me: str) -> int:

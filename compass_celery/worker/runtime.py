@@ -332,6 +332,7 @@ class WorkerRuntime:
     def _connect_signals(self) -> None:
         if self.compass.queues is not None:
             self.compass.queues.guard_consumer(self._dead_letter)
+            self.compass.queues.fetch_atomically(self.queue)  # before the consumer starts
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
 
