@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 
 import pytest
+import redis
 
 from compass_celery.testing import worker_logs
-from tests.support.cluster import start
+from tests.support.cluster import GPU, start, wait_live
 from tests.support.hunt import run_hunt
+from tests.support.jobapp import make_app
 
 pytestmark = pytest.mark.redis
+pytest_plugins = ["tests.support.amqp_fixtures"]  # amqp_vhost_url, amqp_url
 
 #: Sized for a 2-core CI machine; the benchmark's repeated-kill row runs 50 and more.
 KILLS = int(os.environ.get("COMPASS_HUNT_KILLS", "25"))
@@ -32,3 +35,21 @@ def test_no_message_is_lost_when_workers_are_killed_again_and_again(
     # the workers fetched atomically (fetch.lua, BLMOVE), never with kombu's BRPOP
     stats = app.log.info("commandstats")
     assert stats.get("cmdstat_blmove", {}).get("calls") and "cmdstat_brpop" not in stats
+
+
+def test_nothing_is_lost_on_rabbitmq_either(amqp_url, compass_redis_url, compass_workers):
+    """RabbitMQ records a delivery in its own unacked state and returns a dead consumer's
+    messages to their queue, so it has no window; the same hunt, fewer kills, says so."""
+    kills = max(5, KILLS // 2)
+    env = {"COMPASS_BROKER_URL": amqp_url, "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0",
+           "COMPASS_JOBAPP_STATE_URL": compass_redis_url,
+           "COMPASS_JOBAPP_RESULT_URL": compass_redis_url}
+    ws = [compass_workers("tests.support.jobapp", n, *GPU, env=env) for n in ("a0@hunt", "a1@hunt")]
+    app = make_app(amqp_url, compass_snapshot_ttl_s=0.0, compass_heartbeat_timeout_s=1.0,
+                   compass_redis_url=compass_redis_url, result_backend=compass_redis_url)
+    wait_live(app, 2, ws)
+    app.log = redis.Redis.from_url(compass_redis_url)
+    hunt = run_hunt(app, ws, kills=kills, every_s=1.5, rate=40.0, wait_s=60.0)
+    print(hunt.summary())
+    assert not hunt.missing and not hunt.failed, hunt.summary() + worker_logs(ws)[-3000:]
+    assert hunt.completed == len(hunt.sent) and hunt.duplicates <= kills, hunt.summary()

@@ -28,6 +28,8 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         app.conf.result_backend_transport_options = master
     if os.environ.get("COMPASS_JOBAPP_STATE_URL"):  # compass state apart from the broker
         app.conf.compass_redis_url = os.environ["COMPASS_JOBAPP_STATE_URL"]
+    if os.environ.get("COMPASS_JOBAPP_RESULT_URL"):  # results apart from the broker (AMQP)
+        app.conf.result_backend = os.environ["COMPASS_JOBAPP_RESULT_URL"]
     if os.environ.get("COMPASS_JOBAPP_KEY_PREFIX"):
         app.conf.compass_key_prefix = os.environ["COMPASS_JOBAPP_KEY_PREFIX"]
     if os.environ.get("COMPASS_JOBAPP_VISIBILITY_TIMEOUT"):
