@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from .state.store import StateStore
 
 #: What a send charges, as (counter hash, member, amount): the hash by its name in
-#: :data:`compass_celery.state.keys.COUNTERS` ("backlog", "queued", "forming").
+#: :data:`compass_celery.state.keys.COUNTERS` ("backlog", "queued", "forming"; a plan's
+#: waiting nodes: "pending", "pending_queued").
 Entries = list[tuple[str, str, float]]
 
 
@@ -48,6 +49,25 @@ def waiting(decision: Decision) -> Entries:
     if decision.batch:
         out.append(("forming", forming_member(decision.worker, decision.batch), 1.0))
     return out
+
+
+def planned(worker: str, ms: float, level: int | None) -> Entries:
+    """What a job's node that waits for its inputs charges its planned worker until it is
+    sent (:func:`compass_celery.planner.pending.pending_work`): its ms as planned work
+    (PENDING), and at its priority level (PENDING_QUEUED), so a task of a higher level
+    does not count it ahead of itself."""
+    out = [("pending", worker, ms)]
+    if level is not None:
+        out.append(("pending_queued", queued_member(worker, level), ms))
+    return out
+
+
+def plan(c: CompassContext, worker: str, ms: float, level: int | None, sign: int = 1,
+         pipe: Any = None) -> None:
+    """Charge (``-1``: release, once the node is sent, shed or failed) what
+    :func:`planned` says, in the store and in this process's snapshot."""
+    post(c.store, planned(worker, ms, level), sign, pipe)
+    c.reader.note_charge(worker, sign * ms, pending=True, level=level)
 
 
 def post(store: StateStore, entries: Entries, sign: int = 1, pipe: Any = None) -> None:

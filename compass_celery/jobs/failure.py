@@ -11,6 +11,7 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
+from .. import ledger
 from ..planner.types import SHARED
 from ..state.connection import text
 from ..state.scripts import register_script
@@ -44,7 +45,7 @@ def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     for node, count in left.items():  # planned successors that will never be sent
         p = plan.get(node)
         if count > 0 and p and p["worker"] != SHARED and node not in done:
-            c.store.add_pending(p["worker"], -planned_charge_ms(p))
+            ledger.plan(c, p["worker"], planned_charge_ms(p), p.get("level"), -1)
     revoke = [t for n, t in sent.items() if n not in done and t != error.get("task_id")]
     if revoke:
         c.app.control.revoke(revoke)

@@ -233,10 +233,8 @@ class JobRuntime:
                     # the next re-placement here sees it before the next read
                     ledger.charge(c, decision, pipe=pipe)
                     if planned and planned.get("worker") not in (None, SHARED) and not resumed:
-                        c.store.add_pending(planned["worker"], -planned_charge_ms(planned),
-                                            pipe=pipe)  # no longer pending
-                        c.reader.note_charge(planned["worker"], -planned_charge_ms(planned),
-                                             pending=True)
+                        ledger.plan(c, planned["worker"], planned_charge_ms(planned),
+                                    planned.get("level"), -1, pipe)  # no longer pending
                 c.store.execute(pipe)  # type: ignore[attr-defined]
         return [tid for _, tid, _, _ in sent]
 
@@ -315,7 +313,8 @@ class JobRuntime:
         for _, _, _, plan, _ in released:  # released, so fail_job does not count them
             planned = json.loads(plan) if plan else None
             if planned and planned.get("worker") not in (None, SHARED):
-                self.c.store.add_pending(planned["worker"], -planned_charge_ms(planned))
+                ledger.plan(self.c, planned["worker"], planned_charge_ms(planned),
+                            planned.get("level"), -1)
         if state == "FAILURE":
             task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
                            slo=job.get("slo") or "")

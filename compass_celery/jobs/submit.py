@@ -109,8 +109,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     # not only once its snapshot is read again
     for decision in sources:
         ledger.note(c, decision)
-    for worker, ms in pending.values():
-        c.reader.note_charge(worker, ms, pending=True)
+    for node, (worker, ms) in pending.items():
+        c.reader.note_charge(worker, ms, pending=True, level=nodes[node].get("priority"))
     return handle
 
 
@@ -196,7 +196,8 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
     """Record the job whole, then start its clock and count its planned work (once)."""
     c, nodes, ttl = job.c, job.nodes, int(job.c.settings["job_ttl_s"])
     now = time.time()
-    plan_json = {k: placement_json(p) for k, p in plan.items()}
+    # each entry with its node's level: what releasing its planned work takes back
+    plan_json = {k: {**placement_json(p), **_level_of(nodes[k])} for k, p in plan.items()}
     body = {"state": "RUNNING", "total": len(nodes), "ndone": 0, "name": spec.name,
             "names": json.dumps(list(nodes)), "plan": json.dumps(plan_json),
             "sinks": json.dumps(spec.sinks()),  # what JobHandle.get returns, read in one go
@@ -218,7 +219,8 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
     def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
         pipe.zadd(deadlines_key(c.settings["key_prefix"]), {job.job_id: now + timeout})
         _add_once(c, pipe, f"{job.job_id}:plan",
-                  [("pending", worker, ms) for worker, ms in pending.values()])
+                  [x for n, (worker, ms) in pending.items()
+                   for x in ledger.planned(worker, ms, nodes[n].get("priority"))])
 
     # done or not, a retry of start is safe: ZADD is idempotent and once.lua adds the
     # work once; a job recorded is recorded whole, with its start when they share a step
@@ -243,6 +245,12 @@ def _stored(node: dict[str, Any]) -> dict[str, Any]:
     if node["preds"]:
         return node
     return {k: v for k, v in node.items() if k not in ("args", "kwargs")}
+
+
+def _level_of(node: dict[str, Any]) -> dict[str, int]:
+    """A node's priority level as its stored plan entry carries it (none: no level)."""
+    level = node.get("priority")
+    return {} if level is None else {"level": level}
 
 
 def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]

@@ -87,15 +87,28 @@ def aged(level: int, waited_s: float, age_s: float) -> int:
 def ahead_ms(worker: WorkerView, level: int) -> float:
     """The work a task of ``level`` waits for on ``worker``: its backlog (in flight and
     queued) less what waits queued below ``level``, which this task overtakes."""
-    below = sum(ms for q, ms in worker.queued_ms.items() if q < level)
-    return max(0.0, worker.backlog_ms - below)
+    return max(0.0, worker.backlog_ms - _below(worker.queued_ms, level))
+
+
+def planned_ahead_ms(worker: WorkerView, level: int) -> float:
+    """The planned-but-unsent work (``pending_ms``) that will run ahead of a task of
+    ``level`` on ``worker``: what is planned at ``level`` or above. A successor planned
+    below it will be overtaken once it is sent, as queued work is."""
+    return max(0.0, worker.pending_ms - _below(worker.pending_queued_ms, level))
+
+
+def _below(by_level: Mapping[int, float], level: int) -> float:
+    return sum(ms for q, ms in by_level.items() if q < level)
 
 
 def for_priority(workers: Iterable[WorkerView], level: int | None) -> tuple[WorkerView, ...]:
-    """``workers`` as a task of ``level`` sees them (backlog = :func:`ahead_ms`); the same
-    objects when nothing below ``level`` waits anywhere (no view to rebuild)."""
+    """``workers`` as a task of ``level`` sees them (backlog = :func:`ahead_ms`, pending =
+    :func:`planned_ahead_ms`); the same objects when nothing below ``level`` waits or is
+    planned anywhere (no view to rebuild)."""
     workers = tuple(workers)
     if level is None or level <= LOWEST or not any(
-            ms for w in workers for q, ms in w.queued_ms.items() if q < level):
+            ms for w in workers for by_level in (w.queued_ms, w.pending_queued_ms)
+            for q, ms in by_level.items() if q < level):
         return workers
-    return tuple(evolve(w, backlog_ms=ahead_ms(w, level)) for w in workers)
+    return tuple(evolve(w, backlog_ms=ahead_ms(w, level),
+                        pending_ms=planned_ahead_ms(w, level)) for w in workers)

@@ -64,6 +64,9 @@ class WorkerView:
     # Work planned onto this worker but not yet sent (successors waiting for
     # inputs), in ms. Counted by compass so concurrent jobs do not stack.
     pending_ms: float = 0.0
+    # The part of ``pending_ms`` planned at each priority level (0..9): a task of priority
+    # p counts only what is planned at p or above (``planner.priority.for_priority``).
+    pending_queued_ms: Mapping[int, float] = field(default_factory=dict, hash=False)
     # The demand this worker served lately, per model (``planner.demand``): the
     # cluster's demand is the sum over live workers (``demand.cluster_demand``).
     # Validated where records are decoded; left out of the hash (a dict is unhashable).

@@ -46,7 +46,7 @@ from ..planner.cost import (
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
 from ..planner.pending import send_charge_ms
-from ..planner.priority import DEFAULT_PRIORITY, ahead_ms
+from ..planner.priority import DEFAULT_PRIORITY, ahead_ms, planned_ahead_ms
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..worker.core import (
     LevelQueue,
@@ -128,6 +128,7 @@ class SimWorker:
         self.running: SimTask | None = None
         self.backlog_ms = 0.0  # expected run time of queued + running tasks
         self.pending_ms = 0.0  # planned here, not yet sent
+        self.pending_levels: dict[int, float] = {}  # the part of it planned at each level
         self.load_free_at = 0.0
         self.wake_at = -1.0
         self.loads = self.hits = self.misses = 0
@@ -161,6 +162,7 @@ class SimWorker:
                 backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
                 load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
                 net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
+                pending_queued_ms={q: ms for q, ms in self.pending_levels.items() if ms > 0},
                 hop_ms=self.published_hop_ms,
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
                 loading=dict(self.in_flight), queued_ms=self.queue.queued_ms())
@@ -183,9 +185,12 @@ class SimWorker:
             self.decider.on_loaded(model, now=self.engine.now)
         self.touch()
 
-    def add_pending(self, ms: float) -> None:
-        """Charge (or with a negative ``ms``, release) planned-not-sent work."""
+    def add_pending(self, ms: float, level: int | None = None) -> None:
+        """Charge (or with a negative ``ms``, release) planned-not-sent work, at its
+        priority ``level`` too (``ledger.planned``, as a real submission does)."""
         self.pending_ms += ms
+        if level is not None:
+            self.pending_levels[level] = self.pending_levels.get(level, 0.0) + ms
         self.touch()
 
     # -- queue --------------------------------------------------------------
@@ -634,9 +639,11 @@ class SimCluster:
         before: dict[int, WorkerView] = {}
         for i in seen.stale:
             view = snap.workers[i]
-            if any(ms for q, ms in view.queued_ms.items() if q < level):
+            if any(ms for by_level in (view.queued_ms, view.pending_queued_ms)
+                   for q, ms in by_level.items() if q < level):
                 seen.lowered.add(i)
-                view = evolve(view, backlog_ms=ahead_ms(view, level))
+                view = evolve(view, backlog_ms=ahead_ms(view, level),
+                              pending_ms=planned_ahead_ms(view, level))
             else:
                 seen.lowered.discard(i)
             if view is not seen.views[i]:

@@ -221,7 +221,7 @@ class Simulation:
             job.waiting[node] = len(preds[node])
         job.pending = pending_work(plan.placements, preds)
         for worker, ms in job.pending.values():
-            self.cluster.by_name[worker].add_pending(ms)
+            self.cluster.by_name[worker].add_pending(ms, job.level)
         for node in dag.nodes:
             if not preds[node]:
                 self._send(job, node, job.planned[node])
@@ -255,7 +255,7 @@ class Simulation:
         preds = self.preds[job.dag.name][node]
         charged = job.pending.pop(node, None)
         if charged is not None:
-            self.cluster.by_name[charged[0]].add_pending(-charged[1])
+            self.cluster.by_name[charged[0]].add_pending(-charged[1], job.level)
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
         task = SimTask(job, node, spec.model, spec.exec_ms, inputs,
                        batch=spec.batch if self.batching != "off" else None, level=job.level)
@@ -336,7 +336,7 @@ class Simulation:
         job.shed, job.end = True, self.engine.now
         self._learn(job, self.engine.now + tail_ms)  # the end it could at best have had
         for worker, ms in job.pending.values():
-            self.cluster.by_name[worker].add_pending(-ms)
+            self.cluster.by_name[worker].add_pending(-ms, job.level)
         job.pending.clear()
         self.cluster.revoke(job.tasks)
 

@@ -48,12 +48,16 @@ MEMBER_SEP = "\x1f"
 # hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
 # (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
 PENDING = "{{{p}}}:pending"
+# hash: queued_member(worker, level) -> the part of PENDING planned at that priority level:
+# added and taken off with it, so a task of priority p counts only the planned work at p
+# or above (planner.priority.for_priority); once.lua, counter.lua, as above
+PENDING_QUEUED = "{{{p}}}:pending-queued"
 
 #: The per-worker counter hashes by the name stores and the ledger call them: each one's
 #: template and the letter its changes carry in the change log (CHANGES).
 COUNTERS: dict[str, tuple[str, str]] = {
     "backlog": (BACKLOG, "b"), "queued": (QUEUED, "q"), "forming": (FORMING, "i"),
-    "pending": (PENDING, "p")}
+    "pending": (PENDING, "p"), "pending_queued": (PENDING_QUEUED, "r")}
 # hash: "task|model" -> JSON {"exec_ms", "n"} learned run time; learn.lua, run by
 # state/store.py (record_run)
 PROFILES = "{{{p}}}:profiles"

@@ -95,6 +95,7 @@ class StateMirror:
         self.queued: dict[str, dict[int, float]] = {}  # worker -> level -> ms (QUEUED)
         self.inputs: dict[str, dict[str, int]] = {}  # worker -> batch key -> n (FORMING)
         self.pending: dict[str, float] = {}
+        self.pending_queued: dict[str, dict[int, float]] = {}  # worker -> level -> ms
         self.profiles: dict[str, float] = {}
         self.plan_errors: dict[str, float] = {}  # SLO class -> ms
         self.stale: dict[str, float] = {}  # beats older than the timeout at the last read
@@ -174,7 +175,7 @@ class StateMirror:
 
     def load(self, records: dict[str, Any], backlog: dict[str, Any], pending: dict[str, Any],
              profiles: dict[str, Any], queued: dict[str, Any], forming: dict[str, Any],
-             plan_errors: dict[str, Any]) -> set[str]:
+             plan_errors: dict[str, Any], pending_queued: dict[str, Any]) -> set[str]:
         """Replace everything with a full read; returns every worker name to re-check."""
         dirty = set(self.records) | set(records) | set(self.live)
         self.records = records
@@ -183,6 +184,7 @@ class StateMirror:
         self.queued = queued_by_worker(queued)
         self.inputs = inputs_by_worker(forming)
         self.pending = {n: decode_ms(v) for n, v in pending.items()}
+        self.pending_queued = queued_by_worker(pending_queued)
         self.profiles = {k: ms for k, ms in ((k, parse_profile(v)) for k, v in profiles.items())
                          if ms is not None}
         self.plan_errors = {k: ms for k, ms in ((k, parse_plan_error(v))
@@ -213,9 +215,9 @@ class StateMirror:
                     table.pop(name, None)
                 else:
                     table[name] = decode_ms(value)
-            elif kind in ("q", "i"):
-                name = _nest(self.queued if kind == "q" else self.inputs, name, value,
-                             inputs=kind == "i")
+            elif kind in ("q", "i", "r"):
+                table = {"q": self.queued, "i": self.inputs, "r": self.pending_queued}[kind]
+                name = _nest(table, name, value, inputs=kind == "i")
             elif kind == "f":
                 profiles = dict(self.profiles) if profiles is None else profiles
                 ms = None if value is None else parse_profile(value)
@@ -299,6 +301,7 @@ class StateMirror:
                     view = evolve(view, heartbeat=min(now, beat + offset),
                                   backlog_ms=self.backlog.get(name, 0.0),
                                   pending_ms=self.pending.get(name, 0.0),
+                                  pending_queued_ms=self.pending_queued.get(name, {}),
                                   queued_ms=self.queued.get(name, {}),
                                   queued_inputs=self.inputs.get(name, {}))
             if view is None:

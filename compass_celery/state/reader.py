@@ -254,15 +254,16 @@ class ChargeSource(Protocol):
 def _charge(w: WorkerView, ms: float, pending: bool = False,
             level: int | None = None, total: bool = True) -> WorkerView:
     """``w`` with ``ms`` added to its backlog (``pending``: its planned-but-unsent work;
-    ``level``: its queued work of that priority, and the total unless ``total`` is off),
-    never below zero, as reads of the store's counters clamp them."""
-    if pending:
-        return evolve(w, pending_ms=max(0.0, w.pending_ms + ms))
-    changes: dict[str, Any] = {"backlog_ms": max(0.0, w.backlog_ms + ms)} if total else {}
+    ``level``: its queued (or planned) work of that priority, and the total unless
+    ``total`` is off), never below zero, as reads of the store's counters clamp them."""
+    total_field, by_level = ("pending_ms", "pending_queued_ms") if pending \
+        else ("backlog_ms", "queued_ms")
+    changes: dict[str, Any] = \
+        {total_field: max(0.0, getattr(w, total_field) + ms)} if total else {}
     if level is not None:
-        queued = dict(w.queued_ms)
+        queued = dict(getattr(w, by_level))
         queued[level] = max(0.0, queued.get(level, 0.0) + ms)
-        changes["queued_ms"] = queued
+        changes[by_level] = queued
     return evolve(w, **changes)
 
 
@@ -285,15 +286,17 @@ def _charged(snap: Snapshot, charges: dict[tuple[str, str], float]) -> Snapshot:
         return snap
     by_worker: dict[str, list[tuple[int | None, str | None, float]]] = {}
     for (table, member), ms in charges.items():
-        worker, part = split_member(member) if table != "backlog" else (member, "")
-        level = int(part) if table == "queued" else None
+        worker, part = split_member(member) if table not in ("backlog", "pending") \
+            else (member, "")
+        level = int(part) if table in ("queued", "pending_queued") else None
         batch = part if table == "forming" else None
-        by_worker.setdefault(worker, []).append((level, batch, ms))
+        by_worker.setdefault(worker, []).append(
+            (level, batch, table in ("pending", "pending_queued"), ms))
 
     def charged(w: WorkerView) -> WorkerView:
-        for level, batch, ms in by_worker[w.name]:
+        for level, batch, pending, ms in by_worker[w.name]:
             w = _count_input(w, batch, ms) if batch is not None else \
-                _charge(w, ms, level=level, total=level is None)
+                _charge(w, ms, pending=pending, level=level, total=level is None)
         return w
     workers = tuple(charged(w) if w.name in by_worker else w for w in snap.workers)
     return replace(snap, workers=workers)

@@ -138,7 +138,7 @@ class MemoryStateStore:
         with self._lock:
             for table in (self.records, self.backlog, self.pending, self.stats):
                 table.pop(name, None)
-            for table in (self.counters["queued"], self.counters["forming"]):
+            for table in (self.counters[t] for t in ("queued", "forming", "pending_queued")):
                 for member in [m for m in table if keys.split_member(m)[0] == name]:
                     del table[member]
 
@@ -179,6 +179,7 @@ class MemoryStateStore:
         dead: list[tuple[str, str]] = []
         with self._lock:
             queued = queued_by_worker(self.counters["queued"])
+            planned = queued_by_worker(self.counters["pending_queued"])
             inputs = inputs_by_worker(self.counters["forming"])
             for name, raw in self.records.items():
                 view = judge_record(name, raw, None)
@@ -190,6 +191,7 @@ class MemoryStateStore:
                 else:
                     workers.append(replace(view, backlog_ms=decode_ms(self.backlog.get(name)),
                                            pending_ms=decode_ms(self.pending.get(name)),
+                                           pending_queued_ms=planned.get(name, {}),
                                            queued_ms=queued.get(name, {}),
                                            queued_inputs=inputs.get(name, {})))
             profiles = {k: ms for k, ms in ((k, parse_profile(v))
@@ -236,7 +238,7 @@ class RedisStateStore:
         self._log = [self._keys["log"], self._keys["changes"]]
         self._read_keys = [self._keys[k] for k in (
             "log", "changes", "workers", "beats", "backlog", "pending", "profiles", "queued",
-            "forming", "plan_errors")]
+            "forming", "plan_errors", "pending_queued")]
         # (hash, field) -> the raw learned value this process last wrote or was told of:
         # what its next update starts from (learn.lua checks it is still current)
         self._learned: dict[tuple[str, str], str] = {}
@@ -285,7 +287,8 @@ class RedisStateStore:
         self._call(lambda: self.client)  # a cluster client connects when made
         self._call(lambda: self._remove(
             keys=[self._keys[k] for k in ("workers", "beats", "backlog", "pending")]
-            + self._log + [self._keys[k] for k in ("stats", "queued", "forming")],
+            + self._log + [self._keys[k] for k in ("stats", "queued", "forming",
+                                                   "pending_queued")],
             args=[name, epoch(), CHANGE_LOG_SIZE, keys.MEMBER_SEP]))
 
     def _count(self, table: str, field: str, ms: float, mode: str, pipe: Any) -> None:

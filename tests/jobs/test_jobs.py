@@ -252,3 +252,26 @@ def test_a_job_seen_running_here_is_not_asked_again_until_it_fails_here(compass_
     jobs.fail({"id": "j1", "node": "b"}, "j1.b", ValueError("boom"), "failed here")
     assert jobs.job_state("j1") == "FAILURE"  # a failure here is never trusted away
     assert jobs.job_state("gone") == "UNKNOWN"
+
+
+def test_planned_work_counts_at_its_level_and_is_released_when_sent(cluster):
+    """A successor waiting for its input is planned work at its job's level
+    (PENDING_QUEUED), which an urgent plan reads to skip what it will overtake; sending
+    it (a real worker's completion of its input) releases it, at that level too."""
+    from compass_celery.state import keys
+
+    app = cluster
+    level_key = keys.key(keys.PENDING_QUEUED, "compass")
+    dag = Dag(app, "wait-then-add")
+    a = dag.node("a", app.tasks["j.wait"].s(1, 1.0))
+    dag.node("b", app.tasks["j.add"].s(2), after=[a])
+    job = dag.apply_async(priority="interactive")
+    planned = job.placement()["b"]["planned"]
+    assert float(app.log.hget(level_key, keys.queued_member(planned, 9)) or 0) \
+        == pytest.approx(5.0)  # j.add's 5 ms, planned at level 9 while a runs
+    snap = app.compass.store.snapshot(time.time(), 30.0)
+    assert {w.name: dict(w.pending_queued_ms) for w in snap.workers}[planned] == {9: 5.0}
+    assert job.get(timeout=30) == {"b": 3}
+    wait_until(lambda: all(float(v) == 0 for v in app.log.hvals(level_key)), 10,
+               "planned work at level 9 released")
+    assert all(float(v) == 0 for v in app.log.hvals(keys.key(keys.PENDING, "compass")))

@@ -14,6 +14,7 @@ from compass_celery.planner.priority import (
     ahead_ms,
     broker_priority,
     for_priority,
+    planned_ahead_ms,
     resolve_priority,
     user_priority,
 )
@@ -71,3 +72,16 @@ def test_placement_of_an_urgent_task_skips_the_batch_flood() -> None:
 def test_ageing_climbs_one_level_per_period() -> None:
     assert aged(0, 0.5, 1.0) == 0 and aged(0, 3.2, 1.0) == 3 and aged(0, 99, 1.0) == 9
     assert aged(2, 99, 0.0) == 2  # 0 turns it off
+
+
+def test_planned_work_below_a_level_is_not_ahead_of_it() -> None:
+    """A job's successors planned at batch level (pending, not sent yet) will be overtaken
+    once sent, as queued batch work is: an urgent plan does not wait for them."""
+    busy = WorkerView(name="busy", queue="q.busy", gpu_total_mb=1000, gpu_free_mb=1000,
+                      backlog_ms=100.0, queued_ms={0: 60.0}, pending_ms=5000.0,
+                      pending_queued_ms={0: 4800.0, 9: 200.0})
+    urgent, = for_priority([busy], 9)
+    assert (urgent.backlog_ms, urgent.pending_ms) == (40.0, 200.0)
+    assert planned_ahead_ms(busy, 9) == 200.0 and planned_ahead_ms(busy, 0) == 5000.0
+    batch, = for_priority([busy], 0)
+    assert batch is busy  # the lowest level overtakes nothing

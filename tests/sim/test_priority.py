@@ -179,3 +179,27 @@ def test_simulated_workers_call_the_core(monkeypatch):
     raw["slo"]["classes"]["bulk"].update(deadline_ms=60_000, on_miss="reject")
     run(raw)
     assert all(calls.values()), calls
+
+
+def test_batch_work_planned_ahead_does_not_lock_an_urgent_class_out() -> None:
+    """Batch jobs whose long second step is planned but not sent yet (pending work) must
+    not count ahead of an interactive job, which overtakes that step once it is sent:
+    counted whole, they made every interactive plan miss its deadline and be refused."""
+    two_step = {"nodes": {"a": {"model": "m", "exec_ms": 20}, "b": {"model": "m",
+                                                                    "exec_ms": 300}},
+                "edges": [["a", "b"]]}
+    raw = {"name": "planned-ahead", "models": {"m": 150},
+           "dags": {"chat": ONE, "crunch": two_step}, "mix": {"chat": 0.5, "crunch": 0.5},
+           "cluster": {"workers": 2, "gpu_mem_mb": 1000, "load_mb_per_s": 1500,
+                       "net_mb_per_s": 1000},
+           "arrivals": {"process": "poisson", "rate_per_s": 16, "jobs": 400, "seed": 3},
+           "slo": {"classes": {"urgent": {"deadline_ms": 500, "on_miss": "reject",
+                                          "priority": "interactive"}},
+                   "dags": {"chat": "urgent", "crunch": "batch"}}}
+    result = sim_runner.simulate(parse_workload(raw), ["compass"], warm=True)
+    urgent = result["policies"]["compass"]["slo"]["urgent"]
+    # past capacity (8 batch jobs a second of 320 ms and 8 urgent of 30 ms on 2 workers,
+    # 140%): an urgent job waits at most for one batch step in flight, so every one is
+    # admitted and meets its deadline
+    assert urgent["admitted"] == urgent["jobs"] > 50, urgent
+    assert urgent["admitted_attainment"] >= 0.99, urgent

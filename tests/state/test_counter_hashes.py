@@ -129,3 +129,33 @@ def test_learned_values_follow_one_rule_in_both_stores(compass_redis_url):
         code = path.read_text()
         assert not any(word in code for word in ("alpha", "tau", "exec_ms", "error_ms")), \
             f"{path.name} carries a learning rule: keep it in Python (state/records.py)"
+
+
+def test_planned_work_is_read_by_level_and_forgotten_with_its_worker(compass_redis_url):
+    """A job's planned-but-unsent nodes count in PENDING and, by level, in PENDING_QUEUED
+    (``ledger.planned``), through once.lua as a submission writes them; both stores read
+    them alike, and forgetting a worker forgets its planned work by level too."""
+    client = redis.Redis.from_url(compass_redis_url)
+    once = register_script(client, "changelog", "once")
+    stores = [RedisStateStore(compass_redis_url, queue_prefix=QP), MemoryStateStore()]
+    got = []
+    for store in stores:
+        for w in WORKERS:
+            store.publish(_view(w))
+        entries = [*ledger.planned("a", 500.0, 0), *ledger.planned("a", 40.0, 9),
+                   *ledger.planned(WORKERS[1], 7.0, None)]
+        if isinstance(store, RedisStateStore):
+            args: list = [60, epoch_candidate(), CHANGE_LOG_SIZE]
+            for table, member, amount in entries:
+                args += [keys.COUNTERS[table][1], member, amount]
+            once(keys=once_keys("compass", "job:plan"), args=args)
+        else:
+            ledger.post(store, entries)
+        snap = store.snapshot(time.time(), 30.0)
+        got.append([(w.name, w.pending_ms, dict(w.pending_queued_ms)) for w in snap.workers])
+        store.remove("a")
+        got.append([(w.name, dict(w.pending_queued_ms)) for w in
+                    store.snapshot(time.time(), 30.0).workers])
+    assert got[0] == got[2] and got[1] == got[3]
+    assert got[0][:2] == [("a", 540.0, {0: 500.0, 9: 40.0}), (WORKERS[1], 7.0, {})]
+    assert _members(client, keys.PENDING_QUEUED) == []  # forgotten with its worker

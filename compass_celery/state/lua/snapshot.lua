@@ -1,7 +1,7 @@
 -- What changed in the cluster state since a reader's last read, in one round trip.
 -- KEYS: 1 state log hash, 2 changes zset, 3 workers hash, 4 beats zset, 5 backlog hash,
 --       6 pending hash, 7 profiles hash, 8 queued hash, 9 forming hash, 10 plan-errors
---       hash
+--       hash, 11 pending-queued hash
 -- ARGV: 1 the reader's epoch ('' for none), 2 its version (-1: read everything),
 --       3 heartbeat timeout (s), 4 a ZSCAN cursor over the beats ('' for none: the
 --       reader refreshes the beats it reports a slice at a time, now and then),
@@ -12,7 +12,7 @@
 --          beats, body}; beats is {next cursor, flat name/score list} or false:
 --   kind 'full'  (new reader, other epoch, version went back or fell off the log):
 --                body = {records, backlog, pending, profiles, queued, forming,
---                plan errors}, each a
+--                plan errors, pending-queued}, each a
 --                flat field/value
 --                list, and beats is every beat with cursor '0';
 --   kind 'delta' body = flat {member, value or false, beat or false} per changed member
@@ -37,10 +37,10 @@ if kind == 'full' then
   body = {redis.call('HGETALL', KEYS[3]), redis.call('HGETALL', KEYS[5]),
           redis.call('HGETALL', KEYS[6]), redis.call('HGETALL', KEYS[7]),
           redis.call('HGETALL', KEYS[8]), redis.call('HGETALL', KEYS[9]),
-          redis.call('HGETALL', KEYS[10])}
+          redis.call('HGETALL', KEYS[10]), redis.call('HGETALL', KEYS[11])}
 elseif kind == 'delta' then
   local hashes = {w = KEYS[3], b = KEYS[5], p = KEYS[6], f = KEYS[7], q = KEYS[8],
-                  i = KEYS[9], e = KEYS[10]}
+                  i = KEYS[9], e = KEYS[10], r = KEYS[11]}
   local own = {}
   for member, at in string.gmatch(ARGV[5] or '', '([^\n]+)\t(%d+)') do
     own[member] = at
