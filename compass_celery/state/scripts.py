@@ -94,13 +94,21 @@ class PipelinedScript:
     def __call__(self, keys: Any = None, args: Any = None, client: Any = None) -> Any:
         """Run the script with ``keys`` and ``args`` (queued on ``client`` when a pipeline)."""
         keys, args = list(keys or []), list(args or [])
-        from redis.client import Pipeline
-
-        if isinstance(client, Pipeline):
+        # a direct call (client None, the common case) skips the isinstance: Pipeline's
+        # metaclass is typing's _ProtocolMeta, whose check costs microseconds a call
+        if client is not None and isinstance(client, _pipeline_class()):
             with _queued_lock:
                 _queued.setdefault(client, []).append((len(client), self._script, keys, args))
             return client.evalsha(self._script.sha, len(keys), *keys, *args)
         return self._script(keys=keys, args=args, client=client)
+
+
+@cache
+def _pipeline_class() -> type:
+    """redis-py's :class:`~redis.client.Pipeline` (imported once, not on every call)."""
+    from redis.client import Pipeline
+
+    return Pipeline
 
 
 def run_pipeline(pipe: Any) -> list[Any]:
