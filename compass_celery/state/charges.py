@@ -62,8 +62,10 @@ class ChargeBatcher:
                 self._pending.clear()
                 self._pid = os.getpid()
                 threading.Thread(target=self._run, name="compass-charges", daemon=True).start()
+            first = not self._pending  # the flusher waits for a batch's first charge only
             self._pending[(table, member)] += ms
-        self._wake.set()
+        if first:  # later ones join the flush already due (it swaps _pending out whole)
+            self._wake.set()
 
     def flush(self) -> int:
         """Write every gathered charge now, after any flush under way; returns how many
