@@ -29,7 +29,8 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -116,11 +117,49 @@ class EvictionPricer:
 
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-#: The last few snapshots' terms, keyed by the identity of what they depend on; each
-#: entry holds those objects, so an id cannot be reused while its entry lives.
-_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Terms]] = {}
+#: Memos keyed by the identity of what an entry depends on; each entry holds those
+#: objects, so an id cannot be reused while its entry lives. The snapshot's terms are
+#: worked out in parts, each memoised on its own deps: a simulated cluster's snapshots
+#: share the capacity columns and, until a residency changes, the residency matrix,
+#: while the demand is new each time.
+_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+_STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+_COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _TERMS_KEPT = 8
 _TERMS_LOCK = threading.Lock()
+
+
+def _memo(table: dict[tuple[int, ...], tuple[tuple[object, ...], Any]],
+          deps: tuple[object, ...], build: Callable[[], Any]) -> Any:
+    """``build()``, or what it gave last for these very ``deps`` (the last few kept)."""
+    key = tuple(map(id, deps))
+    hit = table.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)):
+        return hit[1]
+    value = build()
+    with _TERMS_LOCK:  # routers plan on several threads
+        if len(table) >= _TERMS_KEPT:
+            table.pop(next(iter(table)), None)
+        table[key] = (deps, value)
+    return value
+
+
+def _static_terms(arrays: WorkerArrays, sizes_mb: Mapping[str, float]
+                  ) -> tuple[np.ndarray, dict[str, int]]:
+    """Per model: its size, and how many workers it fits on (capacity only)."""
+    sizes = np.zeros(len(arrays.models))
+    for name, j in arrays.models.items():
+        sizes[j] = float(sizes_mb.get(name, 0.0))
+    sizes.flags.writeable = False
+    fits = {name: int(arrays.fits(float(sizes[j])).sum()) for name, j in arrays.models.items()}
+    return sizes, fits
+
+
+def _copies(resident: np.ndarray) -> np.ndarray:
+    """Per model: its resident copies."""
+    copies = resident.sum(axis=0)
+    copies.flags.writeable = False
+    return copies
 
 
 def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
@@ -128,19 +167,17 @@ def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     """Per model: size, replica target, chance of being asked for within ``HORIZON_S``,
     resident copies. Read-only: a pricer copies before it changes anything."""
     deps = (arrays.resident, arrays.gpu_total_mb, arrays.models, demand, sizes_mb)
-    key = tuple(map(id, deps))
-    hit = _TERMS.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)):
-        return hit[1]
+    return _memo(_TERMS, deps, lambda: _build_terms(arrays, demand, sizes_mb))
+
+
+def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
+                 sizes_mb: Mapping[str, float]) -> Terms:
+    sizes, fits = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
+                        lambda: _static_terms(arrays, sizes_mb))
     m = len(arrays.models)
-    sizes = np.zeros(m)
-    for name, j in arrays.models.items():
-        sizes[j] = float(sizes_mb.get(name, 0.0))
     target = np.zeros(m, dtype=int)
     chance = np.zeros(m)
     if demand:
-        fits = {name: int(arrays.fits(float(sizes[j])).sum())
-                for name, j in arrays.models.items()}
         targets = replica_targets(demand, fits)
         for name, d in demand.items():
             j = arrays.models.get(name)
@@ -148,15 +185,12 @@ def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                 continue
             target[j] = targets.get(name, 0)
             chance[j] = -math.expm1(-d.per_s * HORIZON_S)
-    copies = arrays.resident.sum(axis=0) if demand else np.zeros(m, dtype=int)
-    terms = (sizes, target, chance, copies)
-    for a in terms:
-        a.flags.writeable = False  # shared between plans: a write would be a bug
-    with _TERMS_LOCK:  # routers plan on several threads
-        if len(_TERMS) >= _TERMS_KEPT:
-            _TERMS.pop(next(iter(_TERMS)), None)
-        _TERMS[key] = (deps, terms)
-    return terms
+        copies = _memo(_COPIES, (arrays.resident,), lambda: _copies(arrays.resident))
+    else:
+        copies = np.zeros(m, dtype=int)
+        copies.flags.writeable = False
+    target.flags.writeable = chance.flags.writeable = False  # shared between plans
+    return sizes, target, chance, copies
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:

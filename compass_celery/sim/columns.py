@@ -47,6 +47,10 @@ class LiveColumns:
         self.resident = np.zeros((n, len(self.models)), dtype=bool)
         self.host_resident = np.zeros((n, len(self.models)), dtype=bool)
         self.loading: dict[int, Mapping[str, tuple[float, float]]] = {}  # rows loading now
+        # each row's sets as last written, and the frozen copies of the matrices (and
+        # host_models) the last ``arrays`` handed out, shared until a set changes
+        self._sets: list[tuple[frozenset[str], frozenset[str]] | None] = [None] * n
+        self._frozen: tuple[np.ndarray, np.ndarray, list[bool]] | None = None
         for i, v in enumerate(views):
             self.update(i, v)
 
@@ -55,8 +59,12 @@ class LiveColumns:
         self.backlog_ms[i] = view.backlog_ms
         self.pending_ms[i] = view.pending_ms
         self.gpu_free_mb[i] = view.gpu_free_mb
-        self._members(self.resident[i], view.resident)
-        self._members(self.host_resident[i], view.host_resident)
+        sets = self._sets[i]
+        if sets is None or sets[0] != view.resident or sets[1] != view.host_resident:
+            self._sets[i] = (view.resident, view.host_resident)
+            self._members(self.resident[i], view.resident)
+            self._members(self.host_resident[i], view.host_resident)
+            self._frozen = None
         if view.loading:
             self.loading[i] = view.loading
         else:
@@ -70,8 +78,15 @@ class LiveColumns:
                 row[j] = True
 
     def arrays(self) -> WorkerArrays:
-        """A frozen copy for one snapshot: later updates do not reach it."""
-        host = self.host_resident.copy()
+        """A frozen copy for one snapshot: later updates do not reach it. The membership
+        matrices are copied only when a row's sets changed since the last call (most
+        snapshots differ by backlog charges); until then snapshots share one copy."""
+        if self._frozen is None:
+            host = self.host_resident.copy()
+            resident = self.resident.copy()
+            resident.flags.writeable = host.flags.writeable = False  # shared: copy to change
+            self._frozen = (resident, host, host.any(axis=0).tolist())
+        resident, host, host_models = self._frozen
         return WorkerArrays(
             names=self.names, queues=self.queues, index=self.index,
             backlog_ms=self.backlog_ms.copy(), pending_ms=self.pending_ms.copy(),
@@ -81,6 +96,5 @@ class LiveColumns:
             hop_ms=self.hop_ms, positions=self.positions, ms_per_kb=self.ms_per_kb,
             ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
-            resident=self.resident.copy(), host_resident=host,
-            host_models=host.any(axis=0).tolist(),
+            resident=resident, host_resident=host, host_models=host_models,
             loading=dict(self.loading))
