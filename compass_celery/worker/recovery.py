@@ -102,10 +102,10 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
                        "clock); draining %s", name, timeout, queue)
         mark_dead(c, queue)
         c.store.remove(name)
+    shared = recover_shared(c, queues)  # before the prune forgets a dead worker's leases
     # every tick, dead queue or not: a lease its runner stopped renewing (a killed
     # process, whose ended tasks were never dropped) is forgotten in bounded time
     queues.prune_leases(PRUNE_AFTER_TIMEOUTS * lease_timeout_s(c))
-    shared = recover_shared(c, queues)
     dead_key = keys.key(keys.DEAD_QUEUES, prefix)
     marked = {text(q): t
               for q, t in client.zrange(dead_key, 0, -1, withscores=True)}

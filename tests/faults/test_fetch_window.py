@@ -3,11 +3,16 @@ moments (in start-up and take-back too) while plain tasks arrive; nothing may be
 
 from __future__ import annotations
 
+import json
 import os
+import time
+import uuid
 
 import pytest
 import redis
 
+from compass_celery.local import wait_until
+from compass_celery.placement import Decision
 from compass_celery.testing import worker_logs
 from tests.support.cluster import GPU, start, wait_live
 from tests.support.hunt import run_hunt
@@ -53,3 +58,27 @@ def test_nothing_is_lost_on_rabbitmq_either(amqp_url, compass_redis_url, compass
     print(hunt.summary())
     assert not hunt.missing and not hunt.failed, hunt.summary() + worker_logs(ws)[-3000:]
     assert hunt.completed == len(hunt.sent) and hunt.duplicates <= kills, hunt.summary()
+
+
+def test_a_dead_workers_shared_queue_task_comes_back_within_a_heartbeat_timeout(
+        compass_redis_url, compass_workers):
+    """A task a worker fetched from the shared queue has the shared queue as its routing
+    key, so neither its worker's drain nor its take-back saw it: it sat in kombu's unacked
+    hash until the visibility timeout (an hour). Its lease lapsing now brings it back."""
+    app, ws = start(compass_redis_url, compass_workers, ["s0@hunt"])
+    shared, client = app.compass.shared_queue, app.log
+    decision = Decision(task="j.src", model="small", worker="gone@hunt", queue=shared,
+                        policy="compass", charge_ms=5.0, run_ms=5.0)
+    task_id = uuid.uuid4().hex
+    app.send_task("j.src", args=[7], queue="compass.nobody", task_id=task_id,
+                  headers={"compass": decision.as_header()})
+    message = json.loads(client.rpop("compass.nobody"))
+    message["properties"]["delivery_info"]["routing_key"] = shared
+    tag = message["properties"]["delivery_tag"]
+    now = float(client.time()[0])  # a dead worker's fetch: in flight, leased long ago
+    client.hset("unacked", tag, json.dumps([message, "", shared]))
+    client.zadd("unacked_index", {tag: time.time()})
+    client.zadd("compass:leases", {tag: now - 5})
+    assert app.AsyncResult(task_id).get(timeout=20) == 7, worker_logs(ws)
+    wait_until(lambda: not client.hexists("unacked", tag), 10, "the task's ack")
+    assert int(client.hget("execs", task_id)) == 1

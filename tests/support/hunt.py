@@ -30,7 +30,9 @@ class Hunt:
 
     def summary(self) -> str:
         """One line: the counts a report quotes."""
-        return (f"sent {len(self.sent)}, kills {len(self.kills)}, completed {self.completed}, "
+        starting = sum(1 for k in self.kills if k.get("within_3s_of_start"))
+        return (f"sent {len(self.sent)}, kills {len(self.kills)} ({starting} within 3 s of the "
+                f"worker's start), completed {self.completed}, "
                 f"failed {len(self.failed)}, dead-lettered {len(self.dead_lettered)}, "
                 f"lost {len(self.missing)} {sorted(self.missing.values())}, duplicates "
                 f"{self.duplicates}, stranded {self.stranded}")
