@@ -64,6 +64,8 @@ class EvictionPricer:
             arrays, demand, sizes_mb)
         self.resident = arrays.resident
         self._owned = False  # resident and copies are still the shared ones
+        # per model column: the victim order and the sizes and worths in it (until a mark)
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
     def mark(self, i: int, model: str) -> None:
         """Worker ``i`` will hold ``model`` (a placement loaded it there)."""
@@ -74,6 +76,7 @@ class EvictionPricer:
                 self._owned = True
             self.resident[i, j] = True
             self.copies[j] += 1
+            self._orders.clear()
 
     def kept(self) -> np.ndarray:
         """Per model: evicting one copy would leave fewer than its target."""
@@ -100,20 +103,28 @@ class EvictionPricer:
         out = np.zeros(n)
         if not len(rows):
             return out
-        kept = self.kept()
-        worth = self.worth()
-        j = self.arr.models[model]
-        worth[j] = 0.0
-        # victims: spare copies first (worth 0), then kept ones least likely needed first;
-        # among equals the larger first (fewer evictions)
-        order = np.lexsort((-self.sizes, worth, kept))
-        held = self.resident[np.ix_(rows, order)]
-        mb = held * self.sizes[order]
+        order, sizes, worth = self._order(self.arr.models[model])
+        held = self.resident[rows][:, order]
+        mb = held * sizes
         before = np.cumsum(mb, axis=1) - mb
         victim = held & (before < need[rows, None])
-        cost_mb = (victim * mb * worth[order]).sum(axis=1)
+        cost_mb = (victim * mb * worth).sum(axis=1)
         out[rows] = cost_mb * self.arr.ms_per_mb[rows]
         return out
+
+    def _order(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The models in the order a load of model ``j`` evicts them, and their sizes and
+        worths in that order (``j``'s own worth 0: it is what is being loaded)."""
+        got = self._orders.get(j)
+        if got is None:
+            kept = self.kept()
+            worth = self.worth()
+            worth[j] = 0.0
+            # victims: spare copies first (worth 0), then kept ones least likely needed
+            # first; among equals the larger first (fewer evictions)
+            order = np.lexsort((-self.sizes, worth, kept))
+            got = self._orders[j] = (order, self.sizes[order], worth[order])
+        return got
 
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
