@@ -251,6 +251,8 @@ def _worker_env(workload: Workload, policy: str, prefix: str, broker: str, redis
             # Celery's redelivery after the visibility timeout shows within a run
             "COMPASS_RESTORE_INTERVAL_S": "1",
             "COMPASS_VISIBILITY_TIMEOUT": str(effective_visibility_s(opts)),
+            # the repeated-kill fault runs the workers with the atomic fetch it needs
+            **({"COMPASS_ATOMIC_FETCH": "1"} if opts.kill_restarts else {}),
             **worker_kind(opts).worker_env(), **opts.extra_env}
 
 

@@ -332,7 +332,8 @@ class WorkerRuntime:
     def _connect_signals(self) -> None:
         if self.compass.queues is not None:
             self.compass.queues.guard_consumer(self._dead_letter)
-            self.compass.queues.fetch_atomically(self.queue)  # before the consumer starts
+            if self.cfg["atomic_fetch"]:  # before the consumer starts
+                self.compass.queues.fetch_atomically(self.queue)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
 

@@ -40,6 +40,8 @@ def make_app(broker: str = BROKER, **conf: Any) -> Celery:
         app.conf.compass_max_output_kb = float(os.environ["COMPASS_JOBAPP_MAX_OUTPUT_KB"])
     if os.environ.get("COMPASS_JOBAPP_JOB_TTL_S"):  # short-lived job records (the soak)
         app.conf.compass_job_ttl_s = float(os.environ["COMPASS_JOBAPP_JOB_TTL_S"])
+    if os.environ.get("COMPASS_JOBAPP_ATOMIC_FETCH"):  # no fetch window (the kill hunt)
+        app.conf.compass_atomic_fetch = True
     if os.environ.get("COMPASS_JOBAPP_NO_MISSING_QUEUES"):  # Celery's own test config
         app.conf.task_create_missing_queues = False
     app.conf.update(conf)
