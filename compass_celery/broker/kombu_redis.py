@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import functools
 import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Protocol
 
 from ..planner.priority import DEFAULT_PRIORITY, aged, broker_priority
 from ..state import keys
 from ..state.connection import text
-from ..state.scripts import register_script
+from ..state.scripts import register_script, script
 
 #: Longest a watch's BLMOVE blocks server-side: under the client's socket timeout (compass
 #: uses 2 s), so a watch never reads as a dead connection; a longer wait blocks again.
@@ -662,7 +660,6 @@ def message_routing_key(raw: bytes | str) -> str | None:
     return key if isinstance(key, str) else None
 
 
-@functools.cache
 def _fetch_script() -> str:
     """fetch.lua's source (sent whole: EVAL needs no reload after a Redis restart)."""
-    return resources.files("compass_celery").joinpath("broker/lua/fetch.lua").read_text()
+    return script("fetch")
