@@ -118,3 +118,36 @@ def test_a_task_reads_back_the_priority_it_was_sent_with(compass_redis_url, comp
     assert task.apply_async(priority="interactive").get(timeout=20) == 9
     assert task.apply_async((True,), priority=2).get(timeout=20) == 2
     assert app.log.lrange("prio", 0, -1)[-2:] == [b"2", b"2"]  # the first run and its retry
+
+
+def test_a_batched_input_keeps_its_batch_key_and_joins_a_batch_elsewhere(compass_redis_url):
+    """A batched task's input re-placed (as a hand-back, a drain or a take-back does it, by
+    ``plan_message``, against real state) keeps its batch key and every task field, and its
+    routing key names its new worker's queue."""
+    import time as _time
+
+    from compass_celery.planner.types import WorkerView
+    from compass_celery.worker.recovery import plan_message
+    from tests.support.jobapp import make_app
+
+    app = make_app(compass_redis_url, compass_key_prefix="rebatch",
+                   compass_heartbeat_timeout_s=3600.0, compass_snapshot_ttl_s=0.0)
+    c = app.compass
+    for name in ("old@rebatch", "new@rebatch"):
+        c.store.publish(WorkerView(name=name, queue=c.queue_for(name), gpu_total_mb=4000,
+                                   gpu_free_mb=3000, resident=frozenset({"small"}),
+                                   heartbeat=_time.time()))
+    old = Decision(task="j.embed", model="small", worker="old@rebatch",
+                   queue=c.queue_for("old@rebatch"), policy="compass", charge_ms=20.0,
+                   run_ms=20.0, exec_ms=20.0, priority=9, queued_at=123.0, slo="interactive",
+                   due=_time.time() + 60, expires_at=_time.time() + 59,
+                   batch="j.embed|small")
+    message = {"headers": {"task": "j.embed", "id": "t1", "compass": old.as_header()},
+               "properties": {"delivery_info": {"routing_key": old.queue}}}
+    queue, placed = plan_message(c, message, exclude="old@rebatch")
+    assert placed is not None and placed.worker == "new@rebatch" and queue == placed.queue
+    kept = Decision.from_header(message["headers"]["compass"])
+    assert kept == placed
+    for name in CARRIED:
+        assert getattr(kept, name) == getattr(old, name), name
+    assert message["properties"]["delivery_info"]["routing_key"] == queue
