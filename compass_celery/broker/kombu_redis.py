@@ -267,7 +267,7 @@ class RedisQueues:
         self._move = register_script(client, "move")
         self._lease = register_script(client, "lease")
         self._promote = register_script(client, "promote")
-        self._claim = register_script(client, "claim")
+        self._claim = register_script(client, "inflight", "claim")
 
     def staging_key(self, queue: str) -> str:
         """The staging list of messages taken from ``queue`` and not yet re-placed."""
@@ -662,4 +662,4 @@ def message_routing_key(raw: bytes | str) -> str | None:
 
 def _fetch_script() -> str:
     """fetch.lua's source (sent whole: EVAL needs no reload after a Redis restart)."""
-    return script("fetch")
+    return script("inflight") + script("fetch")

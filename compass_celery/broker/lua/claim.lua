@@ -6,6 +6,7 @@
 --       4.. the queue's lists in the order kombu consumes them
 -- ARGV: 1 task name, 2 model ('' for any), 3 how many at most, 4 the host's time (kombu
 --       compares its index with host clocks), 5 how many messages to look at per list
+-- (inflight.lua is put in front of this script.)
 -- Returns the claimed raw messages, oldest first.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -27,13 +28,7 @@ for k = 4, #KEYS do
       local tag = type(props) == 'table' and props.delivery_tag
       if (ARGV[2] == '' or model == ARGV[2]) and type(tag) == 'string'
           and redis.call('LREM', KEYS[k], -1, raw) == 1 then
-        local info = type(props.delivery_info) == 'table' and props.delivery_info or {}
-        -- kombu's entry: [message, exchange, routing_key]; the message kept byte for byte
-        local entry = '[' .. raw .. ',' .. cjson.encode(info.exchange or '') .. ','
-                      .. cjson.encode(info.routing_key or '') .. ']'
-        redis.call('HSET', KEYS[1], tag, entry)
-        redis.call('ZADD', KEYS[2], tonumber(ARGV[4]), tag)
-        redis.call('ZADD', KEYS[3], now, tag)
+        in_flight(KEYS[1], KEYS[2], KEYS[3], raw, props, tonumber(ARGV[4]), now)
         table.insert(out, raw)
       end
     end

@@ -6,6 +6,7 @@
 --       4 the worker's fetch list (what its blocking wait moved there: taken first),
 --       5.. the lists it consumes, in kombu's BRPOP order
 -- ARGV: 1 the host's time (kombu compares its index with host clocks)
+-- (inflight.lua is put in front of this script.)
 -- Returns {list, raw message} or nil when every list is empty. An entry that is not a
 -- kombu message is returned unrecorded: the consumer's guard dead-letters it.
 local t = redis.call('TIME')
@@ -17,13 +18,7 @@ for k = 4, #KEYS do
     local props = ok and type(msg) == 'table' and msg.properties
     local tag = type(props) == 'table' and props.delivery_tag
     if type(tag) == 'string' then
-      local info = type(props.delivery_info) == 'table' and props.delivery_info or {}
-      -- kombu's entry: [message, exchange, routing_key]; the message kept byte for byte
-      local entry = '[' .. raw .. ',' .. cjson.encode(info.exchange or '') .. ','
-                    .. cjson.encode(info.routing_key or '') .. ']'
-      redis.call('HSET', KEYS[1], tag, entry)
-      redis.call('ZADD', KEYS[2], tonumber(ARGV[1]), tag)
-      redis.call('ZADD', KEYS[3], now, tag)
+      in_flight(KEYS[1], KEYS[2], KEYS[3], raw, props, tonumber(ARGV[1]), now)
     end
     return {KEYS[k], raw}
   end
