@@ -27,7 +27,7 @@ def make_app(broker: str | None = None, **conf: object) -> Celery:
     app.conf.update(compass_models={"loaded-by-my-code": 300}, **conf)
     Compass(app)
 
-    @app.task(name="own.embed", compass_model="tiny-linear", compass_exec_ms=5)
+    @app.task(name="own.embed", shared=False, compass_model="tiny-linear", compass_exec_ms=5)
     def embed(values: list[float]) -> list[float]:
         import torch
 
@@ -35,11 +35,11 @@ def make_app(broker: str | None = None, **conf: object) -> Celery:
         with torch.no_grad():
             return [round(v, 6) for v in net(torch.tensor(values)).tolist()]
 
-    @app.task(name="own.mine", compass_model="loaded-by-my-code", compass_exec_ms=5)
+    @app.task(name="own.mine", shared=False, compass_model="loaded-by-my-code", compass_exec_ms=5)
     def mine(x: int) -> int:
         return x * 2  # this code keeps its own model: compass only places the task
 
-    @app.task(name="own.asks_for_mine", compass_model="loaded-by-my-code")
+    @app.task(name="own.asks_for_mine", shared=False, compass_model="loaded-by-my-code")
     def asks_for_mine() -> str:
         return type(get_model("loaded-by-my-code")).__name__
 
