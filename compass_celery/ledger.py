@@ -67,6 +67,13 @@ def plan(c: CompassContext, worker: str, ms: float, level: int | None, sign: int
     """Charge (``-1``: release, once the node is sent, shed or failed) what
     :func:`planned` says, in the store and in this process's snapshot."""
     post(c.store, planned(worker, ms, level), sign, pipe)
+    note_plan(c, worker, ms, level, sign)
+
+
+def note_plan(c: CompassContext, worker: str, ms: float, level: int | None,
+              sign: int = 1) -> None:
+    """Count planned work (``-1``: its release) in this process's snapshot at once, at its
+    level too, as :func:`planned` charges it in the store."""
     c.reader.note_charge(worker, sign * ms, pending=True, level=level)
 
 

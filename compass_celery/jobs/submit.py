@@ -110,7 +110,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     for decision in sources:
         ledger.note(c, decision)
     for node, (worker, ms) in pending.items():
-        c.reader.note_charge(worker, ms, pending=True, level=nodes[node].get("priority"))
+        ledger.note_plan(c, worker, ms, nodes[node].get("priority"))
     return handle
 
 

@@ -219,9 +219,9 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
     if decision is None or decision.fallback:
         queue = c.shared_queue
-        if old is not None:
-            headers["compass"] = {**old.as_header(), "worker": SHARED, "queue": queue,
-                                  "charge_ms": 0.0, "fallback": True}
+        if old is not None:  # the task whole, on the shared queue, charging nothing
+            headers["compass"] = replace(old, worker=SHARED, queue=queue, charge_ms=0.0,
+                                         fallback=True).as_header()
         decision = None
     else:
         queue = decision.queue
