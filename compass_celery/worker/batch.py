@@ -40,6 +40,7 @@ from ..jobs.retry import retry_transient
 from ..placement import Decision
 from ..planner.batch import BatchSpec, hold_until_ms
 from ..state.connection import StateUnavailable
+from .core import drop_at_dequeue
 from .timescale import wall_s, workload_ms
 
 if TYPE_CHECKING:
@@ -113,9 +114,10 @@ def member_of(raw: bytes, task: str) -> Member:
 
 
 def expired(headers: dict[str, Any], now: float) -> bool:
-    """Whether a message's ``expires`` (Celery's header, ISO 8601) has passed."""
+    """Whether a message's ``expires`` (Celery's header, ISO 8601) has passed: the worker
+    core's drop-at-dequeue rule, the one the simulator runs."""
     when = expiry_time(headers.get("expires"))
-    return when is not None and when.timestamp() < now
+    return drop_at_dequeue(now, when.timestamp() if when is not None else None)
 
 
 class BatchRunner:
