@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +20,7 @@ from compass_celery.worker.core import (
     next_index,
     queued_by_level,
 )
+from tests.support.blocked import NOTHING_LEAKED, run_blocked
 
 AGE_S = 10.0
 
@@ -124,34 +121,8 @@ def test_batch_hold_is_the_planners_rule():
     assert batch_latest_start_ms(spec, 10.0, 2.0, 3, due_ms=500.0) == 500.0 - 30.0 / 2.0
 
 
-PACKAGE_DIR = str(Path(core.__file__).parent.parent)
-BLOCKED = textwrap.dedent(
-    """
-    import sys, types, pathlib
-
-    class Blocker:
-        BLOCKED = {"celery", "kombu", "redis", "torch"}
-
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in self.BLOCKED:
-                raise ImportError(f"the worker core must not import {name}")
-            return None
-
-    sys.meta_path.insert(0, Blocker())
-    parent = types.ModuleType("compass_celery")  # compass_celery/__init__ is Celery's side
-    parent.__path__ = [PACKAGE_DIR]
-    sys.modules["compass_celery"] = parent
-    from compass_celery.worker.core import LevelQueue
-    LevelQueue(10.0)
-    leaked = sorted(m for m in sys.modules if m.split(".")[0] in Blocker.BLOCKED)
-    assert not leaked, leaked
-    print("pure")
-    """
-)
-
-
 def test_the_core_imports_with_celery_kombu_redis_and_torch_blocked():
-    out = subprocess.run([sys.executable, "-c", f"PACKAGE_DIR = {PACKAGE_DIR!r}\n" + BLOCKED],
-                         capture_output=True, text=True, timeout=60)
+    out = run_blocked("from compass_celery.worker.core import LevelQueue\n"
+                      "LevelQueue(10.0)\n" + NOTHING_LEAKED)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "pure"
