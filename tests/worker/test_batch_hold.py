@@ -15,6 +15,7 @@ import redis
 from compass_celery.local import wait_until
 from compass_celery.placement import Decision
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_live
 from tests.support.holdapp import HOLD_MS, SHORT_HOLD_MS, make_app
 
 pytestmark = pytest.mark.redis
@@ -27,11 +28,7 @@ def _worker(url: str, compass_workers: Any, name: str) -> tuple[Any, str, Any]:
     """A worker running ``tests.support.holdapp``, the app, and the worker's queue."""
     w = compass_workers("tests.support.holdapp", name, *GPU, env={"COMPASS_BROKER_URL": url})
     app = make_app(url, compass_snapshot_ttl_s=0.0)
-    try:
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
-                   30, "the worker")
-    except TimeoutError:
-        raise AssertionError(worker_logs([w])) from None
+    wait_live(app, 1, [w])
     app.log = redis.Redis.from_url(url)
     return app, app.compass.destination(app.compass.queue_for(name)), w
 
