@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from compass_celery.planner.capacity import (
@@ -15,8 +12,7 @@ from compass_celery.planner.capacity import (
     workers_needed,
 )
 from compass_celery.planner.types import ClusterView, ModelDemand, WorkerView
-
-from .test_purity import BLOCKER, PACKAGE_DIR
+from tests.support.blocked import NOTHING_LEAKED, run_blocked
 
 
 def worker(name: str, *resident: str, served: dict[str, ModelDemand] | None = None,
@@ -101,9 +97,6 @@ def test_the_tightest_deadline_of_the_classes() -> None:
 
 
 def test_the_capacity_module_is_pure() -> None:
-    adjust = "import compass_celery.planner.adjust"
-    script = BLOCKER.replace(adjust, f"import compass_celery.planner.capacity\n{adjust}")
-    assert script != BLOCKER
-    out = subprocess.run([sys.executable, "-c", f"PACKAGE_DIR = {PACKAGE_DIR!r}\n" + script],
-                         capture_output=True, text=True, timeout=60)
+    out = run_blocked("import compass_celery.planner.capacity\n" + NOTHING_LEAKED)
     assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "pure"
