@@ -88,7 +88,7 @@ def test_the_hop_is_the_gap_a_busy_worker_pays_between_tasks():
 
 def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
     from compass_celery.bench.terms import run_overshoot_ms, startup_ms
-    from compass_celery.cli import _per_task_cost
+    from compass_celery.cli.compare import per_task_cost
 
     # three tasks on a resident model (a start-up of 1 to 2 ms before the run), one load
     rows = [{"pred_run": 20.0, "meas_run": m, "pred_load": 0.0, "meas_load": up}
@@ -99,17 +99,17 @@ def test_the_simulator_is_fed_the_per_task_cost_the_workers_paid():
     result = {"policies": {"compass": {"hop_ms": 8.0, "hop_mean_ms": 10.0,
                                        "prediction_rows": rows}}}
     # no hops kept: the constant only
-    assert _per_task_cost(result, real=False) == (
+    assert per_task_cost(result, real=False) == (
         15.0, "mean hop 10 ms + start-up 1.5 ms + run overshoot 3.5 ms", None)
     # real compute: the simulator already runs the measured run times
-    assert _per_task_cost(result, real=True)[:2] == (11.5, "mean hop 10 ms + start-up 1.5 ms")
-    assert _per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "", None)
+    assert per_task_cost(result, real=True)[:2] == (11.5, "mean hop 10 ms + start-up 1.5 ms")
+    assert per_task_cost({"policies": {"p": {}}}, real=False) == (0.0, "", None)
     # the hops kept: drawn task by task, each with one task's start-up and overshoot
     result["policies"]["compass"]["hop_gaps_ms"] = [4.0, 6.0, 20.0]
-    _, _, measured = _per_task_cost(result, real=False)
+    _, _, measured = per_task_cost(result, real=False)
     assert measured.hops_ms == (4.0, 6.0, 20.0)
     assert measured.overshoots_ms == (3.0, 4.5, 12.0, 4.0)
-    assert _per_task_cost(result, real=True)[2].overshoots_ms == (1.0, 1.5, 2.0, 0.0)
+    assert per_task_cost(result, real=True)[2].overshoots_ms == (1.0, 1.5, 2.0, 0.0)
 
 
 def test_a_predicted_load_a_prefetch_already_did_is_told_apart():
