@@ -19,7 +19,6 @@ from kombu.utils.imports import symbol_by_name
 from . import settings as settings_mod
 from .admission import earliest_expiry
 from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
-from .eager import install_task_class, refuse_bound_tasks
 from .placement import Decision
 from .planner import get_policy
 from .planner.base import Policy
@@ -29,6 +28,7 @@ from .state.connection import connect
 from .state.reader import SnapshotReader
 from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore
 from .state.views import cluster_view
+from .task_class import install_task_class, refuse_bound_tasks
 
 logger = logging.getLogger("compass_celery")
 

@@ -1,21 +1,16 @@
-"""Eager mode: with ``task_always_eager`` Celery never calls routers, so the task
-class places the task itself before running it inline, against in-process state.
+"""Eager mode's placement: with ``task_always_eager`` Celery never calls routers, so the
+task class (:mod:`compass_celery.task_class`) asks :func:`place_eagerly` where the task
+goes before running it inline, against in-process state.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from celery import Celery
-from kombu.exceptions import OperationalError
-from redis.exceptions import ConnectionError as RedisConnectionError
-
 from . import ledger
-from .errors import SendFailed, SetupError
-from .needs import batch_options, check_batched_call, declared, resolve_needs
+from .needs import resolve_needs
 from .placement import Decision, decide
 from .router import announce
-from .state.urls import masked
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -35,81 +30,3 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
     ledger.charge(c, decision)
     announce(c, decision)
     return decision
-
-
-class CompassTaskMixin:
-    """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, turns an
-    unreachable broker or result store at send into one :class:`SendFailed`, and runs a
-    batched task (``compass_batch``) over every input waiting for it on its worker."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the body; a batched task's body gets a list of inputs (a batch of one in
-        eager mode), and this call returns its own input's result."""
-        opts = batch_options(self)
-        if opts is None:
-            return super().__call__(*args, **kwargs)  # type: ignore[misc]
-        check_batched_call(self, args, kwargs)
-        from .worker.batch import call_batched, current_batcher
-
-        runner = current_batcher()
-        request = getattr(self, "request", None)
-        if runner is None or request is None or getattr(request, "is_eager", False):
-            ok, result = call_batched(self, [args[0]])[0]
-            if not ok:
-                raise result
-            return result
-        return runner.run(self, opts, args[0])
-
-    def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        """Send as Celery does; a broker or result store that cannot be reached raises one
-        :class:`SendFailed` naming it (password masked) and the cause."""
-        check_batched_call(self, args, kwargs)
-        try:
-            return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
-        except (OperationalError, RedisConnectionError, RuntimeError) as exc:
-            if isinstance(exc, RuntimeError) and "result store" not in str(exc):
-                raise
-            conf = self.app.conf  # type: ignore[attr-defined]
-            raise SendFailed(
-                f"task {self.name!r} was not sent (nothing was queued): cannot reach the "  # type: ignore[attr-defined]
-                f"broker at {masked(conf.broker_url)} or the result store at "
-                f"{masked(conf.result_backend)}: {exc.__cause__ or exc}") from exc
-
-    def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        """Place the task against in-process state, then run it inline as Celery does."""
-        compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
-        if compass is None or not compass.eager:
-            return super().apply(args, kwargs, **options)  # type: ignore[misc]
-        compass.follow_mode(eager=True)
-        decision = place_eagerly(compass, self, options)
-        if decision is None:
-            return super().apply(args, kwargs, **options)  # type: ignore[misc]
-        headers = dict(options.pop("headers", None) or {})
-        headers["compass"] = decision.as_header()
-        try:
-            result = super().apply(args, kwargs, headers=headers, **options)  # type: ignore[misc]
-        finally:
-            ledger.charge(compass, decision, -1)
-        compass.remember(result.id, decision)
-        return result
-
-
-def refuse_bound_tasks(app: Celery) -> None:
-    """Refuse ``Compass(app)`` on an app whose compass tasks are already bound: they were
-    built from the plain ``app.Task``, so eager mode could not place them."""
-    # the registry as it is now (app.tasks would finalize the app and bind the rest)
-    bound = sorted(name for name, task in dict(app._tasks).items()
-                   if not isinstance(task, CompassTaskMixin) and declared(task))
-    if bound:
-        raise SetupError(
-            f"Compass(app) must be called before the app's tasks are bound; these were "
-            f"bound already: {', '.join(bound)}. Call Compass(app) right after creating the "
-            f"app, before anything reads app.tasks or a task's attributes")
-
-
-def install_task_class(app: Celery) -> None:
-    """Make ``app.Task`` place eagerly; call ``Compass(app)`` before defining tasks."""
-    base = app.Task
-    if issubclass(base, CompassTaskMixin):
-        return
-    app.Task = type(base.__name__, (CompassTaskMixin, base), {"__module__": base.__module__})

@@ -124,6 +124,7 @@ CELERY_SIDE = ("celery", "kombu", "redis", "compass_celery.app", "compass_celery
 #: The Celery edges: what a user or the composition root touches, and the worker and job
 #: runtimes. The lower layers (state, broker) and the pure core never import these.
 EDGES = ("compass_celery.app", "compass_celery.router", "compass_celery.eager",
+         "compass_celery.task_class",
          "compass_celery.placement", "compass_celery.worker", "compass_celery.jobs",
          "compass_celery.cli", "compass_celery.demo", "compass_celery.testing",
          "compass_celery.emulated", "compass_celery.emulated_app", "compass_celery.monitoring",
