@@ -18,6 +18,20 @@ from .errors import SendFailed, SetupError
 from .needs import batch_options, check_batched_call, declared
 from .state.urls import masked
 
+#: What a send raises when it cannot reach the broker (kombu) or the result store (redis-py).
+UNREACHABLE: tuple[type[BaseException], ...] = (OperationalError, RedisConnectionError)
+
+
+def unreachable(exc: BaseException) -> BaseException | None:
+    """The connection error that stopped a send: ``exc`` itself, or the one a RuntimeError
+    was raised from (Celery's Redis result store raises one when it gives up
+    reconnecting); None when ``exc`` is no failure to reach the broker or result store."""
+    if isinstance(exc, UNREACHABLE):
+        return exc.__cause__ or exc
+    if isinstance(exc, RuntimeError) and isinstance(exc.__cause__, UNREACHABLE):
+        return exc.__cause__
+    return None
+
 
 class CompassTaskMixin:
     """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, turns an
@@ -48,14 +62,15 @@ class CompassTaskMixin:
         check_batched_call(self, args, kwargs)
         try:
             return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
-        except (OperationalError, RedisConnectionError, RuntimeError) as exc:
-            if isinstance(exc, RuntimeError) and "result store" not in str(exc):
+        except (*UNREACHABLE, RuntimeError) as exc:
+            cause = unreachable(exc)
+            if cause is None:
                 raise
             conf = self.app.conf  # type: ignore[attr-defined]
             raise SendFailed(
                 f"task {self.name!r} was not sent (nothing was queued): cannot reach the "  # type: ignore[attr-defined]
                 f"broker at {masked(conf.broker_url)} or the result store at "
-                f"{masked(conf.result_backend)}: {exc.__cause__ or exc}") from exc
+                f"{masked(conf.result_backend)}: {cause}") from exc
 
     def apply(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
         """Place the task against in-process state, then run it inline as Celery does."""
