@@ -11,7 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..broker.kombu_redis import RedisLayout, fetch_key
+from ..broker.fetch import fetch_key
+from ..broker.kombu_redis import RedisLayout
 from ..state import keys
 
 

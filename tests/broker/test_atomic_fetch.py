@@ -8,7 +8,8 @@ import uuid
 import pytest
 import redis
 
-from compass_celery.broker.kombu_redis import RedisLayout, RedisQueues, _fetch_script
+from compass_celery.broker.fetch import _fetch_script
+from compass_celery.broker.kombu_redis import RedisLayout, RedisQueues
 
 pytestmark = pytest.mark.redis
 
