@@ -1,7 +1,8 @@
 """Discrete-event simulator: the real planner, cache-decision and worker-core code on
 simulated clusters (the simulator adds only the clock and the simulated GPU).
 
-``simulate(workload, ["compass", "celery-default"], workers=1000)`` returns the same
+``simulate(workload, ["compass", "celery-default"], SimOptions(workers=1000))`` (or
+``workers=1000`` as a keyword) returns the same
 JSON shape as the benchmark (with its per-task ``breakdown_ms``), plus ``plan_ms``, the
 wall time of each plan call; ``hop_ms`` models a real cluster's fixed per-task dispatch
 overhead (0 by default). ``compare_count_pending`` measures compass with and without
@@ -14,6 +15,7 @@ nodes take their class's priority level and workers serve them by the real worke
 rules (``worker.core``: level with ageing, then age; ``priority_age_s=``).
 """
 
+from .options import SimOptions
 from .runner import Simulation, compare_count_pending, simulate
 
-__all__ = ["Simulation", "compare_count_pending", "simulate"]
+__all__ = ["SimOptions", "Simulation", "compare_count_pending", "simulate"]

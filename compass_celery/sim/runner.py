@@ -39,7 +39,6 @@ from typing import Any
 from ..planner import PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
 from ..planner.admission import (
-    DEFAULT_HEADROOM,
     Slo,
     job_finish_ms,
     job_load_ms,
@@ -61,22 +60,16 @@ from ..planner.static import (
     expected_demand,
 )
 from ..planner.types import ClusterView, DagSpec
-from ..settings import OPTIONS
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
 from .hops import MeasuredHops, spread_of
+from .options import BATCHING, MOVE_FACTOR, PRIORITY_AGE_S, SimOptions  # noqa: F401 (re-exported)
 from .stats import summarize
 
-#: The runtime's ``compass_move_factor`` default, so a simulation predicts a default cluster.
-MOVE_FACTOR = float(OPTIONS["move_factor"].default)
-#: The runtime's ``compass_priority_age_s`` default: a waiting task climbs a level per period.
-PRIORITY_AGE_S = float(OPTIONS["priority_age_s"].default)
 #: Policies only the simulator can run (references, not in ``planner.POLICIES``):
 #: ``static-replicas`` (``planner.static``) needs its assignment, built per run here.
 SIM_ONLY_POLICIES = (STATIC,)
-#: ``batching=``: placement counts forming batches; workers batch unseen; no batching.
-BATCHING = ("on", "blind", "off")
 
 
 @dataclass(eq=False)
@@ -113,7 +106,8 @@ class Job:
 
 
 class Simulation:
-    """One policy on one cluster over one job stream.
+    """One policy on one cluster over one job stream, under ``options``
+    (:class:`~compass_celery.sim.options.SimOptions`, with ``changes`` applied by name).
 
     ``rate`` (jobs per second; default the workload's) sizes ``static-replicas``'
     assignment (``planner.static``), which is preloaded and pinned before the first job;
@@ -127,19 +121,11 @@ class Simulation:
     cluster that has been serving, rather than one just started.
     """
 
-    def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]], *,
-                 workers: int | None = None, count_pending: bool = True,
-                 refresh_ms: float = 0.0, hop_ms: float = 0.0,
-                 move_factor: float = MOVE_FACTOR, demand: bool = True,
-                 rate: float | None = None, admission: bool = True,
-                 max_queue_ms: float | None = None, warm: bool = False,
-                 headroom: float = DEFAULT_HEADROOM, batching: str = "on",
-                 plan_hop: bool = True, measured_hops: MeasuredHops | None = None,
-                 priority_age_s: float = PRIORITY_AGE_S) -> None:
-        if batching not in BATCHING:
-            raise ValueError(f"batching: expected one of {', '.join(BATCHING)}, "
-                             f"got {batching!r}")
-        self.batching = batching
+    def __init__(self, workload: Workload, policy: str, stream: Sequence[tuple[float, str]],
+                 options: SimOptions | None = None, **changes: Any) -> None:
+        self.options = o = SimOptions.of(options, changes)
+        workers, count_pending, rate, warm = o.workers, o.count_pending, o.rate, o.warm
+        self.batching = o.batching
         specs = workload.cluster.workers if workers is None else \
             workload.cluster.scaled(workers).workers
         self.assignment: ReplicaAssignment | None = None
@@ -156,26 +142,26 @@ class Simulation:
             opts = {"count_pending": count_pending} if policy == "compass" else {}
             self.policy = get_policy(policy, seed=workload.seed, **opts)
         self.adjusts = self.policy.adjusts
-        self.admission, self.max_queue_ms = admission, max_queue_ms
-        self.headroom = headroom
+        self.admission, self.max_queue_ms = o.admission, o.max_queue_ms
+        self.headroom = o.headroom
         self.slos = {name: workload.slo(name) for name in workload.dags}
         # each template's level, as the router resolves a job's class's priority
         self.levels = {name: resolve_priority(slo.priority if slo is not None else None)
                        for name, slo in self.slos.items()}
-        self.move_factor = move_factor
+        self.move_factor = o.move_factor
         self.workload, self.stream = workload, stream
         self.engine = Engine()
         # The producer's view of recent demand per model (planner.demand), fed with every
         # arriving job; the snapshot hands it to the planner. Off: plans as without it.
-        self.demand = DemandTracker() if demand else None
+        self.demand = DemandTracker() if o.demand else None
         self.cluster = SimCluster(specs, self.engine, workload.models,
                                   shared=self.policy.shared,
                                   on_done=self._done, on_failed=self._failed,
                                   on_shed=self._dropped,
-                                  refresh_ms=refresh_ms, hop_ms=hop_ms, demand=self.demand,
-                                  batching=batching, plan_hop=plan_hop,
-                                  measured_hops=measured_hops, seed=workload.seed,
-                                  age_s=priority_age_s)
+                                  refresh_ms=o.refresh_ms, hop_ms=o.hop_ms,
+                                  demand=self.demand, batching=o.batching,
+                                  plan_hop=o.plan_hop, measured_hops=o.measured_hops,
+                                  seed=workload.seed, age_s=o.priority_age_s)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
@@ -350,84 +336,57 @@ class Simulation:
                                                 end - job.plan_end)
 
 
-def simulate(workload: Workload, policies: Sequence[str], *, workers: int | None = None,
-             rate: float | None = None, jobs: int | None = None, count_pending: bool = True,
-             warmup_frac: float = 0.1, refresh_ms: float = 0.0, hop_ms: float = 0.0,
-             move_factor: float = MOVE_FACTOR, details: bool = False,
-             demand: bool = True, admission: bool = True,
-             max_queue_ms: float | None = None, warm: bool = False,
-             batching: str = "on", plan_hop: bool = True,
-             measured_hops: MeasuredHops | None = None,
-             priority_age_s: float = PRIORITY_AGE_S) -> dict[str, Any]:
+def simulate(workload: Workload, policies: Sequence[str], options: SimOptions | None = None,
+             **changes: Any) -> dict[str, Any]:
     """Every policy on the same cluster and job stream, in the benchmark's result shape.
 
-    ``refresh_ms`` > 0 lets planners see state up to that old (workers publish
-    periodically); 0 gives every plan the exact current state. ``hop_ms`` is a fixed
-    per-task dispatch overhead that keeps the worker busy (a real cluster's broker and
-    bookkeeping round trips); 0, the default, is the limit a real cluster chases. The
-    workers publish it and plans count it, as real workers learn theirs (``plan_hop``
-    off: plans leave it out, so every task runs later than planned). ``measured_hops``:
-    each task pays a hop and an overshoot drawn from these measured ones instead
-    (:mod:`compass_celery.sim.hops`); ``hop_ms`` stays what the workers publish.
-    ``move_factor`` is the runtime's ``compass_move_factor`` (adjusting policies only).
-    ``demand`` feeds the planner the recent demand per model (``planner.demand``), as a
-    producer that tracks the jobs it submits would; off, compass plans without it.
-    ``admission`` and ``max_queue_ms`` judge each job at arrival as the runtime's
+    ``options`` (:class:`~compass_celery.sim.options.SimOptions`, with ``changes`` applied
+    by name) give the cluster, the load and the runtime settings modelled. With
+    ``admission`` or ``max_queue_ms``, jobs are judged at arrival as the runtime's
     settings of those names do (jobs whose template has an SLO, or every job under a
     queue bound); the record's ``slo`` section then gives rejected, shed, late,
     attainment and goodput per class, and ``tasks`` what ran and what was dropped unrun.
-    ``warm`` starts every worker with models resident (see :class:`Simulation`).
     ``batching`` (``on``, ``blind``, ``off``; see the module) matters only for workloads
-    with batchable nodes; their record then has a ``batching`` section.
-    ``priority_age_s`` is the workers' ageing period (``compass_priority_age_s``; 0: off).
-    ``details`` adds ``sim_seconds`` (wall time) and ``reassigned`` (successors moved)
-    per policy. ``static-replicas`` (simulator only, ``planner.static``) also reports its
+    with batchable nodes; their record then has a ``batching`` section. ``details`` adds
+    ``sim_seconds`` (wall time) and ``reassigned`` (successors moved) per policy.
+    ``static-replicas`` (simulator only, ``planner.static``) also reports its
     ``assignment`` (model -> workers), ``replica_targets`` and ``replicas_missing``.
     """
-    stream = job_stream(workload, rate=rate, jobs=jobs)
+    opts = SimOptions.of(options, changes)
+    stream = job_stream(workload, rate=opts.rate, jobs=opts.jobs)
     out: dict[str, Any] = {}
     for name in policies:
         started = time.perf_counter()
-        sim = Simulation(workload, name, stream, workers=workers, count_pending=count_pending,
-                         refresh_ms=refresh_ms, hop_ms=hop_ms, move_factor=move_factor,
-                         demand=demand, rate=rate, admission=admission,
-                         max_queue_ms=max_queue_ms, warm=warm, batching=batching,
-                         plan_hop=plan_hop, measured_hops=measured_hops,
-                         priority_age_s=priority_age_s)
+        sim = Simulation(workload, name, stream, opts)
         finished = sim.run()
-        out[name] = summarize(finished, sim.cluster, warmup_frac, sim.plan_ns)
+        out[name] = summarize(finished, sim.cluster, opts.warmup_frac, sim.plan_ns)
         if sim.assignment is not None:
             out[name].update(sim.assignment.report())
-        if details:
+        if opts.details:
             out[name]["sim_seconds"] = round(time.perf_counter() - started, 3)
             out[name]["reassigned"] = sim.moved
     return {"workload": workload.name, "seed": workload.arrivals.seed, "policies": out}
 
 
 def simulate_draws(workload: Workload, policies: Sequence[str], measured: MeasuredHops,
-                   draws: int, **kw: Any) -> dict[str, dict[str, Any]]:
+                   draws: int, options: SimOptions | None = None,
+                   **changes: Any) -> dict[str, dict[str, Any]]:
     """:func:`simulate` ``draws`` times, each task's per-task cost drawn from ``measured``
     in an independent stream each time; per policy, the median run and the spread
-    (:func:`compass_celery.sim.hops.spread_of`). ``kw`` is :func:`simulate`'s."""
+    (:func:`compass_celery.sim.hops.spread_of`)."""
     if draws < 1:
         raise ValueError(f"draws must be at least 1, got {draws}")
-    runs = [simulate(workload, policies, measured_hops=replace(measured, draw=k),
-                     **kw)["policies"] for k in range(draws)]
+    opts = SimOptions.of(options, changes)
+    runs = [simulate(workload, policies, replace(opts, measured_hops=replace(measured, draw=k)))
+            ["policies"] for k in range(draws)]
     return spread_of(runs)
 
 
-def compare_count_pending(workload: Workload, *, workers: int | None = None,
-                          rate: float | None = None, jobs: int | None = None,
-                          warmup_frac: float = 0.1, refresh_ms: float = 0.0,
-                          hop_ms: float = 0.0, move_factor: float = MOVE_FACTOR,
-                          demand: bool = True, admission: bool = True,
-                          max_queue_ms: float | None = None, warm: bool = False,
-                          plan_hop: bool = True) -> dict[str, Any]:
+def compare_count_pending(workload: Workload, options: SimOptions | None = None,
+                          **changes: Any) -> dict[str, Any]:
     """Compass with pending (planned-not-sent) work counted in backlog, and without."""
-    kw = {"workers": workers, "rate": rate, "jobs": jobs, "warmup_frac": warmup_frac,
-          "refresh_ms": refresh_ms, "hop_ms": hop_ms, "move_factor": move_factor,
-          "demand": demand, "admission": admission, "max_queue_ms": max_queue_ms,
-          "warm": warm, "plan_hop": plan_hop}
-    on = simulate(workload, ["compass"], count_pending=True, **kw)["policies"]["compass"]
-    off = simulate(workload, ["compass"], count_pending=False, **kw)["policies"]["compass"]
-    return {"workload": workload.name, "count_pending": {"on": on, "off": off}}
+    opts = SimOptions.of(options, changes)
+    on = simulate(workload, ["compass"], replace(opts, count_pending=True))
+    off = simulate(workload, ["compass"], replace(opts, count_pending=False))
+    return {"workload": workload.name, "count_pending": {"on": on["policies"]["compass"],
+                                                         "off": off["policies"]["compass"]}}
