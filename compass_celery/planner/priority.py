@@ -38,8 +38,8 @@ def resolve_priority(value: Any, classes: Mapping[str, int] | None = None,
                      default: int = DEFAULT_PRIORITY) -> int:
     """A user's ``priority=`` (a level, a class name, or None) as a level 0..9.
 
-    A number outside 0..9 is clamped, as both brokers do; an unknown name raises
-    :class:`PriorityError` naming the classes (a typo must not silently mean batch).
+    A number outside 0..9 or an unknown name raises :class:`PriorityError` naming it and
+    what is allowed: a typo must not silently mean batch, nor 10 silently mean 9.
     """
     if value is None:
         return default
@@ -56,7 +56,10 @@ def resolve_priority(value: Any, classes: Mapping[str, int] | None = None,
     except (TypeError, ValueError):
         raise PriorityError(f"priority must be a level 0..9 or a class name, "
                             f"got {value!r}") from None
-    return max(LOWEST, min(HIGHEST, level))
+    if not LOWEST <= level <= HIGHEST:
+        raise PriorityError(f"priority {value!r} is outside {LOWEST}..{HIGHEST} (a level "
+                            f"{LOWEST}..{HIGHEST}, {HIGHEST} most urgent, or a class name)")
+    return level
 
 
 def broker_priority(level: int, redis: bool) -> int:

@@ -32,7 +32,10 @@ def test_levels_classes_and_the_default() -> None:
     assert resolve_priority(None) == 0  # unset is batch, the lowest, as on RabbitMQ
     assert resolve_priority("interactive") == 9 and resolve_priority("batch") == 0
     assert resolve_priority("urgent", {"urgent": 7}) == 7
-    assert resolve_priority(42) == 9 and resolve_priority(-1) == 0 and resolve_priority("3") == 3
+    assert resolve_priority("3") == 3 and resolve_priority(9) == 9
+    for outside in (42, 10, -1, "12"):  # refused, naming it, not clamped
+        with pytest.raises(PriorityError, match=rf"priority {outside!r} is outside 0\.\.9"):
+            resolve_priority(outside)
     with pytest.raises(PriorityError, match="unknown priority class 'interactve'"):
         resolve_priority("interactve")
 
