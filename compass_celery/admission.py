@@ -14,7 +14,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from .errors import CompassInputError, Rejected
+from .needs import SLO_OPTIONS, TaskDeclarationError, declared
 from .planner.admission import Slo, SloError, Verdict, judge, resolve_slo, retry_after_s
+from .planner.priority import PriorityError, resolve_priority
 from .signals import admission_decided
 
 if TYPE_CHECKING:
@@ -38,6 +40,33 @@ def slo_of(c: CompassContext, slo: str | None, deadline_ms: Any = None,
 def slo_of_call(c: CompassContext, call: Mapping[str, Any]) -> Slo | None:
     """:func:`slo_of` for a task call's ``compass={...}`` SLO options."""
     return slo_of(c, call.get("slo"), call.get("deadline_ms"), call.get("on_miss"))
+
+
+def task_call(c: CompassContext, task: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """A plain task's ``apply_async`` options, with the keywords a Dag takes read as
+    :meth:`Dag.apply_async <compass_celery.jobs.dag.Dag.apply_async>` reads them:
+    ``slo=``, ``deadline_ms=`` and ``on_miss=`` join its ``compass={...}`` options (one
+    given both ways, differently, is refused) and are checked by :func:`slo_of`;
+    ``priority=`` is checked as a level 0..9 or a class name. A bad one raises naming it,
+    before anything is sent; ``options`` is changed in place and returned."""
+    keywords = {k: options.pop(k) for k in SLO_OPTIONS if k in options}
+    call = options.get("compass")
+    if keywords:
+        call = dict(call or {})
+        for key, value in keywords.items():
+            if key in call and call[key] != value:
+                raise SloInputError(f"task {task.name!r}: {key} given twice, {key}={value!r} "
+                                    f"and compass={{{key!r}: {call[key]!r}}}: give it once")
+            call[key] = value
+        options["compass"] = call
+    if isinstance(call, Mapping):
+        slo_of_call(c, call)
+    if (call or declared(task)) and "origin" not in options:  # a re-send: the broker's value
+        try:
+            resolve_priority(options.get("priority"), c.settings["priority_classes"])
+        except PriorityError as exc:
+            raise TaskDeclarationError(f"task {task.name!r}: {exc}") from None
+    return options
 
 
 def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,

@@ -13,6 +13,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import ledger
+from .admission import task_call
 from .eager import place_eagerly
 from .errors import SendFailed, SetupError
 from .needs import batch_options, check_batched_call, declared
@@ -57,9 +58,14 @@ class CompassTaskMixin:
         return runner.run(self, opts, args[0])
 
     def apply_async(self, args: Any = None, kwargs: Any = None, **options: Any) -> Any:
-        """Send as Celery does; a broker or result store that cannot be reached raises one
-        :class:`SendFailed` naming it (password masked) and the cause."""
+        """Send as Celery does, taking a Dag's keywords too (``slo=``, ``deadline_ms=``,
+        ``on_miss=``, and ``priority=`` as a level 0..9 or a class name: see
+        :func:`~compass_celery.admission.task_call`); a broker or result store that cannot
+        be reached raises one :class:`SendFailed` naming it (password masked) and the cause."""
         check_batched_call(self, args, kwargs)
+        compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
+        if compass is not None:
+            options = task_call(compass, self, options)
         try:
             return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
         except (*UNREACHABLE, RuntimeError) as exc:
@@ -77,6 +83,7 @@ class CompassTaskMixin:
         compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
         if compass is None or not compass.eager:
             return super().apply(args, kwargs, **options)  # type: ignore[misc]
+        options = task_call(compass, self, options)
         compass.follow_mode(eager=True)
         decision = place_eagerly(compass, self, options)
         if decision is None:

@@ -50,3 +50,60 @@ def test_send_failed_is_chosen_by_the_errors_type_not_its_text(monkeypatch) -> N
     with pytest.raises(RuntimeError, match="hook has a bug") as err:
         t.delay(1)
     assert not isinstance(err.value, SendFailed)
+
+
+@pytest.fixture
+def eager_app(monkeypatch) -> Celery:
+    """An eager app that fails the test on any network connection."""
+    import socket
+
+    def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("eager mode opened a network connection")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    app = _app("plain-eager", task_always_eager=True)
+    _task(app)
+    from compass_celery.testing import add_worker
+
+    add_worker(app, "w0", gpu_mb=1600, resident=["m"])
+    return app
+
+
+def test_a_plain_task_takes_the_dags_slo_keywords_and_checks_them(eager_app) -> None:
+    """``slo=``, ``deadline_ms=`` and ``on_miss=`` on a plain task are read as a Dag reads
+    them (not passed on to Celery and ignored): a bad one is refused at the call."""
+    from compass_celery.admission import SloInputError
+
+    t = eager_app.tasks["p.t"]
+    assert t.apply_async((3,), deadline_ms=400).get() == 3
+    assert t.apply_async((4,), slo="interactive").get() == 4
+    with pytest.raises(SloInputError, match="unknown SLO class 'nope'"):
+        t.apply_async((1,), slo="nope")
+    with pytest.raises(SloInputError, match="deadline"):
+        t.apply_async((1,), deadline_ms=-5)
+    with pytest.raises(SloInputError, match="on_miss"):
+        t.apply_async((1,), deadline_ms=400, on_miss="shrug")
+    with pytest.raises(SloInputError, match="deadline_ms given twice"):
+        t.apply_async((1,), deadline_ms=400, compass={"deadline_ms": 300})
+
+
+@pytest.mark.parametrize("level", [10, -1, "12"])
+def test_a_priority_outside_0_to_9_is_refused_naming_it(eager_app, level: object) -> None:
+    """Not clamped: the error names the value and the range, for a plain task and for a
+    Dag (naming its node), whether the job's priority or a node's own."""
+    from compass_celery import Dag
+
+    t = eager_app.tasks["p.t"]
+    with pytest.raises(ValueError, match=rf"priority {level!r} is outside 0\.\.9"):
+        t.apply_async((1,), priority=level)
+    dag = Dag(eager_app, "pri")
+    dag.node("a", t.s(1))
+    with pytest.raises(ValueError, match=rf"node 'a'.*priority {level!r} is outside 0\.\.9"):
+        dag.apply_async(priority=level)
+    own = Dag(eager_app, "own")
+    own.node("b", t.s(1).set(priority=level))
+    with pytest.raises(ValueError, match=rf"node 'b'.*priority {level!r} is outside 0\.\.9"):
+        own.apply_async()
+    assert t.apply_async((5,), priority=9).get() == 5
+    assert t.apply_async((6,), priority="interactive").get() == 6

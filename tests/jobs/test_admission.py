@@ -94,6 +94,27 @@ def test_a_job_that_would_miss_is_refused_at_once_and_nothing_is_written(one):
         _infer(app, 50, compass={"deadline_ms": 400})
 
 
+def test_a_plain_task_takes_the_dags_keywords(one):
+    """``deadline_ms=``, ``slo=`` and ``priority=`` on a plain task are read as a Dag reads
+    them (they were handed to Celery and ignored): admitted with a due time and its
+    class's priority, refused at once when the plan says it would miss."""
+    app = one
+    bare = _infer(app, 50, deadline_ms=5000)
+    placed = app.compass.placement(bare.id)
+    assert placed.due > time.time() and placed.priority == 0  # a bare deadline: priority 0
+    urgent = _infer(app, 50, slo="interactive")
+    placed = app.compass.placement(urgent.id)
+    assert placed.slo == "interactive" and placed.due and placed.priority == 9
+    assert _infer(app, 50, deadline_ms=5000, priority=7).get(timeout=20) is not None
+    assert app.compass.placement(urgent.id).priority == 9
+    bare.get(timeout=20), urgent.get(timeout=20)
+    _busy(app, 3.0)
+    with pytest.raises(Rejected, match="task 'emulated.infer'"):
+        _infer(app, 50, deadline_ms=400)
+    with pytest.raises(Rejected, match="SLO class 'interactive'"):
+        _infer(app, 50, slo="interactive")
+
+
 def test_a_late_class_is_taken_marked_late_and_run_to_the_end(one):
     app = one
     _busy(app, 1.5)
