@@ -1,0 +1,297 @@
+"""Autoscaling from the plan: how many workers, which models a new one preloads, which
+one to remove, and damping so the fleet does not flap.
+
+A queue-length autoscaler (KEDA's Redis-lists scaler, Ray Serve's ongoing requests)
+sees work only once it waits. The planner knows more, per SLO class: the jobs arriving
+per second, the GPU work each job plans per model, how long each model takes to load,
+which worker holds what, and each class's deadline. The rule:
+
+1. **Work now.** Each class ``c`` asks ``rate_c x work_c`` GPU ms per second (over the
+   fleet's mean speed). A worker may be busy a share ``rho_c`` of its time
+   (:func:`~compass_celery.planner.capacity.target_utilisation`, the capacity signal's
+   M/M/1 bound on the class's critical path and deadline). Workers for the work =
+   ``sum_c work_c / (1000 rho_c)``, plus what is already queued, drained over the
+   horizon (``backlog / (1000 x horizon_s)``).
+2. **Over a horizon.** The same with each class's rate moved along its trend for
+   ``horizon_s`` (a rising rate asks for workers before the queue shows it; a falling
+   one is not counted on: the horizon takes the larger of the two).
+3. **Memory.** At least as many workers as the replicas the work calls for take GPU
+   memory (``demand.replica_targets``, each model's copies at ``REPLICA_BUSY``).
+4. **Damping** (:class:`Damper`): up at once to the larger of now and the horizon;
+   down only to the largest target seen over the last ``down_window_s`` (as the
+   Kubernetes HPA's scale-down stabilisation), so a lull shorter than the window
+   changes nothing.
+5. **Preload** (:func:`preload_hints`): a new worker loads the models whose copies are
+   furthest below their replica target, most-asked first, as many as fit its memory.
+6. **Remove** (:func:`choose_removals`): the worker whose loss costs least: its queued
+   work plus, per resident model, the model's share of work held by that copy when the
+   model has no spare copy (a surplus copy costs nothing). It is drained (the real
+   cluster's SIGTERM hand-back; the simulator's draining worker), so nothing is lost.
+
+Pure: no I/O, no Celery. The simulator (``sim.scaling``) calls these functions, as a
+provider on a real cluster would.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from .capacity import DEFAULT_MAX_UTIL, target_utilisation
+from .demand import REPLICA_BUSY, replica_targets
+from .types import ModelDemand
+
+#: Seconds ahead the rule looks (the rate's trend is followed that far).
+DEFAULT_HORIZON_S = 30.0
+#: Seconds a lower target must hold before the fleet shrinks to it.
+DEFAULT_DOWN_WINDOW_S = 300.0
+#: Seconds of arrivals the rate is measured over.
+DEFAULT_RATE_WINDOW_S = 30.0
+
+
+@dataclass(frozen=True)
+class ClassLoad:
+    """One SLO class as the rule sees it: its arrival rate, the work one of its jobs
+    plans per model, and its deadline."""
+
+    name: str
+    #: Jobs per second now (windowed, :class:`RateWindow`).
+    rate_per_s: float
+    #: GPU ms one job plans per model (at speed 1).
+    work_ms: Mapping[str, float]
+    #: The job's deadline; None: none (the utilisation cap applies).
+    deadline_ms: float | None = None
+    #: The job's critical path, ms at speed 1 (the service time its deadline must cover).
+    path_ms: float = 0.0
+    #: The rate's change, jobs per second per second (0: flat).
+    trend_per_s2: float = 0.0
+
+
+@dataclass(frozen=True)
+class Member:
+    """One worker as the rule sees it."""
+
+    name: str
+    resident: frozenset[str] = frozenset()
+    #: Work queued and running on it, ms.
+    backlog_ms: float = 0.0
+    gpu_mb: float = 0.0
+    speed: float = 1.0
+    #: False while it starts (cold): counted as capacity coming, never removed.
+    ready: bool = True
+
+
+@dataclass(frozen=True)
+class Need:
+    """Workers the load needs, and the terms behind the number."""
+
+    now: int
+    horizon: int
+    work_workers: float = 0.0
+    backlog_workers: float = 0.0
+    by_memory: int = 0
+    #: Model -> copies the work calls for.
+    targets: Mapping[str, int] = field(default_factory=dict)
+
+
+def _model_demand(classes: Sequence[ClassLoad], speed: float, ahead_s: float
+                  ) -> dict[str, ModelDemand]:
+    """Model -> GPU ms per second and uses per second, with rates ``ahead_s`` along
+    their trend (never below 0)."""
+    out: dict[str, list[float]] = {}
+    for c in classes:
+        rate = max(0.0, c.rate_per_s + c.trend_per_s2 * ahead_s)
+        for model, ms in c.work_ms.items():
+            acc = out.setdefault(model, [0.0, 0.0])
+            acc[0] += rate * ms / speed
+            acc[1] += rate
+    return {m: ModelDemand(ms, n) for m, (ms, n) in out.items()}
+
+
+def _work_workers(classes: Sequence[ClassLoad], speed: float, ahead_s: float,
+                  max_util: float) -> float:
+    """Workers the classes' work needs at their utilisation bounds (step 1)."""
+    total = 0.0
+    for c in classes:
+        rate = max(0.0, c.rate_per_s + c.trend_per_s2 * ahead_s)
+        work = rate * sum(c.work_ms.values()) / speed
+        util = target_utilisation(c.path_ms / speed, c.deadline_ms, max_util)
+        total += work / (1000.0 * util)
+    return total
+
+
+def workers_needed(classes: Sequence[ClassLoad], members: Sequence[Member],
+                   sizes_mb: Mapping[str, float], *, horizon_s: float = DEFAULT_HORIZON_S,
+                   max_util: float = DEFAULT_MAX_UTIL, busy: float = REPLICA_BUSY,
+                   min_workers: int = 1) -> Need:
+    """Workers needed now and over ``horizon_s`` (steps 1 to 3 of the module's rule)."""
+    if not horizon_s > 0:
+        raise ValueError(f"horizon_s must be > 0, got {horizon_s!r}")
+    if not 0 < max_util <= 1:
+        raise ValueError(f"max_util must be in (0, 1], got {max_util!r}")
+    speed = sum(m.speed for m in members) / len(members) if members else 1.0
+    gpu_mb = max((m.gpu_mb for m in members), default=0.0)
+    backlog = sum(m.backlog_ms for m in members) / speed / (1000.0 * horizon_s)
+
+    def count(ahead_s: float) -> tuple[int, float, int, dict[str, int]]:
+        targets = replica_targets(_model_demand(classes, speed, ahead_s), busy=busy)
+        replica_mb = sum(n * float(sizes_mb.get(m, 0.0)) for m, n in targets.items())
+        by_memory = math.ceil(replica_mb / gpu_mb - 1e-9) if gpu_mb > 0 else 0
+        work = _work_workers(classes, speed, ahead_s, max_util)
+        n = max(math.ceil(work + backlog - 1e-9), by_memory,
+                max(targets.values(), default=0), min_workers)
+        return n, work, by_memory, targets
+
+    now, work, by_memory, targets = count(0.0)
+    ahead = max(now, count(horizon_s)[0])
+    return Need(now, ahead, work, backlog, by_memory, targets)
+
+
+class Damper:
+    """Scale up at once, down only after a stable window (step 4): the target is the
+    largest recommendation seen over the last ``down_window_s``."""
+
+    def __init__(self, down_window_s: float = DEFAULT_DOWN_WINDOW_S) -> None:
+        if down_window_s < 0:
+            raise ValueError(f"down_window_s must be >= 0, got {down_window_s!r}")
+        self.down_window_s = down_window_s
+        self._seen: deque[tuple[float, int]] = deque()  # (time s, recommendation)
+
+    def step(self, now_s: float, wanted: int) -> int:
+        """The fleet size to hold at ``now_s`` given this recommendation."""
+        seen = self._seen
+        while seen and seen[0][0] < now_s - self.down_window_s:
+            seen.popleft()
+        while seen and seen[-1][1] <= wanted:
+            seen.pop()  # a later, larger recommendation covers it for the whole window
+        seen.append((now_s, wanted))
+        return seen[0][1]
+
+
+class RateWindow:
+    """Arrivals per class over the last ``window_s``: the rate, and its trend (the
+    second half's rate against the first half's, per second)."""
+
+    def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        self.window_s = window_s
+        self._times: dict[str, deque[float]] = {}
+
+    def observe(self, name: str, t_s: float) -> None:
+        """One arrival of class ``name`` at ``t_s``."""
+        self._times.setdefault(name, deque()).append(t_s)
+
+    def rates(self, now_s: float) -> dict[str, tuple[float, float]]:
+        """Class -> (jobs per second over the window, trend in jobs per second per
+        second). Before one window has passed, the rate is over the time seen."""
+        out: dict[str, tuple[float, float]] = {}
+        half = self.window_s / 2.0
+        for name, times in self._times.items():
+            while times and times[0] < now_s - self.window_s:
+                times.popleft()
+            span = min(self.window_s, max(now_s, 1e-9))
+            recent = sum(1 for t in reversed(times) if t >= now_s - half) if times else 0
+            rate = len(times) / span
+            trend = 0.0
+            older = len(times) - recent
+            # a change the counts' Poisson noise explains (2 sigma) is no trend
+            if span >= self.window_s and abs(recent - older) > 2.0 * math.sqrt(recent + older):
+                trend = (recent - older) / half / half
+            out[name] = (rate, trend)
+        return out
+
+
+def _holders(members: Iterable[Member]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in members:
+        for model in m.resident:
+            out[model] = out.get(model, 0) + 1
+    return out
+
+
+def preload_hints(new: int, need: Need, members: Sequence[Member],
+                  sizes_mb: Mapping[str, float], gpu_mb: float) -> list[tuple[str, ...]]:
+    """The models each of ``new`` workers should load on start (step 5): most-missing
+    copies first (the work per missing copy breaks ties), as many as fit ``gpu_mb``.
+    ``members`` starting already count with what they were told to load."""
+    missing = {m: n - h for m, n in need.targets.items()
+               if (h := _holders(members).get(m, 0)) < n}
+    out: list[tuple[str, ...]] = []
+    for _ in range(new):
+        free, chosen = gpu_mb, []
+        for model in sorted(missing, key=lambda m: (-missing[m], m)):
+            size = float(sizes_mb.get(model, 0.0))
+            if missing[model] > 0 and size <= free:
+                chosen.append(model)
+                free -= size
+        for model in chosen:
+            missing[model] -= 1
+        out.append(tuple(chosen))
+    return out
+
+
+def removal_cost(member: Member, need: Need, holders: Mapping[str, int]) -> float:
+    """What removing ``member`` costs (step 6): its queued work, plus, per resident model
+    whose copies are not more than its target, that copy's share of a loaded model
+    (counted as 1000 ms: a reload on another worker)."""
+    cost = member.backlog_ms
+    for model in member.resident:
+        want = need.targets.get(model, 0)
+        if want and holders.get(model, 0) <= want:
+            cost += 1000.0 / max(holders.get(model, 1), 1)
+    return cost
+
+
+def choose_removals(count: int, members: Sequence[Member], need: Need) -> list[str]:
+    """The ``count`` ready workers to drain, cheapest loss first (step 6); ties go to the
+    last name, so the same fleet always loses the same worker."""
+    left = [m for m in members if m.ready]
+    holders = _holders(members)
+    out: list[str] = []
+    for _ in range(min(count, len(left))):
+        victim = min(reversed(sorted(left, key=lambda m: m.name)),
+                     key=lambda m: removal_cost(m, need, holders))
+        out.append(victim.name)
+        left.remove(victim)
+        for model in victim.resident:
+            holders[model] -= 1
+    return out
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the fleet should do now."""
+
+    target: int
+    need: Need
+    #: Models per worker to start (one tuple each; empty: none to add).
+    add: tuple[tuple[str, ...], ...] = ()
+    #: Workers to drain.
+    remove: tuple[str, ...] = ()
+
+
+def decide(classes: Sequence[ClassLoad], members: Sequence[Member],
+           sizes_mb: Mapping[str, float], damper: Damper, now_s: float, *,
+           horizon_s: float = DEFAULT_HORIZON_S, max_util: float = DEFAULT_MAX_UTIL,
+           min_workers: int = 1, max_workers: int | None = None,
+           gpu_mb: float | None = None) -> Decision:
+    """The whole rule: the need, damped, and the workers to add (with their preloads)
+    or drain. ``members`` are the workers alive and starting (not those draining)."""
+    need = workers_needed(classes, members, sizes_mb, horizon_s=horizon_s,
+                          max_util=max_util, min_workers=min_workers)
+    wanted = max(need.now, need.horizon)
+    if max_workers is not None:
+        wanted = min(wanted, max_workers)
+    target = damper.step(now_s, wanted)
+    have = len(members)
+    if target > have:
+        mb = gpu_mb if gpu_mb is not None else max((m.gpu_mb for m in members), default=0.0)
+        return Decision(target, need, tuple(preload_hints(target - have, need, members,
+                                                          sizes_mb, mb)))
+    if target < have:
+        return Decision(target, need, remove=tuple(choose_removals(have - target, members,
+                                                                   need)))
+    return Decision(target, need)

@@ -1,0 +1,168 @@
+"""The autoscaling rule: workers needed now and ahead, preload hints, the worker to
+drain, damping, and the windowed arrival rate."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from compass_celery.planner.capacity import target_utilisation
+from compass_celery.planner.scaling import (
+    ClassLoad,
+    Damper,
+    Member,
+    Need,
+    RateWindow,
+    choose_removals,
+    decide,
+    preload_hints,
+    workers_needed,
+)
+
+SIZES = {"a": 1000.0, "b": 1000.0, "c": 3000.0}
+
+
+def member(name: str, *resident: str, backlog_ms: float = 0.0, ready: bool = True) -> Member:
+    return Member(name, frozenset(resident), backlog_ms, 4000.0, ready=ready)
+
+
+def test_the_work_term_is_the_classes_work_over_their_utilisation_bound() -> None:
+    tight = ClassLoad("i", 10.0, {"a": 100.0}, deadline_ms=400.0, path_ms=100.0)
+    loose = ClassLoad("s", 10.0, {"b": 100.0}, deadline_ms=None, path_ms=100.0)
+    need = workers_needed([tight, loose], [member("w")], SIZES, max_util=0.8)
+    expect = 1.0 / target_utilisation(100.0, 400.0, 0.8) + 1.0 / 0.8
+    assert need.work_workers == pytest.approx(expect)
+    assert need.now == math.ceil(expect)
+
+
+def test_a_rising_rate_asks_for_workers_ahead_and_a_falling_one_keeps_now() -> None:
+    rising = ClassLoad("i", 10.0, {"a": 100.0}, path_ms=100.0, trend_per_s2=1.0)
+    need = workers_needed([rising], [member("w")], SIZES, horizon_s=30.0)
+    assert need.horizon > need.now  # 40 jobs/s in 30 s: four times the work
+    falling = ClassLoad("i", 10.0, {"a": 100.0}, path_ms=100.0, trend_per_s2=-1.0)
+    need = workers_needed([falling], [member("w")], SIZES, horizon_s=30.0)
+    assert need.horizon == need.now
+
+
+def test_queued_work_asks_for_workers_to_drain_it_over_the_horizon() -> None:
+    load = [ClassLoad("i", 1.0, {"a": 10.0}, path_ms=10.0)]
+    idle = workers_needed(load, [member("w")], SIZES, horizon_s=10.0)
+    behind = workers_needed(load, [member("w", backlog_ms=50_000.0)], SIZES, horizon_s=10.0)
+    assert behind.backlog_workers == pytest.approx(5.0)
+    assert behind.now >= idle.now + 5
+
+
+def test_no_load_keeps_the_minimum() -> None:
+    assert workers_needed([], [], SIZES, min_workers=2).now == 2
+    assert workers_needed([ClassLoad("i", 0.0, {"a": 10.0})], [member("w")], SIZES).now == 1
+
+
+def test_memory_asks_for_a_worker_per_replica_set_that_fits() -> None:
+    # three models of 1, 1 and 3 GB on 4 GB workers, each asked for: two workers' memory
+    load = [ClassLoad("i", 1.0, {"a": 1.0, "b": 1.0, "c": 1.0}, path_ms=3.0)]
+    need = workers_needed(load, [member("w")], SIZES)
+    assert need.by_memory == 2 and need.now == 2
+
+
+def test_a_new_worker_preloads_the_most_missing_models_that_fit() -> None:
+    need = Need(3, 3, targets={"a": 3, "b": 1, "c": 2})
+    hints = preload_hints(2, need, [member("w1", "a", "b")], SIZES, 4000.0)
+    # a is missing twice, c twice, b never: each new worker gets one copy of each
+    assert hints == [("a", "c"), ("a", "c")]
+    # workers starting count with their hints: one more copy of each is still missing
+    starting = [member("w1", "a", "b"), member("w2", "a", "c", ready=False)]
+    assert preload_hints(2, need, starting, SIZES, 4000.0) == [("a", "c"), ()]
+    small = preload_hints(1, need, [member("w1", "a", "b")], SIZES, 2500.0)
+    assert small == [("a",)]  # c (3 GB) does not fit 2.5 GB after a
+
+
+def test_the_worker_drained_is_the_one_whose_loss_costs_least() -> None:
+    need = Need(2, 2, targets={"a": 1, "b": 2})
+    members = [member("w1", "a"), member("w2", "b"), member("w3", "b", backlog_ms=10.0),
+               member("w4", ready=False)]
+    # w1 holds the only copy of a; w2 and w3 the two copies b needs; w3 has work queued
+    assert choose_removals(1, members, need) == ["w2"]
+    # a starting worker is never drained, even when asked for more than the ready ones
+    # (once w2 is gone, w3 holds b's last copy and its queued work: it goes last)
+    assert choose_removals(5, members, need) == ["w2", "w1", "w3"]
+
+
+def test_a_surplus_copy_costs_nothing_to_drop() -> None:
+    need = Need(1, 1, targets={"a": 1})
+    members = [member("w1", "a", backlog_ms=5.0), member("w2", "a", backlog_ms=5.0)]
+    assert choose_removals(1, members, need) == ["w2"]  # ties go to the last name
+
+
+def test_the_damper_scales_up_at_once_and_down_after_the_window() -> None:
+    damper = Damper(down_window_s=10.0)
+    assert damper.step(0.0, 3) == 3
+    assert damper.step(1.0, 8) == 8  # up at once
+    assert damper.step(2.0, 2) == 8  # a dip inside the window changes nothing
+    assert damper.step(10.5, 2) == 8
+    assert damper.step(11.5, 2) == 2  # the 8 left the window
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 20), min_size=1, max_size=60), st.floats(0.5, 20.0))
+def test_the_damper_never_goes_below_any_recommendation_in_its_window(
+        wants: list[int], window: float) -> None:
+    damper = Damper(window)
+    for t, want in enumerate(wants):
+        held = damper.step(float(t), want)
+        assert held == max(w for s, w in enumerate(wants[:t + 1]) if s >= t - window)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.booleans()), max_size=8),
+       st.integers(0, 6), st.dictionaries(st.sampled_from("abc"), st.integers(1, 4)))
+def test_removals_are_ready_distinct_and_as_many_as_asked(
+        spec: list[tuple[str, bool]], count: int, targets: dict[str, int]) -> None:
+    members = [member(f"w{i}", model, ready=ready) for i, (model, ready) in enumerate(spec)]
+    out = choose_removals(count, members, Need(1, 1, targets=targets))
+    ready = {m.name for m in members if m.ready}
+    assert len(out) == len(set(out)) == min(count, len(ready))
+    assert set(out) <= ready
+
+
+def test_the_rate_window_counts_the_last_window_and_sees_a_clear_rise() -> None:
+    window = RateWindow(window_s=10.0)
+    for i in range(100):  # 2 jobs/s for 5 s, then 18 jobs/s for 5 s
+        window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 18.0)
+    rate, trend = window.rates(20.0)["i"]
+    assert rate == pytest.approx(10.0)
+    assert trend == pytest.approx((90 - 10) / 5.0 / 5.0)
+    window.observe("i", 40.0)
+    assert window.rates(40.0)["i"] == (pytest.approx(0.1), 0.0)  # old arrivals forgotten
+
+
+def test_a_steady_rate_has_no_trend() -> None:
+    window = RateWindow(window_s=10.0)
+    for i in range(200):
+        window.observe("i", i * 0.1 + (0.03 if i % 2 else 0.0))
+    assert window.rates(20.0)["i"][1] == 0.0
+
+
+def test_decide_adds_hinted_workers_and_drains_the_cheapest() -> None:
+    damper = Damper(down_window_s=5.0)
+    busy = [ClassLoad("i", 40.0, {"a": 100.0}, deadline_ms=1000.0, path_ms=100.0)]
+    d = decide(busy, [member("w1", "a")], SIZES, damper, 0.0)
+    assert d.target == len(d.add) + 1 and d.add and all(h == ("a",) for h in d.add[:1])
+    members = [member(f"w{i}", "a", backlog_ms=float(i)) for i in range(d.target)]
+    quiet = [ClassLoad("i", 1.0, {"a": 100.0}, deadline_ms=1000.0, path_ms=100.0)]
+    assert decide(quiet, members, SIZES, damper, 1.0).remove == ()  # inside the window
+    later = decide(quiet, members, SIZES, damper, 10.0)
+    assert later.target == 1
+    # the idlest go first; the one with the most queued keeps the last copy of a
+    assert later.remove == tuple(f"w{i}" for i in range(d.target - 1))
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="horizon_s"):
+        workers_needed([], [], SIZES, horizon_s=0.0)
+    with pytest.raises(ValueError, match="down_window_s"):
+        Damper(-1.0)
+    with pytest.raises(ValueError, match="window_s"):
+        RateWindow(0.0)
