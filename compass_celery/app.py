@@ -122,6 +122,11 @@ class Compass:
             # a RabbitMQ worker cannot take waiting messages by content: it runs each input
             # alone, so there is never a batch to join and each input costs a full run
             out["batch_aware"] = False
+        if (conf.broker_url or "").startswith(REDIS_SCHEMES):
+            from .broker.fetch import ring_compass_queues
+
+            # every push onto a compass queue wakes its idle consumer (the atomic fetch)
+            ring_compass_queues(out["queue_prefix"], out["shared_queue"])
         return out
 
     @property
@@ -302,13 +307,29 @@ class Compass:
     def close(self) -> None:
         """Release what this app's compass started in this process: the publish hook, the
         snapshot reader's and the charge batcher's threads (charges gathered are written
-        first). The app keeps working: a later task starts them again when it needs them."""
+        first), and, as :meth:`reset` does, the eager-mode workers and the placements
+        remembered. The app keeps working: a later task starts them again when it needs
+        them."""
         signals.before_task_publish.disconnect(self._before_publish)
         if "reader" in self.__dict__:
             self.reader.close()
         if self.router.charges is not None:
             self.router.charges.close()
             self.router.charges = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget this process's eager-mode cluster (the workers declared with
+        ``add_worker``, their backlogs and learned run times) and the placements
+        :meth:`placement` remembers, so the next test starts from none. A Redis store is
+        left as it is: its state is the cluster's, not this process's."""
+        if self._own_store and isinstance(self._store, MemoryStateStore):
+            if "reader" in self.__dict__:
+                self.reader.close()
+            self._store = None
+            for made in ("reader", "queues"):
+                self.__dict__.pop(made, None)
+        self.decisions.clear()
 
     def _before_publish(self, sender: str | None = None, headers: dict | None = None,
                         body: Any = None, properties: dict | None = None, **kw: Any) -> None:

@@ -100,3 +100,19 @@ def test_eager_without_workers_records_fallback():
     res = m.delay()
     assert res.get() == "ok"
     assert compass.placement(res.id).fallback
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_reset_forgets_the_eager_workers_of_an_earlier_test(eager_app, how):
+    """An app built once (a module's ``app``) and declared on by test after test: without
+    a reset the earlier test's workers stay and win the placement."""
+    compass = eager_app.compass
+    first = eager_app.tasks["t.caption"].delay("a")  # an earlier test: placed on "cap"
+    assert compass.placement(first.id).worker == "cap"
+    getattr(compass, how)()
+    add_worker(eager_app, "cpu9", gpu_mb=1600)  # the next test's only worker
+    res = eager_app.tasks["t.caption"].delay("b")
+    assert res.get() == "B"
+    assert compass.placement(res.id).worker == "cpu9"
+    assert [w.name for w in compass.store.snapshot(10**12, 10**13).workers] == ["cpu9"]
+    assert compass.placement(first.id) is None
