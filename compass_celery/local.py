@@ -113,7 +113,10 @@ class RedisServer:
 
 
 class WorkerProcess:
-    """A real ``celery worker`` in its own process group (solo pool: one GPU, one task)."""
+    """A real ``celery worker`` in its own process group (solo pool: one GPU, one task).
+
+    It logs to ``log_path``; without one, to a private temporary folder that :meth:`stop`
+    removes, keeping the log's text for :meth:`log` (nothing is left in the temp dir)."""
 
     def __init__(self, app: str, name: str, args: Sequence[str] = (),
                  env: dict[str, str] | None = None, log_path: str | None = None,
@@ -121,15 +124,21 @@ class WorkerProcess:
         self.app, self.name, self.args = app, name, list(args)
         self.wrapper = list(wrapper)  # e.g. ["ip", "netns", "exec", "host1"]: another "host"
         self.env = {**os.environ, **(env or {})}
-        self.log_path = log_path or os.path.join(tempfile.gettempdir(),
-                                                 f"compass-{name.replace('@', '_')}.log")
+        self._private, self._own_dir, self._last_log = log_path is None, None, ""
+        self.log_path = log_path or ""  # a private one is made at start
         self.proc: subprocess.Popen[bytes] | None = None
+
+    def _private_log(self) -> str:
+        self._own_dir = tempfile.mkdtemp(prefix="compass-worker-")
+        return os.path.join(self._own_dir, f"{self.name.replace('@', '_')}.log")
 
     def start(self) -> WorkerProcess:
         """Launch the worker in a new session (its own process group), logging to ``log_path``."""
         cmd = [*self.wrapper, sys.executable, "-m", "celery", "-A", self.app, "worker",
                "-P", "solo", "-n", self.name, "--loglevel", "INFO", "--without-gossip",
                "--without-mingle", "--without-heartbeat", *self.args]
+        if self._private and (self._own_dir is None or not os.path.isdir(self._own_dir)):
+            self.log_path = self._private_log()
         log = open(self.log_path, "wb")  # noqa: SIM115 - handed to the child
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
                                      cwd=str(Path.cwd()), start_new_session=True)
@@ -148,9 +157,7 @@ class WorkerProcess:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Warm shutdown: SIGTERM the process group, SIGKILL it after ``timeout`` s."""
-        if self.proc is None:
-            return
-        if self.alive():
+        if self.proc is not None and self.alive():
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
@@ -158,10 +165,14 @@ class WorkerProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self.proc = None
+        if self._own_dir is not None and os.path.isdir(self._own_dir):
+            self._last_log = self.log()
+            shutil.rmtree(self._own_dir, ignore_errors=True)
 
     def log(self) -> str:
-        """The worker's log so far (empty when it cannot be read)."""
+        """The worker's log so far (empty when it cannot be read); after :meth:`stop`, a
+        private log's last text."""
         try:
             return Path(self.log_path).read_text(errors="replace")
         except OSError:
-            return ""
+            return self._last_log

@@ -41,10 +41,10 @@ PLACEMENT_FIELDS = ("compass: worker=", "policy=", "est_finish=", "moved_from=",
 class Flower:
     """A ``celery flower`` process on a free local port; its log for failure messages."""
 
-    def __init__(self, broker_url: str) -> None:
+    def __init__(self, broker_url: str, log_dir: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = os.path.join(tempfile.gettempdir(), f"compass-flower-{self.port}.log")
+        self.log_path = str(log_dir / "flower.log")  # the test's tmp_path: removed on a pass
         env = {**os.environ, "COMPASS_BROKER_URL": broker_url,
                "FLOWER_UNAUTHENTICATED_API": "true"}  # the REST API, for this test only
         with open(self.log_path, "wb") as log:
@@ -107,10 +107,10 @@ def screenshot(url: str, path: Path) -> None:
 
 
 @pytest.fixture
-def flower(compass_redis_url: str) -> Iterator[Flower]:
+def flower(compass_redis_url: str, tmp_path: Path) -> Iterator[Flower]:
     if CHROMIUM is None:
         pytest.skip("chromium not installed (Debian: apt-get install chromium)")
-    proc = Flower(compass_redis_url)
+    proc = Flower(compass_redis_url, tmp_path)
     try:
         wait_until(lambda: proc.get("/healthcheck")[0] == 200 or proc.proc.poll() is not None,
                    60, "flower to answer")
