@@ -16,6 +16,7 @@ from . import ledger
 from .admission import task_call
 from .eager import place_eagerly
 from .errors import SendFailed, SetupError
+from .jobs.limits import check_task_input
 from .needs import batch_options, check_batched_call, declared
 from .state.urls import masked
 
@@ -66,6 +67,7 @@ class CompassTaskMixin:
         compass = getattr(self.app, "compass", None)  # type: ignore[attr-defined]
         if compass is not None:
             options = task_call(compass, self, options)
+            check_task_input(compass.settings, self, args, kwargs, options)
         try:
             return super().apply_async(args, kwargs, **options)  # type: ignore[misc]
         except (*UNREACHABLE, RuntimeError) as exc:
@@ -100,15 +102,36 @@ class CompassTaskMixin:
 
 def refuse_bound_tasks(app: Celery) -> None:
     """Refuse ``Compass(app)`` on an app whose compass tasks are already bound: they were
-    built from the plain ``app.Task``, so eager mode could not place them."""
+    built from the plain ``app.Task``, so eager mode could not place them. Another compass
+    app's tasks, which Celery binds into this one too (``shared`` tasks), are not named."""
     # the registry as it is now (app.tasks would finalize the app and bind the rest)
     bound = sorted(name for name, task in dict(app._tasks).items()
-                   if not isinstance(task, CompassTaskMixin) and declared(task))
+                   if not isinstance(task, CompassTaskMixin) and declared(task)
+                   and not _another_apps(app, name, task))
     if bound:
         raise SetupError(
             f"Compass(app) must be called before the app's tasks are bound; these were "
             f"bound already: {', '.join(bound)}. Call Compass(app) right after creating the "
             f"app, before anything reads app.tasks or a task's attributes")
+
+
+def _another_apps(app: Celery, name: str, task: Any) -> bool:
+    """Whether ``task`` is another compass app's, bound here only as a Celery shared task:
+    a live app other than ``app`` holds a compass task of that name on the same function."""
+    from celery._state import _get_active_apps
+
+    run = _function(task)
+    for other in _get_active_apps():
+        theirs = dict(other._tasks).get(name) if other is not app else None
+        if isinstance(theirs, CompassTaskMixin) and _function(theirs) is run:
+            return True
+    return False
+
+
+def _function(task: Any) -> Any:
+    """The function a decorated task runs (its class's ``run``, unwrapped)."""
+    run = type(task).__dict__.get("run")
+    return getattr(run, "__func__", run)
 
 
 def install_task_class(app: Celery) -> None:

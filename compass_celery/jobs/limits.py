@@ -4,7 +4,8 @@ each node's output, checked as soon as its size is known.
 An input travels in its node's message (and, for a node after others, in the job record
 until the job expires); an output is kept in the job record for the job's TTL. Neither
 is bounded by anything else, so one large job could fill Redis: both are refused with
-an error naming the node, the size and the setting. The same checks run in eager mode.
+an error naming the node, the size and the setting. The same checks run in eager mode,
+and a plain task's arguments meet the same input limit when it is sent.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from kombu.utils import json as kombu_json
+
 from ..dag_validation import DagValidationError
+from ..needs import declared
 
 #: What to do about data over the limits, said with every refusal.
 PASS_A_REFERENCE = ("pass a reference instead (a URL, an object-store key or a path the "
@@ -29,19 +33,45 @@ def input_bytes(node: Mapping[str, Any]) -> int:
     return len(json.dumps([node["args"], node["kwargs"]]))
 
 
+def input_too_large(settings: Mapping[str, Any], what: str, size: int
+                    ) -> JobInputTooLarge | None:
+    """The error for an input of ``size`` bytes over ``compass_max_input_kb`` (``what``
+    names whose: a job's node, a task), or None when it fits: one refusal for both."""
+    limit = settings["max_input_kb"]
+    if size <= limit * 1024:
+        return None
+    return JobInputTooLarge(f"{what} is {size / 1024:.0f} KB, over "
+                            f"compass_max_input_kb={limit:g}: {PASS_A_REFERENCE}")
+
+
+def check_task_input(settings: Mapping[str, Any], task: Any, args: Any, kwargs: Any,
+                     options: Mapping[str, Any]) -> None:
+    """Refuse, before it is sent, a task compass places (declared, or given compass
+    options) whose arguments are over ``compass_max_input_kb``, as a job's node is
+    refused; sized as its message carries them (Celery's JSON). Arguments JSON cannot
+    carry are left to Celery's own error."""
+    if not (declared(task) or options.get("compass")):
+        return
+    try:
+        size = len(kombu_json.dumps([list(args or ()), dict(kwargs or {})]))
+    except (TypeError, ValueError):
+        return
+    error = input_too_large(settings, f"task {task.name!r} input (its arguments)", size)
+    if error is not None:
+        raise error
+
+
 def check_submission(settings: Mapping[str, Any], dag: str,
                      nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse a job, before anything is written or sent, whose node input is over
     ``compass_max_input_kb`` or whose node declares an output over ``compass_max_output_kb``
     (it would fail once run: refused while the size is known for free)."""
-    max_in, max_out = settings["max_input_kb"], settings["max_output_kb"]
+    max_out = settings["max_output_kb"]
     for name, node in nodes.items():
-        size = input_bytes(node)
-        if size > max_in * 1024:
-            raise JobInputTooLarge(
-                f"DAG {dag!r}: node {name!r} input ({node['task']} arguments) is "
-                f"{size / 1024:.0f} KB, over compass_max_input_kb={max_in:g}: "
-                f"{PASS_A_REFERENCE}")
+        error = input_too_large(settings, f"DAG {dag!r}: node {name!r} input "
+                                f"({node['task']} arguments)", input_bytes(node))
+        if error is not None:
+            raise error
         declared = float(node.get("output_kb") or 0.0)
         if declared > max_out:
             raise DagValidationError(

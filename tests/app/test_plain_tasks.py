@@ -107,3 +107,47 @@ def test_a_priority_outside_0_to_9_is_refused_naming_it(eager_app, level: object
         own.apply_async()
     assert t.apply_async((5,), priority=9).get() == 5
     assert t.apply_async((6,), priority="interactive").get() == 6
+
+
+def test_a_plain_tasks_input_over_the_limit_is_refused_as_a_dags(eager_app) -> None:
+    """``compass_max_input_kb`` bounds a plain task's arguments too (it bounded only a
+    Dag's nodes: a 50 MB argument was taken and held a worker for a minute), with the
+    same error, before anything runs; a Dag's node gets the same refusal."""
+    from compass_celery import Dag
+    from compass_celery.jobs.limits import JobInputTooLarge
+
+    eager_app.conf.compass_max_input_kb = 1
+    eager_app.compass.__dict__.pop("settings", None)
+    t = eager_app.tasks["p.t"]
+    big = "x" * 2048
+    with pytest.raises(JobInputTooLarge, match=r"task 'p.t'.* 2 KB, over "
+                       r"compass_max_input_kb=1: pass a reference"):
+        t.delay(big)
+    with pytest.raises(JobInputTooLarge, match="over compass_max_input_kb=1"):
+        t.apply_async(kwargs={"x": big})
+    assert t.delay("small").get() == "small"
+    dag = Dag(eager_app, "big")
+    dag.node("a", t.s(big))
+    with pytest.raises(JobInputTooLarge, match="node 'a'.*over compass_max_input_kb=1"):
+        dag.apply_async()
+
+
+@pytest.mark.redis
+def test_a_plain_task_over_the_input_limit_is_not_queued(compass_redis_url: str) -> None:
+    """On a Redis broker the refusal comes before the send: nothing is queued."""
+    from compass_celery.jobs.limits import JobInputTooLarge
+
+    app = Celery("plain-big", broker=compass_redis_url, backend=compass_redis_url,
+                 set_as_current=False)
+    app.conf.update(compass_models={"m": 10.0}, compass_max_input_kb=1)
+    Compass(app)
+    t = _task(app, "p.big")
+    client = redis.Redis.from_url(compass_redis_url)
+    before = {k: client.llen(k) for k in client.keys("*") if client.type(k) == b"list"}
+    try:
+        with pytest.raises(JobInputTooLarge, match="task 'p.big'"):
+            t.delay("x" * 4096)
+        after = {k: client.llen(k) for k in client.keys("*") if client.type(k) == b"list"}
+        assert after == before
+    finally:
+        app.compass.close()
