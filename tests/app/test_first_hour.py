@@ -49,6 +49,35 @@ def test_compass_after_the_tasks_are_bound_says_to_call_it_first() -> None:
         Compass(app)
 
 
+def test_the_refusal_names_only_this_apps_tasks() -> None:
+    """Celery binds another app's shared ``@app.task`` into this one when it finalizes:
+    that task is not this app's mistake, so the refusal names only this app's own."""
+    from celery import _state
+
+    shared_before = set(_state._on_app_finalizers)
+    try:
+        other = _app()
+        Compass(other)
+
+        @other.task(name="first.others", compass_model="m", compass_exec_ms=10)  # shared
+        def others() -> int:
+            return 1
+
+        assert others.name == "first.others"
+        app = _app()
+
+        @app.task(name="first.mine", shared=False, compass_model="m", compass_exec_ms=10)
+        def mine() -> int:
+            return 2
+
+        assert "first.others" in app.tasks  # finalized: the shared task is bound here too
+        with pytest.raises(CompassInputError, match=r"already: first\.mine\. Call") as err:
+            Compass(app)
+        assert "first.others" not in str(err.value)
+    finally:  # later apps in this process must not inherit it
+        _state._on_app_finalizers.intersection_update(shared_before)
+
+
 def test_a_plain_task_bound_before_compass_is_fine() -> None:
     app = _app()
 
