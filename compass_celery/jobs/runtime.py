@@ -13,7 +13,6 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
@@ -25,6 +24,7 @@ from ..placement import Decision
 from ..planner.adjust import choose_successor
 from ..planner.admission import ERROR_QUANTILE, ERROR_STEP_MS, should_shed
 from ..planner.batch import batch_from_record
+from ..planner.cost import settled
 from ..planner.demand import cluster_demand
 from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
@@ -254,8 +254,8 @@ class JobRuntime:
         if snapshot is not None:
             workers = snapshot.workers
             if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
-                workers = tuple(replace(w, backlog_ms=max(0.0, w.backlog_ms - unsettled_ms))
-                                if w.name == self.name else w for w in workers)
+                workers = tuple(settled(w, unsettled_ms) if w.name == self.name else w
+                                for w in workers)
             workers = for_priority(workers, node.get("priority"))  # what it would overtake
             planned_worker = planned["worker"] if planned else ""
             # its record: a plan that still holds is kept without building the cluster view
@@ -269,7 +269,7 @@ class JobRuntime:
                                        demand=cluster_demand(workers),
                                        load_ms=learned_loads(snapshot.profiles)),
                 where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
-                adjusts=c.policy.adjusts, planned=record)
+                adjusts=c.policy.adjusts, planned=record, now=snapshot.taken_at)
         if better is not None:
             moved_from = planned["worker"] if planned else None
             placement = better

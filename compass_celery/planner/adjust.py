@@ -17,7 +17,15 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 from .choose import candidates, check_task, choose
-from .cost import WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
+from .cost import (
+    WorkerArrays,
+    backlog_left_ms,
+    finish_ms,
+    load_terms,
+    run_ms,
+    start_ms,
+    worker_arrays,
+)
 from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
@@ -41,6 +49,7 @@ def choose_successor(
     is_join: bool,
     adjusts: bool,
     planned: WorkerView | None = None,
+    now: float = 0.0,
 ) -> Placement | None:
     """Where a released successor runs: a new placement, or None to keep its planned worker.
 
@@ -51,12 +60,13 @@ def choose_successor(
     ``cluster`` may be a callable that builds the snapshot: with ``planned`` (the planned
     worker's own current record, when the caller holds it without a snapshot, as the
     simulator does) a plan that :func:`plan_still_holds` is kept without building one,
-    which is what happens to most successors.
+    which is what happens to most successors. ``now`` is the time on the clock of its
+    record's running tasks (what of them has run is not ahead: ``backlog_left_ms``).
     """
     if not adjusts:
         return None
     if planned is not None and planned.name == planned_worker and plan_still_holds(
-            planned.backlog_ms, task.exec_ms / planned.speed, factor):
+            backlog_left_ms(planned, now), task.exec_ms / planned.speed, factor):
         return None  # reassign keeps it too; skip the snapshot and the costing
     view = cluster() if callable(cluster) else cluster
     if not view.workers:
@@ -105,7 +115,7 @@ def reassign(
         if i is not None:
             kb[i] = total - here
     transfer = kb * arr.ms_per_kb
-    avail = arr.backlog_ms
+    avail = arr.backlog_left_ms(cluster.now)
     start = start_ms(avail, transfer, arr.hop_ms)
     load, hidden = _load(task, arr, size, transfer, start, cluster.now)
     run = run_ms(task.exec_ms, arr.speed)

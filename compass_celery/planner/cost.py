@@ -57,11 +57,18 @@ class WorkerArrays:
     #: Loads under way (``WorkerView.loading``) by worker index, for the workers loading
     #: something: model -> (began, ends).
     loading: Mapping[int, Mapping[str, tuple[float, float]]] = field(default_factory=dict)
+    #: Tasks running now (``WorkerView.running``), one column per task a worker runs at
+    #: once (workers by rows, padded with zero charges): when each began, when it should
+    #: end, and what it charged; :meth:`backlog_left_ms` takes off what of them has run.
+    run_began: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    run_ends: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
+    run_charge: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
 
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
     _means: dict[tuple[str, bool], float] = field(default_factory=dict)
+    _left: dict[float, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -110,9 +117,26 @@ class WorkerArrays:
                 np.mean(1.0 / values if inverse else values))
         return value
 
-    def available_ms(self, count_pending: bool) -> np.ndarray:
-        """ms until each worker is free: backlog, plus planned-not-sent work if counted."""
-        return self.backlog_ms + self.pending_ms if count_pending else self.backlog_ms.copy()
+    def backlog_left_ms(self, now: float) -> np.ndarray:
+        """Each worker's backlog at ``now`` less the part of its running tasks already run
+        (:func:`ran_ms`; the scalar reference is :func:`backlog_left_ms`). Read-only."""
+        left = self._left.get(now)
+        if left is None:
+            if not self.run_charge.shape[1]:  # nothing runs anywhere
+                left = self.backlog_ms
+            else:
+                ran = ran_ms(self.run_began, self.run_ends, self.run_charge, now).sum(axis=1)
+                left = np.maximum(self.backlog_ms - ran, 0.0)
+            if len(self._left) > 4:  # one snapshot, a few clocks (the simulator's)
+                self._left.clear()
+            self._left[now] = left
+        return left
+
+    def available_ms(self, count_pending: bool, now: float = 0.0) -> np.ndarray:
+        """ms until each worker is free: backlog (less what its running tasks have run by
+        ``now``), plus planned-not-sent work if counted."""
+        left = self.backlog_left_ms(now)
+        return left + self.pending_ms if count_pending else left.copy()
 
 
 _FIELDS = (
@@ -139,6 +163,40 @@ def worker_arrays(cluster: ClusterView) -> WorkerArrays:
     arrays = build_worker_arrays(cluster)
     remember_arrays(cluster, arrays)
     return arrays
+
+
+def ran_ms(began: Any, ends: Any, charge_ms: Any, now: float) -> Any:
+    """The part of a running task's charge already run at ``now``: ``charge_ms`` times the
+    share of its span [``began``, ``ends``] gone by, 0 to 1 (clipped: the worker's clock
+    and the reader's may differ a little; all of it once the span has passed, or when it
+    is empty). A task still running past its expected end is counted as about to end.
+    Elementwise on numpy arrays (``WorkerArrays.backlog_left_ms``) or on floats: the one
+    rule for every reader of a backlog, the simulator's too."""
+    span = ends - began
+    gone = np.where(span > 0, (now - began) / np.where(span > 0, span, 1.0), 1.0)
+    return charge_ms * np.minimum(np.maximum(gone, 0.0), 1.0)
+
+
+def backlog_left_ms(worker: WorkerView, now: float) -> float:
+    """The scalar reference of ``WorkerArrays.backlog_left_ms``: ``worker``'s backlog at
+    ``now`` less what its running tasks have run (:func:`ran_ms`), never below 0."""
+    if not worker.running:
+        return worker.backlog_ms
+    ran = sum(float(ran_ms(b, e, c, now)) for b, e, c in worker.running)
+    return max(worker.backlog_ms - ran, 0.0)
+
+
+def settled(worker: WorkerView, charge_ms: float) -> WorkerView:
+    """``worker`` once a task that charged it ``charge_ms`` has ended, before its record
+    and backlog say so: the charge off its backlog, and the task (the first running one
+    of that charge) off what runs, so that what it ran is not taken off a second time."""
+    running = list(worker.running)
+    for k, span in enumerate(running):
+        if span[2] == charge_ms:
+            del running[k]
+            break
+    return evolve(worker, backlog_ms=max(0.0, worker.backlog_ms - charge_ms),
+                  running=tuple(running))
 
 
 def left_share(began: float, ends: float, now: float) -> float:
@@ -172,6 +230,7 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
     names = tuple(w.name for w in workers)
     columns = {f: np.ascontiguousarray(table[:, k]) for k, f in enumerate(_FIELDS)}
     return WorkerArrays(
+        **run_columns([w.running for w in workers]),
         names=names,
         queues=tuple(w.queue for w in workers),
         index={name: i for i, name in enumerate(names)},
@@ -187,6 +246,47 @@ def build_worker_arrays(cluster: ClusterView) -> WorkerArrays:
         host_ms_per_mb=MS_PER_S / columns["host_load_mb_per_s"],
         **columns,
     )
+
+
+#: A worker's running tasks as ``WorkerView.running`` holds them: (began, ends, charge_ms).
+Spans = tuple[tuple[float, float, float], ...]
+
+
+def run_columns(running: Sequence[Spans]) -> dict[str, np.ndarray]:
+    """The ``run_*`` columns of :class:`WorkerArrays` from each worker's running tasks:
+    a row per worker, its tasks packed from the left, as many columns as the busiest
+    worker runs tasks (0 when none runs); a task that charged nothing is left out."""
+    rows: list[int] = []
+    ks: list[int] = []
+    spans: list[tuple[float, float, float]] = []
+    for i, on in enumerate(running):
+        if on:
+            for k, span in enumerate(s for s in on if s[2] > 0):
+                rows.append(i)
+                ks.append(k)
+                spans.append(span)
+    cols = np.zeros((3, len(running), max(ks) + 1 if ks else 0))
+    if spans:
+        cols[:, rows, ks] = np.array(spans, dtype=float).T
+    return {"run_began": cols[0], "run_ends": cols[1], "run_charge": cols[2]}
+
+
+def _run_rows(arrays: WorkerArrays, at: np.ndarray, running: Sequence[Spans]
+              ) -> dict[str, np.ndarray]:
+    """The ``run_*`` columns with the rows ``at`` rewritten from ``running`` (copies), as
+    :func:`run_columns` would build them for every row."""
+    new = run_columns(running)
+    n, m = len(arrays), max(arrays.run_charge.shape[1], new["run_charge"].shape[1])
+    out = {}
+    for name in ("run_began", "run_ends", "run_charge"):
+        col = np.zeros((n, m))
+        old = getattr(arrays, name)
+        col[:, :old.shape[1]] = old
+        col[at] = 0.0
+        col[at, :new[name].shape[1]] = new[name]
+        out[name] = col
+    width = int((out["run_charge"] > 0).sum(axis=1).max()) if n else 0
+    return {name: np.ascontiguousarray(col[:, :width]) for name, col in out.items()}
 
 
 def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
@@ -214,7 +314,9 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
                               count=len(views) * width).reshape(len(views), width)
             fields = np.flatnonzero((table != was).any(axis=0)).tolist()
         sets: set[str] = set()
+        ran = False
         for w, o in zip(views, old, strict=True):  # decoded sets are shared: mostly `is`
+            ran = ran or (w.running is not o.running and w.running != o.running)
             if w.resident is not o.resident and w.resident != o.resident:
                 sets.add("resident")
             if w.host_resident is not o.host_resident and w.host_resident != o.host_resident:
@@ -223,7 +325,10 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         fields = [k for k, f in enumerate(_FIELDS)
                   if not np.array_equal(getattr(arrays, f)[at], table[:, k])]
         sets = {"resident", "host_resident"}
+        ran = True
     changes: dict[str, Any] = {}
+    if ran:
+        changes.update(_run_rows(arrays, at, [w.running for w in views]))
     for k in fields:
         changes[_FIELDS[k]] = column = getattr(arrays, _FIELDS[k]).copy()
         column[at] = table[:, k]
@@ -245,6 +350,8 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
+    if changes.keys() & {"backlog_ms", "run_charge"}:
+        changes["_left"] = {}  # backlog_left_ms reads these
     if arrays.loading or any(w.loading for w in rows.values()):
         loading = {i: on for i, on in arrays.loading.items() if i not in rows}
         loading.update((i, w.loading) for i, w in rows.items() if w.loading)

@@ -10,8 +10,10 @@ which worker holds what, and each class's deadline. The rule:
    fleet's mean speed). A worker may be busy a share ``rho_c`` of its time
    (:func:`~compass_celery.planner.capacity.target_utilisation`, the capacity signal's
    M/M/1 bound on the class's critical path and deadline). Workers for the work =
-   ``sum_c work_c / (1000 rho_c)``, plus what is already queued, drained over the
-   horizon (``backlog / (1000 x horizon_s)``).
+   ``sum_c work_c / (1000 rho_c)``, plus the queued work beyond what each worker can
+   run within the tightest deadline, drained over the horizon (the queueing the
+   utilisation bound allows is already in the first term; only a backlog past it means
+   the rate estimate lags).
 2. **Over a horizon.** The same with each class's rate moved along its trend for
    ``horizon_s`` (a rising rate asks for workers before the queue shows it; a falling
    one is not counted on: the horizon takes the larger of the two).
@@ -133,7 +135,9 @@ def workers_needed(classes: Sequence[ClassLoad], members: Sequence[Member],
         raise ValueError(f"max_util must be in (0, 1], got {max_util!r}")
     speed = sum(m.speed for m in members) / len(members) if members else 1.0
     gpu_mb = max((m.gpu_mb for m in members), default=0.0)
-    backlog = sum(m.backlog_ms for m in members) / speed / (1000.0 * horizon_s)
+    tightest = min((c.deadline_ms for c in classes if c.deadline_ms), default=0.0)
+    excess = sum(max(m.backlog_ms / m.speed - tightest, 0.0) for m in members)
+    backlog = excess / (1000.0 * horizon_s)
 
     def count(ahead_s: float) -> tuple[int, float, int, dict[str, int]]:
         targets = replica_targets(_model_demand(classes, speed, ahead_s), busy=busy)

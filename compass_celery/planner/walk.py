@@ -65,7 +65,7 @@ class Walk:
         self.arr = arrays if arrays is not None else worker_arrays(cluster)
         self.use_load = use_load
         self.use_transfer = use_transfer
-        self.avail = self.arr.available_ms(count_pending)
+        self.avail = self.arr.available_ms(count_pending, cluster.now)
         self.free = self.arr.gpu_free_mb.copy()
         self.loader = np.zeros(len(self.arr))  # per worker: when this plan's loads end
         self.finish: dict[str, float] = {}

@@ -150,7 +150,8 @@ class SimWorker:
     def touch(self) -> None:
         """Mark this worker changed, so the next snapshot re-reads it."""
         self._view = None
-        self.cluster.dirty.add(self.index)
+        if self.index >= 0:  # -1: retired (draining), out of the snapshot
+            self.cluster.dirty.add(self.index)
 
     def view(self) -> WorkerView:
         """This worker's record as a real worker would publish it (cached until touched)."""
@@ -165,8 +166,18 @@ class SimWorker:
                 pending_queued_ms={q: ms for q, ms in self.pending_levels.items() if ms > 0},
                 hop_ms=self.published_hop_ms,
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
-                loading=dict(self.in_flight), queued_ms=self.queue.queued_ms())
+                loading=dict(self.in_flight), queued_ms=self.queue.queued_ms(),
+                running=self._running_span())
         return self._view
+
+    def _running_span(self) -> tuple[tuple[float, float, float], ...]:
+        """What runs now as a real worker publishes it: when it began, when its charge
+        says it ends, and that charge (a batched pass: the whole pass, charged as one)."""
+        task = self.running
+        if task is None:
+            return ()
+        charge = self.batch_ms if self.members else task.charged_ms
+        return ((task.start_at, task.start_at + charge, charge),)
 
     def preload(self, models: Iterable[str]) -> None:
         """Make ``models`` resident before the run, pinned: never evicted, no load counted
@@ -184,6 +195,13 @@ class SimWorker:
         for model in models:
             self.decider.on_loaded(model, now=self.engine.now)
         self.touch()
+
+    def load(self, models: Iterable[str]) -> None:
+        """Start loading ``models`` now, one after another, as a new worker does with its
+        preload hint (``planner.scaling``); each load counts and takes its time."""
+        for model in models:
+            if model not in self.decider.resident and model not in self.decider.loading:
+                self._apply(self.decider.on_need(model, queued=[], now=self.engine.now))
 
     def add_pending(self, ms: float, level: int | None = None) -> None:
         """Charge (or with a negative ``ms``, release) planned-not-sent work, at its
@@ -569,8 +587,15 @@ class SimCluster:
             measured_hops.sampler(seed) if measured_hops is not None else lambda: hop_ms)
         policy = "lru" if shared else "lookahead"
         ordered = sorted(specs, key=lambda s: s.name)
-        self.workers = [SimWorker(s, engine, sizes, policy, self, hop_ms, batching, plan_hop,
-                                  age_s) for s in ordered]
+
+        def make(spec: WorkerSpec) -> SimWorker:
+            return SimWorker(spec, engine, sizes, policy, self, hop_ms, batching, plan_hop,
+                             age_s)
+
+        self._make = make
+        #: Called with a retired worker once it has run everything it held (``retire``).
+        self.on_drained: Callable[[SimWorker], None] | None = None
+        self.workers = [self._make(s) for s in ordered]
         self.batches: list[int] = []  # inputs per batched pass, in start order
         self.holds: list[float] = []  # ms each batched pass was held open for more
         self.by_name = {w.name: w for w in self.workers}
@@ -602,7 +627,8 @@ class SimCluster:
 
         The same object is returned while nothing changed, or for ``refresh_ms``
         after the last rebuild (workers publish state at most that often), so the
-        planner's per-snapshot column cache is reused; ``now`` is the build time.
+        planner's per-snapshot column cache is reused; ``now`` is the time of the call
+        (a plan counts only what is left of the tasks running then).
         Changed workers' rows of the live columns are rewritten too, and the new
         snapshot gets a copy of them, so planning never walks every worker.
         """
@@ -619,6 +645,10 @@ class SimCluster:
             rates = {} if self.demand is None else self.demand.rates(self.engine.now / MS_PER_S)
             self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now, rates)
             remember_arrays(self._snapshot, columns.arrays())
+        elif self._snapshot.now != self.engine.now:  # the same records, read later: what
+            arrays = worker_arrays(self._snapshot)  # runs has run on (``backlog_left_ms``)
+            self._snapshot = evolve(self._snapshot, now=self.engine.now)
+            remember_arrays(self._snapshot, arrays)
         return self._snapshot
 
     def leveled(self, level: int) -> ClusterView:
@@ -676,8 +706,40 @@ class SimCluster:
         else:
             self.shared_queue.push(task)
 
+    def join(self, spec: WorkerSpec) -> SimWorker:
+        """Add a worker (an autoscaler's, ``sim.scaling``): planners see it from the next
+        snapshot on."""
+        worker = self._make(spec)
+        self.by_name[worker.name] = worker
+        self._members([*self.workers, worker])
+        return worker
+
+    def retire(self, worker: SimWorker) -> None:
+        """Take ``worker`` out of the snapshot (scale-in): no plan chooses it again, it
+        runs what it holds, and ``on_drained`` hears when it is done."""
+        self._members([w for w in self.workers if w is not worker])
+        worker.index = -1
+        if worker.running is None and not worker.queue and self.on_drained is not None:
+            self.on_drained(worker)
+
+    def _members(self, workers: list[SimWorker]) -> None:
+        """Rebuild the snapshot's rows for a new set of workers (joins and retirements
+        are rare: a full rebuild each)."""
+        self.workers = workers
+        for i, w in enumerate(workers):
+            w.index = i
+        self._views = [w.view() for w in workers]
+        self.columns = LiveColumns(self._views, self.sizes)
+        self.dirty.clear()
+        self._levels.clear()
+        self._snapshot = None
+
     def on_idle(self, worker: SimWorker) -> None:
-        """An idle worker takes the next shared-queue task (celery-default), or waits."""
+        """An idle worker takes the next shared-queue task (celery-default), or waits; a
+        retired one has drained."""
+        if worker.index < 0 and self.on_drained is not None:
+            self.on_drained(worker)
+            return
         if not self.shared:
             return
         if self.shared_queue:
@@ -701,9 +763,9 @@ class SimCluster:
 
     def totals(self) -> tuple[int, int, int]:
         """(hits, misses, loads) summed over workers."""
-        ws = self.workers
+        ws = list(self.by_name.values())  # retired ones too
         return (sum(w.hits for w in ws), sum(w.misses for w in ws), sum(w.loads for w in ws))
 
     def loads_since(self, t_ms: float) -> int:
         """Model loads that started at or after ``t_ms``, summed over workers."""
-        return sum(1 for w in self.workers for t in w.load_at if t >= t_ms)
+        return sum(1 for w in self.by_name.values() for t in w.load_at if t >= t_ms)

@@ -47,6 +47,8 @@ class LiveColumns:
         self.resident = np.zeros((n, len(self.models)), dtype=bool)
         self.host_resident = np.zeros((n, len(self.models)), dtype=bool)
         self.loading: dict[int, Mapping[str, tuple[float, float]]] = {}  # rows loading now
+        # what each row runs now (a simulated worker runs one task, or one batched pass)
+        self.run = np.zeros((3, n, 1))  # began, ends, charge
         # each row's sets as last written, and the frozen copies of the matrices (and
         # host_models) the last ``arrays`` handed out, shared until a set changes
         self._sets: list[tuple[frozenset[str], frozenset[str]] | None] = [None] * n
@@ -69,6 +71,9 @@ class LiveColumns:
             self.loading[i] = view.loading
         else:
             self.loading.pop(i, None)
+        assert len(view.running) <= 1, "a simulated worker runs one task at a time"
+        span = view.running[0] if view.running else (0.0, 0.0, 0.0)
+        self.run[:, i, 0] = span if span[2] > 0 else (0.0, 0.0, 0.0)
 
     def _members(self, row: np.ndarray, names: frozenset[str]) -> None:
         row[:] = False
@@ -97,4 +102,7 @@ class LiveColumns:
             ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=resident, host_resident=host, host_models=host_models,
-            loading=dict(self.loading))
+            loading=dict(self.loading),
+            **dict(zip(("run_began", "run_ends", "run_charge"),
+                       self.run.copy() if self.run[2].any() else np.zeros((3, len(self.names), 0)),
+                       strict=True)))

@@ -293,7 +293,8 @@ class Simulation:
             inputs[job.where[p]] = inputs.get(job.where[p], 0.0) + job.dag.nodes[p].output_kb
         worker = self.cluster.by_name.get(planned)
         level = job.level
-        record = worker.view() if worker is not None else None
+        # a retired (draining) worker is out of the snapshot: the successor is re-placed
+        record = worker.view() if worker is not None and worker.index >= 0 else None
         snapshot: Callable[[], ClusterView] = self.cluster.snapshot
         if level > DEFAULT_PRIORITY:  # what it would overtake, there and everywhere
             if record is not None:
@@ -301,7 +302,8 @@ class Simulation:
             snapshot = lambda: self.cluster.leveled(level)  # noqa: E731
         moved = choose_successor(job.dag.nodes[node], planned, snapshot, inputs,
                                  factor=self.move_factor, is_join=len(preds) > 1,
-                                 adjusts=self.adjusts, planned=record)
+                                 adjusts=self.adjusts, planned=record,
+                                 now=self.engine.now)
         if moved is None:
             return planned
         self.moved += 1

@@ -20,6 +20,7 @@ from ..planner.types import ModelDemand, WorkerView
 
 MAX_RECORD_BYTES = 256 * 1024
 MAX_MODELS = 4096
+MAX_RUNNING = 4096  # tasks one worker runs at once
 
 
 class RecordError(CompassInputError):
@@ -51,6 +52,8 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
     body.update(extra)
     return json.dumps(body, separators=(",", ":"))
 
+    if view.running:  # absent when nothing runs
+        body["running"] = [list(span) for span in view.running]
 
 def _number(body: Mapping[str, Any], key: str, who: str, *, positive: bool = False) -> float:
     if key not in body:
@@ -129,6 +132,27 @@ def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise RecordError(f"worker record {field_name!r}: not UTF-8 ({exc})") from None
+def _running(body: Mapping[str, Any], who: str) -> tuple[tuple[float, float, float], ...]:
+    """``[[began, ends, charge_ms], ...]``: tasks running now, wall-clock s and ms
+    (optional)."""
+    value = body.get("running", [])
+    bad = f"worker record {who!r}: field 'running' must be a list of [began, ends, " \
+          "charge_ms] triples of finite numbers >= 0"
+    if not isinstance(value, list) or len(value) > MAX_RUNNING:
+        raise RecordError(f"{bad}, got {value!r:.60}")
+    out = []
+    for span in value:
+        if not isinstance(span, list) or len(span) != 3 or not all(
+                not isinstance(v, bool) and isinstance(v, (int, float))
+                and math.isfinite(v) and v >= 0 for v in span):
+            raise RecordError(f"{bad}; got {span!r:.60}")
+        if span[1] < span[0]:
+            raise RecordError(f"worker record {who!r}: field 'running': a task ends "
+                              f"({span[1]!r}) before it began ({span[0]!r})")
+        out.append((float(span[0]), float(span[1]), float(span[2])))
+    return tuple(out)
+
+
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -172,6 +196,7 @@ def judge_record(name: str, raw: bytes | str, queue_prefix: str | None) -> Worke
     misconfigured: it would send work, or recovery, to somebody else's queue). Every
     reader judges a record here, once per distinct ``raw``."""
     try:
+        running=_running(body, name) if "running" in body else (),
         view = decode_record(raw, field_name=name)
     except RecordError as exc:
         return str(exc)

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..planner.types import WorkerView
@@ -36,6 +37,8 @@ class RecordPublisher:
         self.compass, self.name, self.queue, self.cfg = compass, name, queue, cfg
         self.cache, self.served, self.rank, self._stopping = cache, served, rank, stopping
         self.hop, self.cpu = hop, cpu
+        # the tasks running here now (``TaskPath.spans``), set once the task path exists
+        self.running: Callable[[], tuple[tuple[float, float, float], ...]] = tuple
         self.wake = threading.Event()  # set by a task's end, a load or an eviction
         self._state_down, self._published = False, None
         self._last_publish_ok = 0.0
@@ -47,7 +50,7 @@ class RecordPublisher:
 
     def view(self) -> WorkerView:
         """This worker's record as the planner sees it: memory, resident models and those
-        being loaded, speeds."""
+        being loaded, the tasks running, speeds."""
         c = self.cache
         return WorkerView(
             name=self.name, queue=self.queue, device=c.device,
@@ -59,7 +62,7 @@ class RecordPublisher:
             # stays fixed, so an unchanged record is byte-identical and readers reuse it
             net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
             served=self.served.published(),
-            hop_ms=self.hop.ms(), loading=c.in_flight())
+            hop_ms=self.hop.ms(), loading=c.in_flight(), running=self.running())
 
     def publish(self, if_changed: bool = False) -> bool:
         """Publish this worker's record and cache counters; False while the store is down.

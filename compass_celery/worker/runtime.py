@@ -74,6 +74,7 @@ class WorkerRuntime:
         self.tasks = TaskPath(compass, name, self.cfg, self.cache, served, self.jobs,
                               self.leases, self.queued_decisions, self.publisher.wake,
                               self._stopping, hop, cpu)
+        self.publisher.running = self.tasks.spans
         self.batches = BatchRunner(compass, queue, self.cfg, self.tasks, self.jobs, self.leases)
         # batch keys whose count of waiting inputs a reconcile sets (to 0 when none wait):
         # every batched task's, so a restarted worker clears what its last life left

@@ -26,7 +26,7 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
-from .timescale import workload_ms
+from .timescale import wall_s, workload_ms
 
 if TYPE_CHECKING:
     from ..cache import ModelCache
@@ -65,6 +65,9 @@ class TaskPath:
         # it started running)
         self._running: dict[str, tuple[Decision | None, str | None, bool, float]] = {}
         self._timing: dict[str, dict[str, float]] = {}
+        # task id -> (wall time it began running, when its charge says it ends, that
+        # charge): what the record publishes as running (``WorkerView.running``)
+        self._spans: dict[str, tuple[float, float, float]] = {}
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
         self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
         self.cpu = cpu  # what these handlers cost a task (a counter)
@@ -74,6 +77,13 @@ class TaskPath:
         """How many tasks run here now."""
         with self._lock:
             return len(self._running)
+
+    def spans(self) -> tuple[tuple[float, float, float], ...]:
+        """The tasks running here now, as the record publishes them: (when each began,
+        when its charge says it ends, wall-clock s; its charge, ms), so a plan counts only
+        what is left of each (``planner.cost.backlog_left_ms``)."""
+        with self._lock:
+            return tuple(sorted(self._spans.values()))
 
     def running_charge_ms(self) -> float:
         """The ms charged to this worker for the tasks running here now."""
@@ -174,10 +184,18 @@ class TaskPath:
                 self.cache.prefetch(queued)
         self._started_queued(decision)
         loaded = time.monotonic()
+        charge = decision.charge_ms if decision is not None and \
+            decision.worker == self.name else 0.0
+        began = time.time()  # its run begins once its model is in
         with self._lock:
+            if charge:
+                self._spans[request.id] = (
+                    began, began + wall_s(charge, self.cfg["time_scale"]), charge)
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
+        if charge:
+            self._wake.set()  # published: a plan counts only what is left of it
 
     def batch_member_started(self, request: Any, decision: Decision | None,
                              started: float) -> None:
@@ -219,6 +237,7 @@ class TaskPath:
         with self._lock:
             _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})
+            self._spans.pop(request.id, None)
             size = self._batch.pop(request.id, 1)
         self.leases.release(request.id)
         if held:

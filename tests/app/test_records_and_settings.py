@@ -41,6 +41,15 @@ def test_a_load_under_way_travels_with_the_record_and_none_keeps_the_old_bytes()
     assert "loading" not in json.loads(encode_record(GOOD))
 
 
+def test_the_tasks_running_travel_with_the_record_and_none_keeps_the_old_bytes():
+    busy = WorkerView(name="w1", queue="q1", gpu_total_mb=1600, gpu_free_mb=600,
+                      running=((100.0, 102.5, 2500.0), (101.0, 101.0, 0.0)))
+    back = decode_record(encode_record(busy), field_name="w1")
+    assert back == busy and back.running == ((100.0, 102.5, 2500.0), (101.0, 101.0, 0.0))
+    assert "running" not in json.loads(encode_record(GOOD))
+    assert decode_record(encode_record(GOOD), field_name="w1").running == ()
+
+
 def _with(**fields: object) -> str:
     return json.dumps({**json.loads(encode_record(GOOD)), **fields})
 
@@ -67,6 +76,13 @@ def _with(**fields: object) -> str:
     (_with(loading={"big": [-1, 2]}), "finite numbers >= 0"),
     (_with(loading={"big": [5, 2]}), "'big' ends \\(2.0\\) before it began \\(5.0\\)"),
     (_with(served={"m": [1, True]}), "'served' must map model names"),
+    (_with(running={"t": [1, 2, 3]}), "'running' must be a list of \\[began, ends"),
+    (_with(running=[[1, 2]]), "charge_ms\\] triples.*got \\[1, 2\\]"),
+    (_with(running=[[1, 2, "3"]]), "'running' must be a list"),
+    (_with(running=[[1, 2, -3]]), "finite numbers >= 0"),
+    (_with(running=[[1, 2, float("nan")]]), "finite numbers >= 0"),
+    (_with(running=[[1, 2, True]]), "'running' must be a list"),
+    (_with(running=[[5, 2, 3]]), "a task ends \\(2\\) before it began \\(5\\)"),
     (b"\xff\xfe", "not UTF-8"),
 ])
 def test_garbled_records_are_named(raw, message):

@@ -44,6 +44,9 @@ def clusters(draw: st.DrawFn, *, min_workers: int = 1, max_workers: int = 6) -> 
                 gpu_free_mb=draw(st.floats(0.0, total)),
                 resident=resident,
                 loading=loading,
+                running=tuple((b, b + d, c) for b, d, c in draw(st.lists(st.tuples(
+                    st.floats(0.0, 400.0), st.sampled_from((0.0, 1.0, 250.0)),
+                    st.sampled_from((0.0, 30.0, 600.0))), max_size=2))),
                 host_resident=frozenset(draw(st.sets(st.sampled_from(MODEL_NAMES), max_size=3))),
                 backlog_ms=draw(st.floats(0.0, 2000.0)),
                 pending_ms=draw(st.floats(0.0, 300.0)),

@@ -1,0 +1,385 @@
+"""The simulated autoscaling provider, its billing, and the autoscalers it compares.
+
+A :class:`Fleet` adds and drains simulated workers on a running
+:class:`~compass_celery.sim.runner.Simulation`: a new worker joins the cluster after a
+cold start (process or container start, ``cold_start_s``), then loads the models it
+was told to preload, one after another at its load bandwidth, while already taking
+work (a plan counts what is left of a load in flight). A drained worker leaves the
+snapshot at once, runs what it holds and then stops (the real cluster's SIGTERM
+hand-back leaves nothing behind either). Every worker is billed per second from the
+moment it is asked for until it stops.
+
+Autoscalers (each ticks every ``poll_s`` and sees the same cluster):
+
+- ``compass-plan``: :func:`compass_celery.planner.scaling.decide` on the windowed
+  arrival rate per class, each class's planned work per model and deadline, the
+  workers' resident models and backlogs; new workers preload its hints; it chooses the
+  worker to drain.
+- ``keda-queue``: KEDA's Redis-lists scaler: ``ceil(messages / listLength)`` workers,
+  messages being every task queued or running (as the Celery scalers count), listLength
+  5; up at once, down after the HPA's 300 s stabilisation window. New workers start
+  cold; Kubernetes removes the newest pod.
+- ``ray-ongoing``: Ray Serve's target ongoing requests (2 per replica): up once the
+  wish has held for ``upscale_delay_s`` (30), down once it has held for
+  ``downscale_delay_s`` (600); cold starts, newest removed.
+- ``fixed-peak``: the workers the rule asks for at the trace's peak rate, from the
+  start, warm, never changed.
+
+All run the compass placement policy and the same admission. Real periods (polling,
+delays, the cold start) are divided by the trace's compression, as the trace's hours
+are; model loads take their real time. GPU-hours are reported at the trace's scale
+(worker-seconds x compression / 3600). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..planner.cost import MS_PER_S
+from ..planner.scaling import (
+    ClassLoad,
+    Damper,
+    Member,
+    RateWindow,
+    decide,
+    workers_needed,
+)
+from ..workload import WorkerSpec, Workload
+from .cluster import SimWorker
+from .runner import Simulation
+from .stats import summarize
+from .traces import Trace
+
+AUTOSCALERS = ("compass-plan", "keda-queue", "ray-ongoing", "fixed-peak")
+#: Real seconds from asking for a worker to its process taking work (container pull
+#: cached, image start, framework import; model loads come after).
+COLD_START_S = 60.0
+#: KEDA's defaults: pollingInterval, the HPA's scale-down stabilisation (the
+#: cooldownPeriod only governs scaling to zero), the Redis-lists scaler's listLength.
+KEDA_POLL_S, KEDA_DOWN_S, KEDA_LIST_LENGTH = 30.0, 300.0, 5
+#: Ray Serve's defaults: target_ongoing_requests, upscale_delay_s, downscale_delay_s.
+RAY_TARGET, RAY_UP_S, RAY_DOWN_S = 2.0, 30.0, 600.0
+#: compass-plan's rate window and horizon, real seconds (its down window is KEDA's).
+PLAN_WINDOW_S, PLAN_HORIZON_S = 480.0, 120.0
+
+
+@dataclass
+class Fleet:
+    """Adds, drains and bills simulated workers on one simulation (the simulated
+    provider)."""
+
+    sim: Simulation
+    template: WorkerSpec
+    cold_ms: float
+    #: name -> when it was asked for (workload ms), for every worker not yet stopped.
+    since: dict[str, float] = field(default_factory=dict)
+    #: name -> the models it was told to preload, while it starts.
+    starting: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    billed_ms: float = 0.0
+    cold_starts: int = 0
+    timeline: list[tuple[float, int]] = field(default_factory=list)
+    _made: int = 0
+
+    def __post_init__(self) -> None:
+        now = self.sim.engine.now
+        for w in self.sim.cluster.workers:
+            self.since[w.name] = now
+        self.sim.cluster.on_drained = self._stopped
+        self._mark()
+
+    def _mark(self) -> None:
+        self.timeline.append((self.sim.engine.now / MS_PER_S, len(self.since)))
+
+    def members(self) -> list[Member]:
+        """The workers taking work and those starting (with their hints as resident)."""
+        out = [Member(w.name, frozenset(w.decider.resident) | frozenset(w.decider.loading),
+                      w.backlog_ms, w.spec.gpu_mem_mb, w.spec.speed)
+               for w in self.sim.cluster.workers]
+        out += [Member(name, frozenset(hint), 0.0, self.template.gpu_mem_mb,
+                       self.template.speed, ready=False)
+                for name, hint in self.starting.items()]
+        return out
+
+    def add(self, preload: tuple[str, ...] = ()) -> None:
+        """Ask for a worker: it takes work after the cold start, then loads ``preload``."""
+        self._made += 1
+        spec = replace(self.template, name=f"s{self._made:04d}")
+        self.since[spec.name] = self.sim.engine.now
+        self.starting[spec.name] = preload
+        self.cold_starts += 1
+        self.sim.engine.after(self.cold_ms, self._up, spec)
+        self._mark()
+
+    def _up(self, spec: WorkerSpec) -> None:
+        preload = self.starting.pop(spec.name)
+        worker = self.sim.cluster.join(spec)
+        worker.load(preload)
+
+    def drain(self, name: str) -> None:
+        """Take ``name`` out of placement; it stops once it has run what it holds."""
+        self.sim.cluster.retire(self.sim.cluster.by_name[name])
+
+    def _stopped(self, worker: SimWorker) -> None:
+        began = self.since.pop(worker.name, None)
+        if began is not None:
+            self.billed_ms += self.sim.engine.now - began
+            self._mark()
+
+    def close(self, end_ms: float) -> None:
+        """Bill every worker still up until ``end_ms`` (the run's end)."""
+        for began in self.since.values():
+            self.billed_ms += max(end_ms - began, 0.0)
+        self.timeline.append((end_ms / MS_PER_S, len(self.since)))
+        self.since.clear()
+
+    def ready(self) -> list[SimWorker]:
+        """The workers taking work, oldest first."""
+        return list(self.sim.cluster.workers)
+
+    def newest(self, count: int) -> list[str]:
+        """The ``count`` most recently asked-for workers taking work (Kubernetes' pick)."""
+        ready = {w.name for w in self.sim.cluster.workers}
+        order = sorted((t, n) for n, t in self.since.items() if n in ready)
+        return [n for _, n in order[::-1][:count]]
+
+
+def messages(fleet: Fleet) -> int:
+    """Tasks queued or running on the workers taking work (what a queue scaler counts)."""
+    return sum(len(w.queue) + (w.running is not None) for w in fleet.ready())
+
+
+def class_loads(workload: Workload) -> dict[str, tuple[dict[str, float], float, float | None]]:
+    """SLO class -> (GPU ms one of its jobs plans per model, its mean critical path in
+    ms, its deadline), averaged over its templates by the mix."""
+    acc: dict[str, list[Any]] = {}
+    total = sum(workload.mix.values())
+    for name, weight in workload.mix.items():
+        slo = workload.slo(name)
+        cls = slo.name if slo is not None else "none"
+        entry = acc.setdefault(cls, [{}, 0.0, 0.0, slo.deadline_ms if slo else None])
+        dag = workload.dags[name]
+        share = weight / total
+        for spec in dag.nodes.values():
+            if spec.model is not None:
+                entry[0][spec.model] = entry[0].get(spec.model, 0.0) + share * spec.exec_ms
+        finish: dict[str, float] = {}
+        for node in dag.topological_order():
+            start = max((finish[p] for p in dag.preds(node)), default=0.0)
+            finish[node] = start + dag.nodes[node].exec_ms
+        entry[1] += share * max(finish.values(), default=0.0)
+        entry[2] += share
+    return {c: ({m: ms / e[2] for m, ms in e[0].items()}, e[1] / e[2], e[3])
+            for c, e in acc.items()}
+
+
+def loads_at(workload: Workload, rates: Mapping[str, tuple[float, float]]) -> list[ClassLoad]:
+    """The classes at these (rate, trend) pairs, as :func:`planner.scaling.decide` takes
+    them."""
+    out = []
+    for cls, (work, path, deadline) in class_loads(workload).items():
+        rate, trend = rates.get(cls, (0.0, 0.0))
+        out.append(ClassLoad(cls, rate, work, deadline, path, trend))
+    return out
+
+
+def class_rates(workload: Workload, rate: float) -> dict[str, tuple[float, float]]:
+    """Class -> (jobs per second at a total of ``rate``, no trend), by the mix."""
+    total = sum(workload.mix.values())
+    out: dict[str, tuple[float, float]] = {}
+    for name, weight in workload.mix.items():
+        slo = workload.slo(name)
+        cls = slo.name if slo is not None else "none"
+        out[cls] = (out.get(cls, (0.0, 0.0))[0] + rate * weight / total, 0.0)
+    return out
+
+
+def steady_workers(workload: Workload, rate: float) -> int:
+    """What the rule asks for at a steady ``rate`` with nothing queued."""
+    spec = workload.cluster.workers[0]
+    members = [Member("w", gpu_mb=spec.gpu_mem_mb, speed=spec.speed)]
+    return workers_needed(loads_at(workload, class_rates(workload, rate)), members,
+                          workload.models).now
+
+
+Tick = Callable[[Fleet, float], None]
+
+
+def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float) -> Tick:
+    """The rule from the plan (``planner.scaling``), fed the arrivals as they come."""
+    window = RateWindow(PLAN_WINDOW_S / c)
+    damper = Damper(KEDA_DOWN_S / c)
+    classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
+               for name in workload.dags}
+    seen = [0]
+
+    def tick(fleet: Fleet, now_s: float) -> None:
+        while seen[0] < len(stream) and stream[seen[0]][0] <= now_s * MS_PER_S:
+            t, name = stream[seen[0]]
+            window.observe(classes[name], t / MS_PER_S)
+            seen[0] += 1
+        members = fleet.members()
+        d = decide(loads_at(workload, window.rates(now_s)), members, workload.models,
+                   damper, now_s, horizon_s=PLAN_HORIZON_S / c,
+                   gpu_mb=fleet.template.gpu_mem_mb)
+        for hint in d.add:
+            fleet.add(hint)
+        for name in d.remove:
+            fleet.drain(name)
+
+    return tick
+
+
+def keda_queue(c: float, list_length: float = KEDA_LIST_LENGTH) -> Tick:
+    """KEDA's Redis-lists scaler on tasks queued or running, ``list_length`` per worker."""
+    damper = Damper(KEDA_DOWN_S / c)
+
+    def tick(fleet: Fleet, now_s: float) -> None:
+        want = damper.step(now_s, max(1, math.ceil(messages(fleet) / list_length)))
+        _resize(fleet, want)
+
+    return tick
+
+
+def ray_ongoing(c: float, target: float = RAY_TARGET) -> Tick:
+    """Ray Serve's target ongoing requests (``target`` per replica) with its two delays."""
+    since = {"up": -1.0, "down": -1.0}
+
+    def tick(fleet: Fleet, now_s: float) -> None:
+        have = len(fleet.ready()) + len(fleet.starting)
+        want = max(1, math.ceil(messages(fleet) / target))
+        for way, on, delay in (("up", want > have, RAY_UP_S), ("down", want < have, RAY_DOWN_S)):
+            if not on:
+                since[way] = -1.0
+                continue
+            if since[way] < 0:
+                since[way] = now_s
+            if now_s - since[way] >= delay / c:
+                since[way] = -1.0
+                _resize(fleet, want)
+
+    return tick
+
+
+def _resize(fleet: Fleet, want: int) -> None:
+    """Add cold workers, or drain the newest (the baselines' provider: no hints)."""
+    have = len(fleet.ready()) + len(fleet.starting)
+    for _ in range(want - have):
+        fleet.add()
+    if want < have:
+        for name in fleet.newest(have - want):
+            fleet.drain(name)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One comparison's trace and settings."""
+
+    trace: Trace
+    cold_start_s: float = COLD_START_S
+    poll_s: float = KEDA_POLL_S
+
+
+def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
+        make_sim: Callable[..., Simulation] | None = None) -> dict[str, Any]:
+    """One autoscaler over the trace: the simulation's record plus ``gpu_hours``
+    (trace scale), ``worker_s``, ``cold_starts``, ``workers`` (mean, peak) and
+    ``timeline`` ([seconds, workers], each change)."""
+    kind, _, arg = autoscaler.partition(":")
+    if kind not in AUTOSCALERS or (arg and kind not in ("keda-queue", "ray-ongoing")):
+        raise ValueError(f"autoscaler: expected one of {', '.join(AUTOSCALERS)} "
+                         f"(keda-queue:N and ray-ongoing:N set the target), got {autoscaler!r}")
+    try:
+        target = float(arg) if arg else None
+    except ValueError:
+        raise ValueError(f"autoscaler {autoscaler!r}: the target after ':' must be a "
+                         f"number") from None
+    trace, c = setup.trace, setup.trace.compression
+    times = trace.times_ms(seed)
+    stream = _stream(workload, times, seed)
+    peak = steady_workers(workload, trace.peak_per_s)
+    start_rate = trace.rate(0.0)
+    fixed = kind == "fixed-peak"
+    n0 = peak if fixed else steady_workers(workload, start_rate)
+    build = make_sim if make_sim is not None else _simulation
+    sim = build(workload, stream, n0, trace.peak_per_s if fixed else start_rate)
+    fleet = Fleet(sim, workload.cluster.workers[0], setup.cold_start_s / c * MS_PER_S)
+    tick: Tick | None = {
+        "compass-plan": lambda: compass_plan(workload, stream, c),
+        "keda-queue": lambda: keda_queue(c, target or KEDA_LIST_LENGTH),
+        "ray-ongoing": lambda: ray_ongoing(c, target or RAY_TARGET),
+        "fixed-peak": lambda: None,
+    }[kind]()
+    poll_ms, end_ms = setup.poll_s / c * MS_PER_S, trace.duration_s * MS_PER_S
+
+    def step() -> None:
+        assert tick is not None
+        tick(fleet, sim.engine.now / MS_PER_S)
+        if sim.engine.now + poll_ms < end_ms:
+            sim.engine.after(poll_ms, step)
+
+    if tick is not None:
+        sim.engine.at(poll_ms, step)
+    jobs = sim.run()
+    last = max([end_ms, *(j.end for j in jobs if j.end is not None)])
+    fleet.close(last)
+    out = summarize(jobs, sim.cluster, 0.0, sim.plan_ns)
+    counts = [n for _, n in fleet.timeline]
+    out.update({"gpu_hours": round(fleet.billed_ms / MS_PER_S * c / 3600.0, 2),
+                "worker_s": round(fleet.billed_ms / MS_PER_S, 1),
+                "cold_starts": fleet.cold_starts,
+                "workers": {"mean": round(fleet.billed_ms / last, 2),
+                            "peak": max(counts)},
+                "timeline": [[round(t, 2), n] for t, n in fleet.timeline]})
+    return out
+
+
+def _stream(workload: Workload, times_ms: Sequence[float], seed: int
+            ) -> list[tuple[float, str]]:
+    """The trace's arrival times, each with a template drawn by the mix (seeded)."""
+    rng = random.Random(f"{seed}:mix")
+    names, weights = list(workload.mix), list(workload.mix.values())
+    return [(t, rng.choices(names, weights)[0]) for t in times_ms]
+
+
+def _simulation(workload: Workload, stream: Sequence[tuple[float, str]], workers: int,
+                rate: float) -> Simulation:
+    """The compass simulation the fleet scales: ``workers`` warm for ``rate``."""
+    from .options import SimOptions
+
+    return Simulation(workload, "compass", stream,
+                      SimOptions(workers=workers, rate=rate, warm=True))
+
+
+def compare(workload: Workload, traces: Sequence[Trace], autoscalers: Sequence[str] = AUTOSCALERS,
+            seed: int = 0, **kw: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every autoscaler on every trace: trace -> autoscaler -> :func:`run`'s record."""
+    return {t.name: {a: run(workload, a, Setup(t, **kw), seed) for a in autoscalers}
+            for t in traces}
+
+
+def table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """GPU-hours, attainment (all jobs, and admitted), goodput, cold starts and workers
+    per trace and autoscaler, with compass-plan's saving against each."""
+    head = ["trace", "autoscaler", "GPU-h", "plan saves", "attain", "adm attain", "goodput/s",
+            "rejected", "cold starts", "mean wk", "peak wk"]
+    rows = [head]
+    for trace, by in results.items():
+        plan = by.get("compass-plan", {}).get("gpu_hours")
+        for name, r in by.items():
+            slo = r.get("slo", {}).get("all", {})
+            saving = "-" if not plan or name == "compass-plan" else \
+                f"{1 - plan / r['gpu_hours']:+.0%}" if r["gpu_hours"] else "-"
+            rows.append([trace, name, f"{r['gpu_hours']:.1f}", saving,
+                         f"{slo.get('attainment', 0):.4f}",
+                         f"{slo.get('admitted_attainment', 0):.4f}",
+                         f"{slo.get('goodput_jobs_per_s', 0):.2f}", str(slo.get("rejected", 0)),
+                         str(r["cold_starts"]), f"{r['workers']['mean']:.2f}",
+                         str(r["workers"]["peak"])])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
+                     .rstrip()
+                     for row in rows)

@@ -1,0 +1,103 @@
+"""The simulated autoscaling provider: cold starts, preloads, drains, billing, the
+autoscalers and the traces."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from compass_celery.planner.cost import MS_PER_S
+from compass_celery.sim import scaling, traces
+from compass_celery.sim.options import SimOptions
+from compass_celery.sim.runner import Simulation
+from compass_celery.workload import load_workload
+
+WORKLOAD = load_workload(Path(__file__).parents[2] / "dags" / "autoscale-mix.json")
+
+
+def simulation(workers: int = 2, jobs: int = 200, rate: float = 10.0) -> Simulation:
+    stream = [(i * MS_PER_S / rate, name) for i, name in
+              enumerate(["search", "document", "caption_translate"] * (jobs // 3))]
+    return Simulation(WORKLOAD, "compass", stream, SimOptions(workers=workers, rate=rate,
+                                                              warm=True))
+
+
+def test_a_new_worker_takes_work_after_its_cold_start_and_loads_its_hint() -> None:
+    sim = simulation()
+    fleet = scaling.Fleet(sim, WORKLOAD.cluster.workers[0], cold_ms=500.0)
+    sim.engine.at(1000.0, fleet.add, ("captioner", "ocr"))
+    sim.run(1400.0)
+    assert "s0001" not in {w.name for w in sim.cluster.workers}  # still starting
+    assert [m.ready for m in fleet.members()] == [True, True, False]
+    sim.run(1500.0)
+    worker = sim.cluster.by_name["s0001"]
+    assert worker in sim.cluster.workers
+    assert set(worker.decider.loading) | set(worker.decider.resident) == {"captioner", "ocr"}
+    sim.run()
+    assert worker.loads >= 2 and fleet.cold_starts == 1
+
+
+def test_a_drained_worker_leaves_placement_runs_what_it_holds_and_stops_billing() -> None:
+    sim = simulation(workers=3, jobs=300, rate=40.0)
+    fleet = scaling.Fleet(sim, WORKLOAD.cluster.workers[0], cold_ms=500.0)
+    victim = sim.cluster.workers[0]
+    held: list[int] = []
+
+    def drain() -> None:
+        held.append(len(victim.queue) + (victim.running is not None))
+        fleet.drain(victim.name)
+
+    sim.engine.at(2000.0, drain)
+    jobs = sim.run()
+    assert held[0] > 0  # it had work when it was drained, and ran it
+    assert victim not in sim.cluster.workers and victim.name not in fleet.since
+    assert all(j.end is not None for j in jobs)  # every job ended one way
+    assert not any(j.failed for j in jobs)
+    late = [t for j in jobs for t in j.tasks if t.sent_at > 2000.0]
+    assert not any(t.where is victim for t in late)
+    # billed: the victim from 0 to its drain's end, the others until close
+    end = max(j.end for j in jobs)
+    fleet.close(end)
+    assert 2 * end + 2000.0 < fleet.billed_ms < 3 * end
+
+
+def test_fixed_peak_never_scales_and_compass_plan_follows_a_step() -> None:
+    trace = traces.step(60.0, 24.0, compression=120.0)
+    fixed = scaling.run(WORKLOAD, "fixed-peak", scaling.Setup(trace))
+    assert fixed["cold_starts"] == 0
+    assert fixed["workers"]["peak"] == scaling.steady_workers(WORKLOAD, 24.0)
+    plan = scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
+    counts = [n for _, n in plan["timeline"]]
+    assert max(counts) >= scaling.steady_workers(WORKLOAD, 24.0) > counts[0]
+    assert counts[-1] < max(counts)  # it scaled back in after the step
+    assert plan["gpu_hours"] < fixed["gpu_hours"]
+    # a fivefold step outruns any reactive rule for one cold start: some admitted jobs
+    # are shed then (the 99% target is for the diurnal and bursty traces)
+    assert plan["slo"]["all"]["admitted_attainment"] >= 0.95
+    assert plan["completed"] + plan["slo"]["all"]["rejected"] + plan["slo"]["all"]["shed"] \
+        == plan["jobs"]
+
+
+def test_the_baselines_scale_on_messages_and_name_bad_targets() -> None:
+    trace = traces.step(40.0, 24.0, compression=120.0)
+    keda = scaling.run(WORKLOAD, "keda-queue:1", scaling.Setup(trace))
+    assert keda["cold_starts"] > 0
+    with pytest.raises(ValueError, match="autoscaler"):
+        scaling.run(WORKLOAD, "hpa", scaling.Setup(trace))
+    with pytest.raises(ValueError, match="number"):
+        scaling.run(WORKLOAD, "keda-queue:x", scaling.Setup(trace))
+
+
+def test_traces_have_their_shape_and_are_seeded() -> None:
+    day = traces.diurnal(240.0, 30.0, low=0.1)
+    assert day.rate(40.0) == pytest.approx(3.0)  # 04:00, the trough
+    assert day.rate(160.0) == pytest.approx(30.0)  # 16:00, the peak
+    assert day.compression == pytest.approx(360.0)
+    times = day.times_ms(3)
+    assert times == day.times_ms(3) != day.times_ms(4)
+    assert len(times) == pytest.approx(day.mean_per_s() * 240.0, rel=0.05)
+    step = traces.make("step", 90.0, 10.0)
+    assert [step.rate(t) for t in (10.0, 45.0, 80.0)] == [2.0, 10.0, 2.0]
+    with pytest.raises(ValueError, match="trace"):
+        traces.make("sawtooth", 10.0, 1.0)
