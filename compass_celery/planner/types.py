@@ -87,14 +87,14 @@ class WorkerView:
     # (``cost.in_flight_ms``), so a second task for the model waits for this load instead
     # of loading it a second time elsewhere. Empty: none.
     loading: Mapping[str, tuple[float, float]] = field(default_factory=dict, hash=False)
-
-
-@dataclass(frozen=True)
     # Tasks running here now, each (when it began, when it should end, its charge in ms)
     # on the clock of ``ClusterView.now``: ``backlog_ms`` holds their whole charges until
     # they end; a plan counts only what is left of each (``cost.backlog_left_ms``), not
     # a task half done as if it had just started. Empty: none (or none told).
     running: tuple[tuple[float, float, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class TaskSpec:
     """One DAG node as the planner needs it."""
 

@@ -49,11 +49,11 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
         body["served"] = {m: [d.ms_per_s, d.per_s] for m, d in sorted(view.served.items())}
     if view.loading:  # absent when no load is under way
         body["loading"] = {m: list(span) for m, span in sorted(view.loading.items())}
+    if view.running:  # absent when nothing runs
+        body["running"] = [list(span) for span in view.running]
     body.update(extra)
     return json.dumps(body, separators=(",", ":"))
 
-    if view.running:  # absent when nothing runs
-        body["running"] = [list(span) for span in view.running]
 
 def _number(body: Mapping[str, Any], key: str, who: str, *, positive: bool = False) -> float:
     if key not in body:
@@ -123,15 +123,6 @@ def _loading(body: Mapping[str, Any], who: str) -> dict[str, tuple[float, float]
     return spans
 
 
-def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
-    """Decode and validate one record; ``field_name`` is the hash field it came from."""
-    if isinstance(raw, bytes):
-        if len(raw) > MAX_RECORD_BYTES:
-            raise RecordError(f"worker record {field_name!r}: {len(raw)} bytes is too large")
-        try:
-            raw = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise RecordError(f"worker record {field_name!r}: not UTF-8 ({exc})") from None
 def _running(body: Mapping[str, Any], who: str) -> tuple[tuple[float, float, float], ...]:
     """``[[began, ends, charge_ms], ...]``: tasks running now, wall-clock s and ms
     (optional)."""
@@ -153,6 +144,15 @@ def _running(body: Mapping[str, Any], who: str) -> tuple[tuple[float, float, flo
     return tuple(out)
 
 
+def decode_record(raw: bytes | str, *, field_name: str = "?") -> WorkerView:
+    """Decode and validate one record; ``field_name`` is the hash field it came from."""
+    if isinstance(raw, bytes):
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordError(f"worker record {field_name!r}: {len(raw)} bytes is too large")
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise RecordError(f"worker record {field_name!r}: not UTF-8 ({exc})") from None
     try:
         body = json.loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -187,6 +187,7 @@ def _running(body: Mapping[str, Any], who: str) -> tuple[tuple[float, float, flo
         served=_served(body, name) if "served" in body else {},
         hop_ms=_number(body, "hop_ms", name) if "hop_ms" in body else 0.0,
         loading=_loading(body, name) if "loading" in body else {},
+        running=_running(body, name) if "running" in body else (),
     )
 
 
@@ -196,7 +197,6 @@ def judge_record(name: str, raw: bytes | str, queue_prefix: str | None) -> Worke
     misconfigured: it would send work, or recovery, to somebody else's queue). Every
     reader judges a record here, once per distinct ``raw``."""
     try:
-        running=_running(body, name) if "running" in body else (),
         view = decode_record(raw, field_name=name)
     except RecordError as exc:
         return str(exc)
