@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import click
 
+from .autoscale import autoscale
 from .bench import bench
 from .demo import demo
 from .device import device_check
@@ -21,7 +22,7 @@ def compass_command() -> None:
     """The ``compass`` command group; each subcommand does its own work."""
 
 
-for _command in (status, demo, bench, simulate, device_check, regress):
+for _command in (status, demo, bench, simulate, autoscale, device_check, regress):
     compass_command.add_command(_command)
 
 

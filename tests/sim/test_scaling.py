@@ -101,3 +101,22 @@ def test_traces_have_their_shape_and_are_seeded() -> None:
     assert [step.rate(t) for t in (10.0, 45.0, 80.0)] == [2.0, 10.0, 2.0]
     with pytest.raises(ValueError, match="trace"):
         traces.make("sawtooth", 10.0, 1.0)
+
+
+def test_the_command_prints_and_writes_the_table(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from compass_celery.cli import compass_command
+
+    out = tmp_path / "autoscale.txt"
+    result = CliRunner().invoke(compass_command, [
+        "autoscale", "--traces", "step", "--autoscalers", "compass-plan,fixed-peak",
+        "--duration-s", "30", "--peak", "10", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert text.startswith("$ compass-celery autoscale --workload autoscale-mix --traces step "
+                           "--autoscalers compass-plan,fixed-peak --duration-s 30 --peak 10")
+    rows = [line.split() for line in text.splitlines() if line.startswith("step ")]
+    assert [r[1] for r in rows] == ["compass-plan", "fixed-peak"]
+    bad = CliRunner().invoke(compass_command, ["autoscale", "--autoscalers", "hpa"])
+    assert bad.exit_code != 0 and "unknown autoscaler 'hpa'" in bad.output
