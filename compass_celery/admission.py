@@ -21,6 +21,7 @@ from .signals import admission_decided
 
 if TYPE_CHECKING:
     from .context import CompassContext
+    from .placement import Decision
 
 
 class SloInputError(CompassInputError):
@@ -108,6 +109,13 @@ def expiry_time(raw: Any) -> datetime | None:
     except ValueError:
         return None
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def shed_for_deadline(placed: Decision | None, now: float) -> bool:
+    """Whether a task past its expiry was dropped for the deadline compass gave it (its
+    placement's latest start, ``expires_at``, has passed), not for the caller's own
+    ``expires=``: then it ends with :class:`~compass_celery.errors.DeadlineMissed`."""
+    return placed is not None and bool(placed.expires_at) and now > placed.expires_at
 
 
 def earliest_expiry(current: Any, expires_at: float) -> str:

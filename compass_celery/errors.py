@@ -35,10 +35,17 @@ class JobFailed(JobError):
     """A node failed after its retries; names the node, task, worker and exception."""
 
     def __init__(self, info: dict[str, Any]) -> None:
-        self.info = info
-        super().__init__(f"job {info.get('job')} failed at node {info.get('node')!r} "
-                         f"(task {info.get('task')}, worker {info.get('worker')}): "
-                         f"{info.get('exc_type')}: {info.get('exc')}")
+        self.info = info if isinstance(info, dict) else {"exc": str(info)}
+        super().__init__(self.info)  # its args rebuild it: pickle, Celery's result store
+
+    def __str__(self) -> str:
+        info = self.info
+        if info.get("job") is None and info.get("task_id"):  # a plain task's
+            return (f"task {info.get('task')}[{info.get('task_id')}] failed (worker "
+                    f"{info.get('worker')}): {info.get('exc_type')}: {info.get('exc')}")
+        return (f"job {info.get('job')} failed at node {info.get('node')!r} "
+                f"(task {info.get('task')}, worker {info.get('worker')}): "
+                f"{info.get('exc_type')}: {info.get('exc')}")
 
 
 class Rejected(JobError):
@@ -67,8 +74,17 @@ class JobTimeout(JobError, TimeoutError):
 
 
 class DeadlineMissed(JobFailed):
-    """A job was dropped (shed) before its next node ran: starting it then could no
-    longer meet the job's deadline. Nothing more was spent on it."""
+    """A job was dropped (shed) before its next node ran, or a plain task before it
+    started: starting it then could no longer meet the deadline. Nothing more was spent
+    on it. A plain task's ``result.get()`` raises it too (its state stays ``REVOKED``)."""
+
+    @classmethod
+    def of_task(cls, task: str | None, task_id: str, worker: str | None) -> DeadlineMissed:
+        """The error a plain task dropped unrun for its deadline ends with."""
+        return cls({"job": None, "node": None, "task": task, "task_id": task_id,
+                    "worker": worker, "exc_type": cls.__name__, "why": "deadline",
+                    "exc": "shed before it started: starting it then could no longer "
+                           "meet its deadline"})
 
 
 class RetriesExhausted(JobError):

@@ -6,18 +6,21 @@ task (``compass_batch``: every waiting input run as one call).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
-from celery import Celery
+from celery import Celery, states
+from celery.worker.request import Request
 from kombu.exceptions import OperationalError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import ledger
-from .admission import task_call
+from .admission import shed_for_deadline, task_call
 from .eager import place_eagerly
-from .errors import SendFailed, SetupError
+from .errors import DeadlineMissed, SendFailed, SetupError
 from .jobs.limits import check_task_input
 from .needs import batch_options, check_batched_call, declared
+from .placement import Decision
 from .state.urls import masked
 
 #: What a send raises when it cannot reach the broker (kombu) or the result store (redis-py).
@@ -35,10 +38,41 @@ def unreachable(exc: BaseException) -> BaseException | None:
     return None
 
 
+class CompassRequest(Request):
+    """The worker's request for a compass app's task: one Celery drops unrun past the
+    latest start that could meet its deadline ends with
+    :class:`~compass_celery.errors.DeadlineMissed` in the result store (state
+    ``REVOKED``, as Celery's own), so ``result.get()`` raises what a Dag's handle raises,
+    not Celery's ``TaskRevokedError('expired')``."""
+
+    _compass_shed = False
+
+    def revoked(self) -> bool:
+        """Celery's check; when it drops the task for its deadline, the result stored is
+        DeadlineMissed (stored first, so no reader ever sees Celery's in its place)."""
+        if not self._already_revoked and self.expires and shed_for_deadline(
+                Decision.from_header(self.request_dict.get("compass")), time.time()):
+            if super().store_errors:
+                self.task.backend.store_result(
+                    self.id, DeadlineMissed.of_task(self.name, self.id, self.hostname),
+                    states.REVOKED, request=self._context)
+            self._compass_shed = True
+        return super().revoked()
+
+    @property
+    def store_errors(self) -> bool:
+        """Celery's, except for a task shed for its deadline: its DeadlineMissed is stored
+        already, and Celery's ``TaskRevokedError`` must not be stored over it."""
+        return not self._compass_shed and super().store_errors
+
+
 class CompassTaskMixin:
     """Mixed into ``app.Task`` by ``Compass(app)``: places tasks run eagerly, turns an
     unreachable broker or result store at send into one :class:`SendFailed`, and runs a
     batched task (``compass_batch``) over every input waiting for it on its worker."""
+
+    #: A worker's request for it (:class:`CompassRequest`).
+    Request = f"{__name__}:CompassRequest"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the body; a batched task's body gets a list of inputs (a batch of one in

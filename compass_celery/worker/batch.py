@@ -33,8 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from redis import RedisError
 
-from ..admission import expiry_time
+from ..admission import expiry_time, shed_for_deadline
 from ..broker.kombu_redis import MessageError, parse_message
+from ..errors import DeadlineMissed
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import retry_transient
 from ..placement import Decision
@@ -242,7 +243,11 @@ class BatchRunner:
         if why is None:
             return True
         with contextlib.suppress(Exception):
-            task.backend.mark_as_revoked(m.id, why, request=m.request)
+            if why == "expired" and shed_for_deadline(m.decision, now):  # as CompassRequest
+                task.backend.store_result(m.id, DeadlineMissed.of_task(
+                    task.name, m.id, self.tasks.name), "REVOKED", request=m.request)
+            else:
+                task.backend.mark_as_revoked(m.id, why, request=m.request)
         self.tasks.task_revoked(m.request)
         if why == "expired":
             self.tasks.task_expired(m.request)

@@ -145,10 +145,18 @@ def test_a_queued_task_past_its_latest_start_is_dropped_unrun(one):
     app = one
     liar = _infer(app, 1500.0, declared_ms=50.0)  # ahead of it: planned 50 ms, runs 1.5 s
     wait_until(lambda: _started(app, liar.id), 10, "the liar to start")
-    late = _infer(app, 50.0, compass={"deadline_ms": 600})  # admitted: ~100 ms planned
-    with pytest.raises(TaskRevokedError, match="expired"):
+    late = _infer(app, 50.0, deadline_ms=600)  # admitted: ~100 ms planned
+    own = _infer(app, 50.0, expires=0.3)  # the caller's own expiry, no deadline: Celery's
+    with pytest.raises(DeadlineMissed) as err:  # as a Dag's is, not Celery's "expired"
         late.get(timeout=20)
+    info = err.value.info
+    assert info["task"] == "emulated.infer" and info["task_id"] == late.id, info
+    assert info["job"] is None and info["worker"] == "adm@one" and "shed" in info["exc"]
+    assert f"task emulated.infer[{late.id}]" in str(err.value)
+    assert late.state == "REVOKED"  # still Celery's state for a task dropped unrun
     assert _started(app, late.id) == 0
+    with pytest.raises(TaskRevokedError, match="expired"):
+        own.get(timeout=20)
     job = _chain(app, "queued", 50.0, 50.0)
     liar = _infer(app, 1500.0, declared_ms=50.0)
     wait_until(lambda: _started(app, liar.id), 10, "the second liar to start")

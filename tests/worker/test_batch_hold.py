@@ -161,3 +161,22 @@ def test_the_list_watch_wakes_on_any_list_and_consumes_nothing(compass_redis_url
     assert time.monotonic() - t0 < 0.08
     wait_until(lambda: client.info("clients")["blocked_clients"] == 0, 5,
                "the watches to end")
+
+
+def test_a_member_past_its_deadline_ends_with_deadline_missed(compass_redis_url,
+                                                              compass_workers):
+    """A batched input dropped unrun for the deadline compass gave it raises
+    DeadlineMissed from ``result.get()``, as a plain task's does, not Celery's
+    ``TaskRevokedError('expired')``; its mates run."""
+    from compass_celery.errors import DeadlineMissed
+
+    app, queue, w = _worker(compass_redis_url, compass_workers, "h6@hold")
+    busy = _send(app, "h.busy", 0.6, queue)
+    t0 = time.time()
+    lead = _send(app, "h.embed", "lead", queue)
+    late = _send(app, "h.embed", "late", queue, expires_at=t0 + 0.2, due=t0 + 0.3)
+    assert busy.get(timeout=20) is not None
+    assert lead.get(timeout=20) == "e(lead)", worker_logs([w])
+    with pytest.raises(DeadlineMissed) as err:
+        late.get(timeout=20)
+    assert err.value.info["task_id"] == late.id and late.state == "REVOKED"
