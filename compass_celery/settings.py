@@ -107,6 +107,10 @@ OPTIONS: dict[str, Option] = {
     "time_scale": Option(1.0, (int, float), "real seconds per workload second for emulated "
                          "sleeps", "", 1e-6),
     "preload": Option([], (list, tuple, str), "models to load at worker start"),
+    "torch_threads": Option(None, (int, type(None)), "torch's intra-op threads on a worker "
+                            "whose device is cpu (default: its share of the host's cores, "
+                            "cores // the CPU workers on the host and their pool processes; "
+                            "an exported OMP_NUM_THREADS is kept)", "", 1),
     "cache_policy": Option("lookahead", str, "eviction policy: lookahead, lru or fifo"),
     "prefetch_depth": Option(3, int, "queued tasks to look ahead when prefetching", "", 0),
     "gc_interval_s": Option(60.0, (int, float), "how often a worker runs a full garbage "

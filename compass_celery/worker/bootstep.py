@@ -34,6 +34,8 @@ WORKER_FLAGS: Mapping[str, tuple[type | click.ParamType, str]] = {
     "load_mb_per_s": (float, "model load bandwidth of the (emulated) GPU, MB/s"),
     "speed": (float, "speed factor of this worker's GPU"),
     "preload": (str, "comma-separated models to load at start"),
+    "torch_threads": (int, "torch threads on a cpu device (default: this worker's share of "
+                           "the host's cores)"),
     "time_scale": (float, "real seconds per workload second for emulated sleeps"),
     "metrics_port": (int, "serve Prometheus metrics on this port (/metrics)"),
 }
@@ -84,7 +86,8 @@ class CompassWorker(bootsteps.StartStopStep):
             # next timer fires, up to 10 s later. A short timer bounds that wait.
             hub.call_repeatedly(AMQP_WAKE_S, _wake)
         compass: CompassContext = worker.app.compass
-        self.runtime = WorkerRuntime(compass, worker.hostname, self.own_queue, self.overrides)
+        self.runtime = WorkerRuntime(compass, worker.hostname, self.own_queue, self.overrides,
+                                     concurrency=worker.concurrency or 1)
         self.runtime.start()
 
     def stop(self, worker: Any) -> None:

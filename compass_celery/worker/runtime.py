@@ -43,6 +43,7 @@ from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back
 from .served import RankFollower, ServedDemand
 from .task_path import TaskPath
+from .threads import CpuThreads
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -56,7 +57,7 @@ class WorkerRuntime:
     cache, the record publisher, the task path, the leases and the watchdog."""
 
     def __init__(self, compass: CompassContext, name: str, queue: str,
-                 overrides: Mapping[str, Any] | None = None) -> None:
+                 overrides: Mapping[str, Any] | None = None, concurrency: int = 1) -> None:
         self.compass, self.name, self.queue = compass, name, queue
         compass.plan_on_fresh_state()  # a worker's retries are placed on what is there now
         self.cfg = with_flags(compass.settings, overrides or {})
@@ -66,6 +67,8 @@ class WorkerRuntime:
         hop = DispatchHop(self.cfg["ewma_alpha"], self.cfg["time_scale"])
         cpu = HandlerCpu()  # timed by the task path, published with the counters
         self.cache = self._make_cache()
+        self.threads = CpuThreads(name, self.cache.device, self.cfg["torch_threads"],
+                                  concurrency)
         self.publisher = RecordPublisher(compass, name, queue, self.cfg, self.cache, served,
                                          RankFollower(self.cache, self._cluster),
                                          self._stopping, hop, cpu)
@@ -117,6 +120,7 @@ class WorkerRuntime:
         if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
             self._serve_metrics(int(self.cfg["metrics_port"]))
         self._say_what_cannot_load()
+        self.threads.apply()  # in the thread that runs the preload (and, solo, the tasks)
         if self.cfg["preload"]:
             self.cache.preload(self.cfg["preload"])
         self.publisher.publish()
@@ -234,6 +238,7 @@ class WorkerRuntime:
         otherwise be the one a retry or a successor is placed on, up to its TTL later."""
         try:
             snapshot = self.compass.store.snapshot(time.time(), self.cfg["heartbeat_timeout_s"])
+            self.threads.observe(snapshot.workers)  # CPU workers beside this one, recounted
             return cluster_view(snapshot, self.compass.model_sizes())
         except (StateUnavailable, RedisError):
             return None
@@ -324,6 +329,7 @@ class WorkerRuntime:
     def _hooks(self) -> list[tuple[Any, Any]]:
         t = self.tasks
         hooks = [(signals.task_received, t.on_received), (signals.task_prerun, t.on_prerun),
+                 (signals.task_prerun, self.threads.apply),
                  (signals.task_postrun, t.on_postrun), (signals.task_revoked, t.on_revoked)]
         if self.compass.queues is not None:
             hooks += [(signals.task_rejected, self._on_rejected),

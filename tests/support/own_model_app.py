@@ -43,6 +43,12 @@ def make_app(broker: str | None = None, **conf: object) -> Celery:
     def asks_for_mine() -> str:
         return type(get_model("loaded-by-my-code")).__name__
 
+    @app.task(name="own.torch_threads", shared=False)
+    def torch_threads() -> int:
+        import torch
+
+        return torch.get_num_threads()  # in the thread that runs the tasks
+
     return app
 
 
