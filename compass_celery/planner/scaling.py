@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 from .capacity import DEFAULT_MAX_UTIL, target_utilisation
 from .demand import REPLICA_BUSY, replica_targets
-from .types import ModelDemand
+from .types import ModelDemand, WorkerView
 
 #: Seconds ahead the rule looks (the rate's trend is followed that far).
 DEFAULT_HORIZON_S = 30.0
@@ -206,6 +206,13 @@ class RateWindow:
                 trend = (recent - older) / half / half
             out[name] = (rate, trend)
         return out
+
+
+def members_from(workers: Iterable[WorkerView]) -> list[Member]:
+    """The live workers of a snapshot as the rule sees them (a real provider's input):
+    resident and loading models, backlog with planned-not-sent work, GPU and speed."""
+    return [Member(w.name, frozenset(w.resident) | frozenset(w.loading),
+                   w.backlog_ms + w.pending_ms, w.gpu_total_mb, w.speed) for w in workers]
 
 
 def _holders(members: Iterable[Member]) -> dict[str, int]:
