@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .types import SHARED, Placement
+from .types import SHARED, ClusterView, Placement
 
 #: What happens to a job predicted to miss its deadline.
 REJECT, LATE, DEGRADE = "reject", "late", "degrade"
@@ -165,7 +165,7 @@ class Verdict:
 def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
           max_queue_ms: float | None = None, admission: bool = True,
           load_ms: float = 0.0, headroom: float = 0.0, error_ms: float = 0.0,
-          guessed: bool = False) -> Verdict:
+          guessed: bool = False, missing: bool = False) -> Verdict:
     """Admit, admit late, or reject a job whose plan finishes at ``predicted_ms`` (from
     now; NaN when it could not be planned) and starts after ``wait_ms`` of queued work.
 
@@ -178,13 +178,19 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     and at most :data:`ERROR_CAP_SHARE` of the deadline).
 
     A job that misses only because its plan loads models (``load_ms``, the loads it
-    plans) onto a worker that would start it at once (``wait_ms`` within
-    :data:`IDLE_SHARE` of the deadline) is taken late (``kind='cold'``) and run to the
-    end, not refused. A load onto an idle worker is how the cluster gains capacity for a
-    model: refusing it would leave the model where it is (or nowhere, at a cold start),
-    and every later job needing another copy refused too, for good, whenever the
-    deadline is shorter than the load. With no idle worker the miss is a lack of
-    capacity, and the job is refused.
+    plans: without them it would meet its target) is taken late (``kind='cold'``) and
+    run to the end, not refused, when it loads onto an idle worker (``wait_ms`` within
+    :data:`IDLE_SHARE` of the deadline) or loads a model no worker holds (``missing``,
+    :func:`job_missing`). A load is how the cluster gains capacity for a model:
+    refusing it would leave the model where it is (or nowhere, at a cold start, or
+    after batch work evicted it), and every later job needing it refused too, for good,
+    whenever the deadline is shorter than the load. A missing model is loaded on a busy
+    worker too: the plan's wait counts only what runs ahead of the job's level (in
+    flight, and queued at its level or above), so the worker it chose takes the load
+    next, ahead of its queued lower-level work (past capacity, the one whose in-flight
+    batch task ends soonest). A model resident somewhere is not loaded late onto a busy
+    worker: its copies grow with the plan's budget instead (``planner.compass``), and a
+    job that would miss even without its loads lacks capacity, and is refused.
 
     Likewise a plan that rests on a run time nobody declared and none was measured yet
     (``guessed``: ``compass_default_exec_ms`` stood in) is no evidence of a miss: on an
@@ -210,7 +216,8 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     if not admission or slo is None or slo.on_miss == LATE:
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
                        miss_ms=miss, reason=why, kind="deadline")
-    if load_ms > 0 and wait_ms <= IDLE_SHARE * deadline and predicted_ms - load_ms <= target:
+    if load_ms > 0 and predicted_ms - load_ms <= target \
+            and (missing or wait_ms <= IDLE_SHARE * deadline):
         return Verdict(True, late=True, predicted_ms=predicted_ms, deadline_ms=deadline,
                        miss_ms=miss, kind="cold",
                        reason=why + f", only because it loads {load_ms:.0f} ms of models: "
@@ -222,6 +229,18 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
                                     "yet: taken late, so that it is learned")
     return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
                    retry_after_ms=miss, reason=why, kind="deadline")
+
+
+def plan_budget_ms(slo: Slo | None, headroom: float = 0.0, error_ms: float = 0.0
+                   ) -> float | None:
+    """The time a plan of a job with ``slo`` should end within, ms from now: what
+    :func:`judge` admits on time (the deadline less ``headroom`` and the learned plan
+    error, capped as there); None without a deadline (a batch plan). The planner makes
+    a model's copies against it (``planner.compass.copy_worker``)."""
+    if slo is None or slo.deadline_ms is None:
+        return None
+    deadline = slo.deadline_ms
+    return deadline * (1.0 - headroom) - min(max(0.0, error_ms), ERROR_CAP_SHARE * deadline)
 
 
 def plan_error_step(q: float, error_ms: float, tau: float = ERROR_QUANTILE,
@@ -246,6 +265,15 @@ def job_load_ms(plan: Mapping[str, Placement]) -> float:
     """The model loads a planned job makes (their sum: an upper bound on what they add
     to its finish)."""
     return sum(p.load_ms for p in plan.values())
+
+
+def job_missing(plan: Mapping[str, Placement], models: Mapping[str, str | None],
+                cluster: ClusterView) -> bool:
+    """Whether the plan loads a model (``models``: node -> model) that no live worker
+    holds or is loading: only a late load brings it back (:func:`judge`)."""
+    held = {m for w in cluster.workers for m in (*w.resident, *w.loading)}
+    return any(p.load_ms > 0 and models.get(n) is not None and models[n] not in held
+               for n, p in plan.items())
 
 
 def job_wait_ms(plan: Mapping[str, Placement]) -> float:

@@ -5,14 +5,24 @@ plus work planned onto it but not yet sent), loading a model that is not residen
 (doubled when something must be evicted first) and pulling inputs from another worker.
 When the snapshot carries recent demand, the choice also counts what a load would evict:
 the expected reloads of models pushed below their replica target (``planner.evict``).
+
+A plan given a ``budget_ms`` (its job's deadline, less admission's reserve) also makes
+copies: when a task's model is resident only where the job would finish past its
+budget, and a worker without it would meet the budget but for the load, the task goes
+there and the model is loaded (a second copy, placed where it would serve soonest,
+although the load takes seconds; admission takes a job late that misses only by its
+loads). Without a budget the plan is a batch plan: its loads do not evict the copies
+live deadline-bound demand keeps (``planner.evict``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from .base import Policy
 from .choose import choose
 from .evict import EvictionPricer
+from .rank import upward_rank
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Estimate, Walk
 
@@ -27,6 +37,8 @@ class CompassPolicy:
     name = "compass"
     adjusts = True
     shared = False
+    #: ``plan`` takes a deadline budget (``plan_job``)
+    budgets = True
 
     def __init__(
         self,
@@ -36,11 +48,15 @@ class CompassPolicy:
         self.count_pending = count_pending
         self.collocate_slack_ms = collocate_slack_ms
 
-    def plan(self, dag: DagSpec, cluster: ClusterView) -> Plan:
-        """Rank order (critical path first); each task on its earliest-finish worker."""
+    def plan(self, dag: DagSpec, cluster: ClusterView, budget_ms: float | None = None
+             ) -> Plan:
+        """Rank order (critical path first); each task on its earliest-finish worker, or
+        on a new copy of its model when ``budget_ms`` (ms from now the job should end
+        within) is missed where the model is resident (:func:`copy_worker`)."""
         walk = Walk(dag, cluster, count_pending=self.count_pending)
-        pricer = EvictionPricer(walk.arr, cluster.demand, cluster.model_sizes_mb) \
-            if cluster.demand else None
+        pricer = EvictionPricer(walk.arr, cluster.demand, cluster.model_sizes_mb,
+                                batch=budget_ms is None) if cluster.demand else None
+        tails = _tails(walk) if budget_ms is not None else None
         out: dict[str, Placement] = {}
         for name in walk.rank_order():
             est = walk.estimate(name)
@@ -50,7 +66,14 @@ class CompassPolicy:
                 evict = pricer.price(model, walk.sizes[name], walk.free, est.load)
                 score = est.finish + evict
             i = choose(score, walk.avail, est.restrict)
+            copy = None
+            if tails is not None and budget_ms is not None and model is not None:
+                copy = copy_worker(est, score, walk.avail, i, tails[name], budget_ms)
             reason = _reason(walk, name, est, i, evict)
+            if copy is not None:
+                i = copy
+                reason = (f"a copy of {model}: the job misses its budget where it is "
+                          f"resident; load {float(est.load[i]):.0f}ms here")
             j = self._collocate(walk, name, est, score, i)
             if j is not None:
                 extra = float(score[j] - score[i])
@@ -77,6 +100,41 @@ class CompassPolicy:
             if key[0] <= limit and (pick is None or key < pick):
                 pick = key
         return None if pick is None else pick[2]
+
+
+def copy_worker(est: Estimate, score: np.ndarray, avail: np.ndarray, best: int,
+                tail_ms: float, budget_ms: float) -> int | None:
+    """Where to load another copy of a task's model, or None: when the best worker
+    holds the model but the job would end past ``budget_ms`` there (the task's finish
+    plus ``tail_ms``, the critical path after it), the worker without it that would
+    serve it soonest (least score, load included), provided the job would meet the
+    budget there but for the load. Copies follow demand: one worker that cannot carry
+    a class's demand within its deadline gets a second, though the load takes seconds."""
+    if est.load[best] > 0 or est.finish[best] + tail_ms <= budget_ms:
+        return None
+    cold = est.mask & (est.load > 0)
+    if not cold.any():
+        return None
+    k = choose(score, avail, cold)
+    if est.finish[k] - est.load[k] + tail_ms > budget_ms:
+        return None  # as busy as the holders: a copy there would not help
+    return k
+
+
+def _tails(walk: Walk) -> dict[str, float]:
+    """Per task, the critical path after it (ms): its upward rank less its own run."""
+    rank = upward_rank(walk.dag, walk.arr, walk.topo, walk.succs)
+    inv_speed = walk.arr.mean("speed", inverse=True)
+    return {n: r - walk.dag.nodes[n].exec_ms * inv_speed for n, r in rank.items()}
+
+
+def plan_job(policy: Policy, dag: DagSpec, cluster: ClusterView,
+             budget_ms: float | None = None) -> Plan:
+    """``policy.plan``, with the job's deadline budget for a policy that takes one
+    (``budgets``: compass); the router, a Dag submission and the simulator plan so."""
+    if budget_ms is not None and getattr(policy, "budgets", False):
+        return policy.plan(dag, cluster, budget_ms=budget_ms)  # type: ignore[call-arg]
+    return policy.plan(dag, cluster)
 
 
 def _reason(walk: Walk, name: str, est: Estimate, i: int, evict: np.ndarray | None) -> str:

@@ -51,6 +51,7 @@ class DemandTracker:
         self.min_age_s = float(min_age_s)
         self._ms: dict[str, float] = {}  # decayed sums at self._t
         self._n: dict[str, float] = {}
+        self._u: dict[str, float] = {}  # the part of _n asked for by jobs with a deadline
         self._t: float | None = None
         self._t0: float | None = None
 
@@ -62,7 +63,7 @@ class DemandTracker:
         if dt <= 0:
             return
         f = math.exp(-dt / self.tau_s)
-        for d in (self._ms, self._n):
+        for d in (self._ms, self._n, self._u):
             for k in d:
                 d[k] *= f
         self._t = now_s
@@ -74,17 +75,22 @@ class DemandTracker:
         if self._t is None:
             self._t = self._t0 = now_s
 
-    def add(self, model: str, exec_ms: float, now_s: float, count: float = 1.0) -> None:
-        """Record ``count`` tasks needing ``model`` for ``exec_ms`` each, arriving at ``now_s``."""
+    def add(self, model: str, exec_ms: float, now_s: float, count: float = 1.0,
+            urgent: bool = False) -> None:
+        """Record ``count`` tasks needing ``model`` for ``exec_ms`` each, arriving at
+        ``now_s``; ``urgent``: asked for by a job with a deadline."""
         self._decay_to(now_s)
         self._ms[model] = self._ms.get(model, 0.0) + exec_ms * count
         self._n[model] = self._n.get(model, 0.0) + count
+        if urgent:
+            self._u[model] = self._u.get(model, 0.0) + count
 
-    def observe(self, dag: DagSpec, now_s: float) -> None:
-        """Record every task of a job arriving at ``now_s``."""
+    def observe(self, dag: DagSpec, now_s: float, urgent: bool = False) -> None:
+        """Record every task of a job arriving at ``now_s`` (refused or not: a refusal
+        for want of capacity is demand the cluster did not carry)."""
         for task in dag.nodes.values():
             if task.model is not None:
-                self.add(task.model, task.exec_ms, now_s)
+                self.add(task.model, task.exec_ms, now_s, urgent=urgent)
 
     def ready(self, now_s: float) -> bool:
         """Whether :meth:`rates` reports at ``now_s``: a task seen, ``min_age_s`` ago or more."""
@@ -104,7 +110,8 @@ class DemandTracker:
         scale = f / (self.tau_s * seen) if seen > 0 else 0.0
         if scale == 0.0:
             return {}
-        return {m: ModelDemand(ms * scale, self._n[m] * scale) for m, ms in self._ms.items()}
+        return {m: ModelDemand(ms * scale, self._n[m] * scale, self._u.get(m, 0.0) * scale)
+                for m, ms in self._ms.items()}
 
 
 def replica_targets(
@@ -139,7 +146,8 @@ def coarse_rates(rates: Mapping[str, ModelDemand],
         if d.per_s < MIN_RATE_PER_S:
             continue
         out[model] = ModelDemand(float(f"{d.ms_per_s:.{digits}g}"),
-                                 float(f"{d.per_s:.{digits}g}"))
+                                 float(f"{d.per_s:.{digits}g}"),
+                                 float(f"{d.urgent_per_s:.{digits}g}"))
     return out
 
 
@@ -157,7 +165,8 @@ class DemandSum:
     """
 
     def __init__(self, workers: Iterable[WorkerView] = ()) -> None:
-        self._sums: dict[str, list[float]] = {}  # model -> [ms_per_s, per_s, contributors]
+        # model -> [ms_per_s, per_s, contributors, urgent_per_s]
+        self._sums: dict[str, list[float]] = {}
         for w in workers:
             self._add(w.served, 1.0)
         self._demand = self._freeze()
@@ -167,15 +176,16 @@ class DemandSum:
         for model, d in served.items():
             acc = sums.get(model)
             if acc is None:
-                acc = sums[model] = [0.0, 0.0, 0.0]
+                acc = sums[model] = [0.0, 0.0, 0.0, 0.0]
             acc[0] += sign * d.ms_per_s
             acc[1] += sign * d.per_s
             acc[2] += sign
+            acc[3] += sign * d.urgent_per_s
             if acc[2] <= 0:
                 del sums[model]
 
     def _freeze(self) -> dict[str, ModelDemand]:
-        return {m: ModelDemand(max(0.0, a[0]), max(0.0, a[1]))
+        return {m: ModelDemand(max(0.0, a[0]), max(0.0, a[1]), max(0.0, a[3]))
                 for m, a in sorted(self._sums.items())}
 
     @property

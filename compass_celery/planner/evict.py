@@ -15,7 +15,13 @@ then reloaded elsewhere, pushing out another. With the cluster's recent demand
   the cluster (measured on ``multi-model.json``: 3x the loads); it costs
   ``SPARE_WEIGHT`` reloads;
 * both are weighted by the chance that the model is asked for within ``HORIZON_S``
-  (``1 - exp(-tasks per second x HORIZON_S)``), so a model nobody uses is free to go.
+  (``1 - exp(-tasks per second x HORIZON_S)``), so a model nobody uses is free to go;
+* a kept copy of a model that jobs with a deadline ask for (``urgent_per_s`` at least
+  ``URGENT_MIN_PER_S``) is **protected** from a batch load (a plan with no deadline to
+  meet): evicting it costs ``PROTECT_WEIGHT`` times more, and it is evicted last. The
+  batch task waits for a worker that has room, or takes it from batch models; the
+  class with a deadline keeps its models while its demand lasts (the rate decays over
+  ``planner.demand.DEFAULT_TAU_S`` once it stops).
 
 A load that needs ``size - free`` MB is assumed to evict spare copies first, then kept
 ones, least worth per MB first (:func:`eviction_rank` hands the worker's cache
@@ -44,6 +50,12 @@ HORIZON_S = 10.0
 KEPT_WEIGHT = 2.0
 #: The same for a spare copy (its model stays resident elsewhere).
 SPARE_WEIGHT = 1.0
+#: Deadline-bound tasks per second from which a model's kept copies are protected from
+#: batch loads: one within ``HORIZON_S``.
+URGENT_MIN_PER_S = 1.0 / HORIZON_S
+#: How much more a batch load's eviction of a protected copy costs: enough that batch
+#: work waits for another worker (or evicts batch models) rather than take it.
+PROTECT_WEIGHT = 100.0
 
 
 class EvictionPricer:
@@ -57,10 +69,12 @@ class EvictionPricer:
     """
 
     def __init__(self, arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
-                 sizes_mb: Mapping[str, float]) -> None:
+                 sizes_mb: Mapping[str, float], batch: bool = False) -> None:
         self.arr = arrays
         self.active = bool(demand)
-        self.sizes, self.target, self.chance, self.copies = _snapshot_terms(
+        #: the loads priced are a batch plan's (no deadline): protected copies cost more
+        self.batch = batch
+        self.sizes, self.target, self.chance, self.copies, self.urgent = _snapshot_terms(
             arrays, demand, sizes_mb)
         self.resident = arrays.resident
         self._owned = False  # resident and copies are still the shared ones
@@ -82,11 +96,24 @@ class EvictionPricer:
         """Per model: evicting one copy would leave fewer than its target."""
         return self.copies <= self.target
 
+    def protected(self) -> np.ndarray:
+        """Per model: a kept copy that live deadline-bound demand needs."""
+        return self.kept() & self.urgent
+
+    def tier(self) -> np.ndarray:
+        """Per model, its copies' eviction tier, lowest evicted first: 0 spare, 1 kept,
+        2 protected (``protected``)."""
+        return self.kept().astype(float) + self.protected()
+
     def worth(self) -> np.ndarray:
         """Per model, the reloads one copy's eviction is expected to cause, per ms of its
         load: ``KEPT_WEIGHT`` or ``SPARE_WEIGHT``, times the chance that the model is
-        asked for within ``HORIZON_S``."""
-        return self.chance * np.where(self.kept(), KEPT_WEIGHT, SPARE_WEIGHT)
+        asked for within ``HORIZON_S``; for a batch plan, a protected copy's times
+        ``PROTECT_WEIGHT``."""
+        worth = self.chance * np.where(self.kept(), KEPT_WEIGHT, SPARE_WEIGHT)
+        if self.batch:
+            worth = worth * np.where(self.protected(), PROTECT_WEIGHT, 1.0)
+        return worth
 
     def price(self, model: str, size_mb: float, free_mb: np.ndarray,
               load: np.ndarray) -> np.ndarray:
@@ -117,17 +144,17 @@ class EvictionPricer:
         worths in that order (``j``'s own worth 0: it is what is being loaded)."""
         got = self._orders.get(j)
         if got is None:
-            kept = self.kept()
+            tier = self.tier() if self.batch else self.kept()
             worth = self.worth()
             worth[j] = 0.0
             # victims: spare copies first (worth 0), then kept ones least likely needed
-            # first; among equals the larger first (fewer evictions)
-            order = np.lexsort((-self.sizes, worth, kept))
+            # first (a batch plan's protected ones last); among equals the larger first
+            order = np.lexsort((-self.sizes, worth, tier))
             got = self._orders[j] = (order, self.sizes[order], worth[order])
         return got
 
 
-Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 #: Memos keyed by the identity of what an entry depends on; each entry holds those
 #: objects, so an id cannot be reused while its entry lives. The snapshot's terms are
 #: worked out in parts, each memoised on its own deps: a simulated cluster's snapshots
@@ -176,7 +203,8 @@ def _copies(resident: np.ndarray) -> np.ndarray:
 def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                     sizes_mb: Mapping[str, float]) -> Terms:
     """Per model: size, replica target, chance of being asked for within ``HORIZON_S``,
-    resident copies. Read-only: a pricer copies before it changes anything."""
+    resident copies, live deadline-bound demand (``URGENT_MIN_PER_S``). Read-only: a
+    pricer copies before it changes anything."""
     deps = (arrays.resident, arrays.gpu_total_mb, arrays.models, demand, sizes_mb)
     return _memo(_TERMS, deps, lambda: _build_terms(arrays, demand, sizes_mb))
 
@@ -188,6 +216,7 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     m = len(arrays.models)
     target = np.zeros(m, dtype=int)
     chance = np.zeros(m)
+    urgent = np.zeros(m, dtype=bool)
     if demand:
         targets = replica_targets(demand, fits)
         for name, d in demand.items():
@@ -196,18 +225,21 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                 continue
             target[j] = targets.get(name, 0)
             chance[j] = -math.expm1(-d.per_s * HORIZON_S)
+            urgent[j] = d.urgent_per_s >= URGENT_MIN_PER_S
         copies = _memo(_COPIES, (arrays.resident,), lambda: _copies(arrays.resident))
     else:
         copies = np.zeros(m, dtype=int)
         copies.flags.writeable = False
     target.flags.writeable = chance.flags.writeable = False  # shared between plans
-    return sizes, target, chance, copies
+    urgent.flags.writeable = False
+    return sizes, target, chance, copies, urgent
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:
     """Model -> sort key of its copies as eviction victims, lowest first: spare before
-    kept, then least worth per MB, then larger first. The order :class:`EvictionPricer`
-    assumes, for the worker's cache to follow (``CacheDecider.rank``); empty without
+    kept before protected (kept, and live deadline-bound demand needs it), then least
+    worth per MB, then larger first. The order :class:`EvictionPricer` assumes for a
+    batch load, for the worker's cache to follow (``CacheDecider.rank``); empty without
     demand. Memoised per (immutable) snapshot."""
     if not cluster.demand:
         return {}
@@ -215,8 +247,8 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
     if hit is not None and hit[0]() is cluster:
         return hit[1]
     pricer = EvictionPricer(worker_arrays(cluster), cluster.demand, cluster.model_sizes_mb)
-    kept, worth = pricer.kept(), pricer.worth()
-    rank = {m: (float(kept[j]), float(worth[j]), -float(pricer.sizes[j]))
+    tier, worth = pricer.tier(), pricer.worth()
+    rank = {m: (float(tier[j]), float(worth[j]), -float(pricer.sizes[j]))
             for m, j in pricer.arr.models.items()}
     key = id(cluster)
     _RANKS[key] = (weakref.ref(cluster, lambda _: _RANKS.pop(key, None)), rank)

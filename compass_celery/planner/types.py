@@ -34,10 +34,13 @@ class PlanningError(ValueError):
 @dataclass(frozen=True)
 class ModelDemand:
     """Recent demand for one model across the cluster: GPU ms asked per second (1000 =
-    one speed-1.0 worker busy) and tasks per second (see ``planner.demand``)."""
+    one speed-1.0 worker busy) and tasks per second (see ``planner.demand``), and the
+    part of those tasks per second that jobs with a deadline asked for (``urgent_per_s``:
+    the demand whose copies batch loads must not evict, ``planner.evict``)."""
 
     ms_per_s: float
     per_s: float
+    urgent_per_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -42,12 +42,15 @@ from ..planner.admission import (
     Slo,
     job_finish_ms,
     job_load_ms,
+    job_missing,
     job_wait_ms,
     judge,
+    plan_budget_ms,
     plan_error_step,
     should_shed,
     tails_ms,
 )
+from ..planner.compass import plan_job
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
 from ..planner.pending import pending_work
@@ -145,6 +148,8 @@ class Simulation:
         self.admission, self.max_queue_ms = o.admission, o.max_queue_ms
         self.headroom = o.headroom
         self.slos = {name: workload.slo(name) for name in workload.dags}
+        self.models = {name: {n: t.model for n, t in dag.nodes.items()}
+                       for name, dag in workload.dags.items()}
         # each template's level, as the router resolves a job's class's priority
         self.levels = {name: resolve_priority(slo.priority if slo is not None else None)
                        for name, slo in self.slos.items()}
@@ -185,14 +190,17 @@ class Simulation:
 
     def _arrive(self, job: Job) -> None:
         dag = job.dag
-        if self.demand is not None:
-            self.demand.observe(dag, self.engine.now / MS_PER_S)  # read at the next rebuild
+        slo = self.slos[dag.name]
+        if self.demand is not None:  # refused or not; read at the next rebuild
+            self.demand.observe(dag, self.engine.now / MS_PER_S,
+                                urgent=slo is not None and slo.deadline_ms is not None)
         # as a task of its level sees the workers (the lowest level skips nothing)
         snapshot = self.cluster.snapshot() if job.level <= DEFAULT_PRIORITY \
             else self.cluster.leveled(job.level)
         started = time.perf_counter_ns()
         try:
-            plan = self.policy.plan(dag, snapshot)
+            plan = plan_job(self.policy, dag, snapshot, plan_budget_ms(
+                slo, self.headroom, self.plan_error.get(slo.name, 0.0) if slo else 0.0))
         except PlanningError:
             job.failed = True
             return
@@ -223,6 +231,7 @@ class Simulation:
         verdict = judge(slo, job_finish_ms(placements), job_wait_ms(placements),
                         max_queue_ms=self.max_queue_ms, admission=self.admission,
                         load_ms=job_load_ms(placements),
+                        missing=job_missing(placements, self.models[job.dag.name], snapshot),
                         headroom=self.headroom,
                         error_ms=self.plan_error.get(slo.name, 0.0) if slo else 0.0)
         if not verdict.admitted:

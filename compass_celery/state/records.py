@@ -47,6 +47,9 @@ def encode_record(view: WorkerView, **extra: Any) -> str:
         body["hop_ms"] = view.hop_ms
     if view.served:  # absent when empty: a worker that served nothing keeps its old bytes
         body["served"] = {m: [d.ms_per_s, d.per_s] for m, d in sorted(view.served.items())}
+        urgent = {m: d.urgent_per_s for m, d in sorted(view.served.items()) if d.urgent_per_s}
+        if urgent:  # the part jobs with a deadline asked for (absent when none)
+            body["served_urgent"] = urgent
     if view.loading:  # absent when no load is under way
         body["loading"] = {m: list(span) for m, span in sorted(view.loading.items())}
     if view.running:  # absent when nothing runs
@@ -109,7 +112,13 @@ def _pairs(body: Mapping[str, Any], key: str, who: str, what: str
 
 def _served(body: Mapping[str, Any], who: str) -> dict[str, ModelDemand]:
     """``{"model": [ms_per_s, per_s]}``: the demand the worker served lately (optional)."""
-    return {m: ModelDemand(*pair)
+    urgent = body.get("served_urgent", {})
+    if not isinstance(urgent, dict) or not all(
+            not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)
+            and v >= 0 for v in urgent.values()):
+        raise RecordError(f"worker record {who!r}: field 'served_urgent' must map model "
+                          f"names to finite numbers >= 0, got {urgent!r:.60}")
+    return {m: ModelDemand(*pair, float(urgent.get(m, 0.0)))
             for m, pair in _pairs(body, "served", who, "[ms_per_s, per_s]").items()}
 
 

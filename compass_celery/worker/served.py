@@ -86,10 +86,12 @@ class ServedDemand:
         with self._lock:
             self.tracker.open(self.now_s())
 
-    def ran(self, model: str, run_ms: float) -> None:
-        """A task needing ``model`` ran for ``run_ms`` workload ms on this worker."""
+    def ran(self, model: str, run_ms: float, urgent: bool = False) -> None:
+        """A task needing ``model`` ran for ``run_ms`` workload ms on this worker;
+        ``urgent``: its job had a deadline (its class's demand keeps the model resident)."""
         with self._lock:
-            self.tracker.add(model, max(0.0, run_ms) * self.speed, self.now_s())
+            self.tracker.add(model, max(0.0, run_ms) * self.speed, self.now_s(),
+                             urgent=urgent)
 
     def published(self) -> Mapping[str, ModelDemand]:
         """The coarse rates to publish now: the same dict object until a recomputation
@@ -121,6 +123,7 @@ def _moved(old: Mapping[str, ModelDemand], new: Mapping[str, ModelDemand],
         return True
     return any(abs(n.ms_per_s - o.ms_per_s) > tolerance * o.ms_per_s
                or abs(n.per_s - o.per_s) > tolerance * o.per_s
+               or abs(n.urgent_per_s - o.urgent_per_s) > tolerance * o.urgent_per_s
                for o, n in ((old[m], new[m]) for m in new))
 
 

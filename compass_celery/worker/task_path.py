@@ -245,7 +245,8 @@ class TaskPath:
         run_ms = self._ms(time.monotonic() - started) if started is not None else 0.0
         share_ms = run_ms / size  # one input's share of a batch's run
         if model is not None and started is not None:
-            self.served.ran(model, share_ms)  # published with the record (served.py)
+            self.served.ran(model, share_ms,  # published with the record (served.py)
+                            urgent=bool(decision is not None and decision.due))
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0

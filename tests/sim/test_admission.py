@@ -258,7 +258,8 @@ def test_judge_gets_the_plans_finish_and_wait(monkeypatch):
     # the first job: the model loads on a cold cluster (nobody holds it), nothing learned
     assert wait == 0.0 and kw == {"max_queue_ms": 5000.0, "admission": False,
                                   "load_ms": pytest.approx(100.0),
-                                  "headroom": DEFAULT_HEADROOM, "error_ms": 0.0}
+                                  "headroom": DEFAULT_HEADROOM, "error_ms": 0.0,
+                                  "missing": True}
 
 
 def test_cli_admission_flags_and_table(tmp_path, capsys):
