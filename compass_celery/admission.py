@@ -72,16 +72,19 @@ def task_call(c: CompassContext, task: Any, options: dict[str, Any]) -> dict[str
 
 def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
           wait_ms: float, load_ms: float = 0.0,
-          plan_errors: Mapping[str, float] | None = None, guessed: bool = False) -> Verdict:
+          plan_errors: Mapping[str, float] | None = None, guessed: bool = False,
+          missing: bool = False) -> Verdict:
     """Judge a plan, adding how late plans of its SLO class have run (learned from the
     jobs that ended: ``plan_errors``, SLO class -> ms, a snapshot's); ``guessed``: it
-    rests on a run time nobody declared or measured (``planner.admission.judge``). A refusal raises
+    rests on a run time nobody declared or measured; ``missing``: it loads a model no
+    worker holds (``planner.admission.judge``). A refusal raises
     :class:`Rejected` (nothing was written or sent)."""
     cfg = c.settings
     error = (plan_errors or {}).get(slo.name, 0.0) if slo is not None else 0.0
     verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg["max_queue_ms"],
                     admission=cfg["admission"], load_ms=load_ms,
-                    headroom=cfg["admission_headroom"], error_ms=error, guessed=guessed)
+                    headroom=cfg["admission_headroom"], error_ms=error, guessed=guessed,
+                    missing=missing)
     admission_decided.send(sender=c, what=what, slo=slo, verdict=verdict)
     if not verdict.admitted:
         raise Rejected(what, verdict.reason,

@@ -17,6 +17,7 @@ from .needs import DECLARE_MODEL, TaskNeeds
 from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
+from .planner.compass import plan_job
 from .planner.pending import send_charge_ms
 from .planner.priority import for_priority
 from .planner.types import SHARED, DagSpec
@@ -118,11 +119,13 @@ def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Deci
 def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
            validate: bool = False, priority: int | None = None,
-           batch_aware: bool = True) -> Decision:
+           batch_aware: bool = True, budget_ms: float | None = None) -> Decision:
     """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``; a task of
     ``priority`` waits only for work in flight and queued at its level or above. A
     batched task joins a batch forming on a worker where that finishes first, and is
-    charged what it adds to it (``batch_aware`` off: placed as an unbatched task)."""
+    charged what it adds to it (``batch_aware`` off: placed as an unbatched task).
+    ``budget_ms``: the task's deadline budget (``planner.admission.plan_budget_ms``), for
+    a policy that makes copies against it (``planner.compass.plan_job``)."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
@@ -134,7 +137,7 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     cluster = cluster_view(snapshot, model_sizes_mb)
     try:
         dag = DagSpec.single(needs.spec(batch_aware))
-        plan = policy.plan(dag, cluster)
+        plan = plan_job(policy, dag, cluster, budget_ms)
         if validate:
             check_plan(plan, dag, cluster)
     except PlanningError as exc:

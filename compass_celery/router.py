@@ -19,7 +19,7 @@ from . import ledger
 from .admission import admit, due_at, slo_of_call
 from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
-from .planner.admission import Slo, latest_start
+from .planner.admission import Slo, latest_start, plan_budget_ms
 from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
@@ -73,7 +73,8 @@ class CompassRouter:
         else:
             decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
                               c.settings["validate"], priority=level,
-                              batch_aware=c.settings["batch_aware"])
+                              batch_aware=c.settings["batch_aware"],
+                              budget_ms=self._budget(slo, snapshot))
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
@@ -118,8 +119,12 @@ class CompassRouter:
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
+        missing = bool(decision.load_ms and decision.model is not None and not any(
+            decision.model in w.resident or decision.model in w.loading
+            for w in snapshot.workers))
         verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, decision.load_ms, snapshot.plan_errors, guessed)
+                        decision.wait_ms, decision.load_ms, snapshot.plan_errors, guessed,
+                        missing)
         if slo is None:
             return decision
         due = due_at(c, slo)
@@ -129,6 +134,14 @@ class CompassRouter:
             expires = latest_start(due, tail, c.settings["time_scale"])
         return replace(decision, slo=slo.name, due=due, expires_at=expires,
                        late=verdict.late)
+
+    def _budget(self, slo: Slo | None, snapshot: Snapshot) -> float | None:
+        """The time a task with ``slo`` should be planned to end within (its deadline
+        less admission's reserve); None without a deadline."""
+        if slo is None:
+            return None
+        return plan_budget_ms(slo, self.compass.settings["admission_headroom"],
+                              snapshot.plan_errors.get(slo.name, 0.0))
 
     def _level(self, options: dict[str, Any], slo: Slo | None = None) -> int:
         """The task's priority level: the caller's ``priority=`` (a level or a class), else

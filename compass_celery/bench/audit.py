@@ -11,7 +11,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..broker.fetch import fetch_key
 from ..broker.kombu_redis import RedisLayout
 from ..state import keys
 
@@ -52,7 +51,7 @@ def forget_unacked(client: Any, prefix: str) -> None:
 def stranded_messages(client: Any, prefix: str, worker_names: Sequence[str]
                       ) -> dict[str, int]:
     """Messages still waiting anywhere once every job ended: each worker queue and the
-    shared queue (every priority list), each staging and fetch list, and kombu's unacked
+    shared queue (every priority list), each staging list, and kombu's unacked
     hash."""
     layout = RedisLayout()
     queues = {f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in worker_names)}
@@ -64,8 +63,6 @@ def stranded_messages(client: Any, prefix: str, worker_names: Sequence[str]
         for name in layout.lists(queue):
             out[name.replace(layout.sep, "/")] = int(client.llen(name))
     for raw in client.scan_iter(keys.key(keys.STAGING, prefix, queue="*")):
-        out[raw.decode("utf-8", "replace")] = int(client.llen(raw))
-    for raw in client.scan_iter(fetch_key(prefix, "*")):  # what a blocked fetch moved
         out[raw.decode("utf-8", "replace")] = int(client.llen(raw))
     out["unacked"] = len(_unacked_entries(client, prefix))
     return out

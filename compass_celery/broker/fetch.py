@@ -3,36 +3,129 @@
 kombu's Redis transport takes a message with BRPOP and only then writes its unacked entry;
 a worker killed in between loses the message. Here a compass worker's channel takes each
 message into flight (kombu's unacked hash and index, with a compass lease) in one Lua step.
+
+No Redis command blocks on several lists and moves what arrives, so an idle consumer
+blocks on **bells** instead: each compass queue has one list (``<queue><sep>bell``,
+beside its priority lists) that gets a token with every message pushed onto any list of
+the queue, in the same transaction or script as the push (kombu's ``_put`` and restore,
+compass's re-placement and ageing). A token is only a wake-up: the worker that pops one
+runs the fetch script, which takes the highest-priority message, and the script clears
+the bells whenever it finds every list empty. A token lost (a producer that does not
+ring) costs at most kombu's own BRPOP timeout; a stale one, an empty look.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from typing import Any
 
-from ..planner.priority import DEFAULT_PRIORITY, broker_priority
 from ..state.scripts import script
 
-#: Longest the consumer's blocking wait (a BLMOVE of one list into its fetch list) lasts
-#: before it looks at every list again: while a worker is idle, what arrives on a list it
-#: does not block on waits at most this long (the list it blocks on wakes it at once).
-FETCH_BLOCK_S = 0.05
+#: Bells expire this long after their last token: a token matters only while a consumer
+#: is about to block or blocked (a busy one looks at every list after each task), so
+#: this only bounds what a queue nobody idles on keeps (a token per message pushed).
+BELL_TTL_MS = 10_000
+#: The bell's name beside a queue's priority lists (``<queue><sep>bell``).
+BELL = "bell"
 
 logger = logging.getLogger("compass_celery.broker")
 
-# -- the atomic fetch: kombu's BRPOP, without its window -------------------------------------
-_FETCH: dict[str, tuple[str, str]] = {}  # own queue -> (its fetch list, the leases zset)
+_FETCH: dict[str, str] = {}  # own queue consumed atomically -> the leases zset
+_RINGING: set[tuple[str, str]] = set()  # (queue prefix, shared queue) of compass apps
+_RINGS: dict[str, bool] = {}  # queue -> whether it rings (memo of _RINGING)
 
 
-def fetch_key(prefix: str, queue: str) -> str:
-    """The fetch list of ``queue``'s consumer: what its blocking wait moved out of a list."""
-    return f"{prefix}:fetch:{queue}"
+# -- bells: every push onto a compass queue wakes an idle consumer ---------------------------
+def bell_name(queue: str, sep: str) -> str:
+    """The bell of ``queue`` (without kombu's ``global_keyprefix``)."""
+    return f"{queue}{sep}{BELL}"
 
 
-def install_atomic_fetch(queue: str, fetch_list: str, leases_key: str) -> None:
+def rings(queue: str) -> bool:
+    """Whether pushes onto ``queue`` ring its bell: a compass queue (a worker's own, by
+    its prefix, or the shared one) of an app this process set up."""
+    known = _RINGS.get(queue)
+    if known is None:
+        known = _RINGS[queue] = any(queue.startswith(prefix) or queue == shared
+                                    for prefix, shared in _RINGING)
+    return known
+
+
+def ring_compass_queues(queue_prefix: str, shared_queue: str) -> None:
+    """Make every kombu Redis publish (and restore) onto a compass queue named by
+    ``queue_prefix`` or ``shared_queue`` ring the queue's bell in the same transaction.
+    Called wherever a compass app's settings are read (producers and workers alike);
+    idempotent."""
+    import kombu.transport.redis as kredis
+
+    if (queue_prefix, shared_queue) not in _RINGING:
+        _RINGING.add((queue_prefix, shared_queue))
+        _RINGS.clear()
+    channel = kredis.Channel
+    if getattr(channel._put, "compass_bell", False):
+        return
+    put, restore = channel._put, channel._do_restore_message
+
+    def _put(self: Any, queue: str, message: Any, **kwargs: Any) -> Any:
+        if not rings(queue):
+            return put(self, queue, message, **kwargs)
+        return _put_ringing(self, put, queue, message, **kwargs)
+
+    def _do_restore_message(self: Any, payload: Any, exchange: Any, routing_key: Any,
+                            pipe: Any, leftmost: bool = False) -> None:
+        restore(self, payload, exchange, routing_key, pipe, leftmost)
+        with contextlib.suppress(Exception):  # kombu logs what it could not restore
+            for queue in self._lookup(exchange, routing_key):
+                if rings(queue):
+                    ring(pipe, bell_name(queue, self.sep))
+
+    _put.compass_bell = True  # type: ignore[attr-defined]
+    channel._put, channel._do_restore_message = _put, _do_restore_message
+
+
+class _Commands:
+    """Stands in for kombu's publish batch: collects the commands its ``_put`` sends."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, tuple[Any, ...]]] = []
+
+    def add(self, name: str, *args: Any) -> None:
+        """Keep one command kombu would send."""
+        self.commands.append((name, args))
+
+
+def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any) -> None:
+    """kombu's ``_put`` of ``message`` onto ``queue`` and a token on its bell, in one
+    transaction (in kombu's publish batch when it sends one)."""
+    bell = bell_name(queue, channel.sep)
+    batch = kwargs.get("_publish_batch")
+    if batch is not None:
+        put(channel, queue, message, **kwargs)
+        ring(batch, bell, add=True)
+        return
+    commands = _Commands()
+    put(channel, queue, message, **{**kwargs, "_publish_batch": commands})
+    with channel.conn_or_acquire() as client, client.pipeline() as pipe:
+        for name, args in commands.commands:  # none on a kombu without publish batches:
+            getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
+        ring(pipe, bell)
+        pipe.execute()
+
+
+def ring(pipe: Any, bell: str, add: bool = False) -> None:
+    """Queue a token on ``bell`` (and its expiry) on ``pipe`` (a kombu batch: ``add``)."""
+    if add:
+        pipe.add("lpush", bell, "1")
+        pipe.add("pexpire", bell, BELL_TTL_MS)
+    else:
+        pipe.lpush(bell, "1")
+        pipe.pexpire(bell, BELL_TTL_MS)
+
+
+# -- the consumer -----------------------------------------------------------------------------
+def install_atomic_fetch(queue: str, leases_key: str) -> None:
     """Make this process's kombu Redis consumer of ``queue`` fetch atomically.
 
     kombu BRPOPs and then writes its unacked entry: a message Redis hands to a worker
@@ -40,15 +133,16 @@ def install_atomic_fetch(queue: str, fetch_list: str, leases_key: str) -> None:
     it close) is in neither place, and nothing can find it. Here a channel consuming
     ``queue`` instead runs fetch.lua, which moves the next message (kombu's order:
     priority lists, then queues) into kombu's unacked hash and index with a compass
-    lease, in one step; with nothing to take, it blocks with a BLMOVE of one list into
-    ``fetch_list`` (an atomic move: a dead worker's arrival waits there, drained with
-    its queue), then looks again. Acks, rejects, the visibility timeout and prefetch
-    are kombu's own, unchanged. A Redis that refuses either command (< 6.2) gets
-    kombu's BRPOP back, with a warning. Installed by the compass worker (idempotent).
+    lease, in one step. With nothing to take, it blocks in a BRPOP of its compass
+    queues' bells (and of any other queue's lists, which kombu's BRPOP would read: those
+    keep kombu's window), and looks again on any token or after kombu's BRPOP timeout.
+    Acks, rejects, the visibility timeout and prefetch are kombu's own, unchanged. A
+    Redis that refuses the script gets kombu's BRPOP back, with a warning. Installed
+    by the compass worker (idempotent).
     """
     import kombu.transport.redis as kredis
 
-    _FETCH[queue] = (fetch_list, leases_key)
+    _FETCH[queue] = leases_key
     channel = kredis.Channel
     if getattr(channel._brpop_start, "compass_fetch", False):
         return
@@ -56,7 +150,7 @@ def install_atomic_fetch(queue: str, fetch_list: str, leases_key: str) -> None:
 
     def _brpop_start(self: Any, timeout: Any = None) -> Any:
         own = _own_queue(self)
-        return start(self, timeout) if own is None else _fetch_start(self, own)
+        return start(self, timeout) if own is None else _fetch_start(self, own, timeout)
 
     def _brpop_read(self: Any, **options: Any) -> Any:
         if getattr(self, "_compass_cmd", None) is None:
@@ -74,28 +168,28 @@ def _own_queue(channel: Any) -> str | None:
     return next((q for q in _FETCH if q in channel.active_queues), None)
 
 
-def _fetch_start(channel: Any, own: str) -> None:
+def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     """Send the next look (fetch.lua) or, after one found nothing, the blocking wait."""
     queues = channel._queue_cycle.consume(len(channel.active_queues))
     if not queues:
         return
     pre = channel.global_keyprefix or ""
-    lists = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
-    fetch_list, leases = _FETCH[own]
     conn = channel.client.connection
     channel._in_poll = conn
     channel._brpop_sent_at = time.monotonic()
+    bells = [pre + bell_name(q, channel.sep) for q in queues if rings(q)]
     if getattr(channel, "_compass_idle", False):
-        wake = getattr(channel, "_compass_wake", None)
-        if wake not in lists:  # until a message came: compass's default level
-            wake = pre + channel._q_for_pri(own, broker_priority(DEFAULT_PRIORITY, redis=True))
-        channel._compass_cmd = "BLMOVE"
-        conn.send_command("BLMOVE", wake, fetch_list, "RIGHT", "LEFT", FETCH_BLOCK_S)
+        others = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps
+                  for q in queues if not rings(q)]
+        wait = channel.brpop_timeout if timeout is None else timeout
+        channel._compass_cmd = "BRPOP"
+        conn.send_command("BRPOP", *bells, *others, wait or 0)
         return
+    lists = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
     channel._compass_cmd = "EVAL"
-    conn.send_command("EVAL", _fetch_script(), 4 + len(lists), pre + channel.unacked_key,
-                      pre + channel.unacked_index_key, leases, fetch_list, *lists,
-                      repr(time.time()))
+    conn.send_command("EVAL", _fetch_script(), 3 + len(lists) + len(bells),
+                      pre + channel.unacked_key, pre + channel.unacked_index_key,
+                      _FETCH[own], *lists, *bells, repr(time.time()), len(lists))
 
 
 def _fetch_read(channel: Any, **options: Any) -> bool:
@@ -104,6 +198,7 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
     from kombu.utils.encoding import bytes_to_str
 
     cmd, client = channel._compass_cmd, channel.client
+    channel._compass_idle = False  # after an error or a wake: look at every list first
     try:
         try:
             reply = client.parse_response(client.connection, cmd, **options)
@@ -116,12 +211,15 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
                            "consumes with kombu's BRPOP", exc)
             raise kredis.Empty() from None
         channel._compass_idle = cmd == "EVAL" and not reply
-        if cmd == "BLMOVE" or not reply:
+        if not reply:
             raise kredis.Empty()
         src, raw = bytes_to_str(reply[0]), bytes_to_str(reply[1])
-        dest = _destination(channel, src, raw)
-        if src not in {f for f, _ in _FETCH.values()}:
-            channel._compass_wake = src  # the list traffic comes on: block on it next
+        pre = channel.global_keyprefix or ""  # kombu's client strips it off a BRPOP's key
+        name = src[len(pre):] if cmd == "EVAL" and pre and src.startswith(pre) else src
+        dest, sep, step = name.rpartition(channel.sep)
+        if cmd == "BRPOP" and step == BELL and rings(dest):
+            raise kredis.Empty()  # a wake-up: the next round looks
+        dest = dest if sep else name  # a priority list's queue, as kombu's BRPOP reads it
         with contextlib.suppress(ValueError):
             channel._queue_cycle.rotate(dest)
         channel.connection._deliver(kredis.loads(raw), dest)
@@ -132,27 +230,6 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
         flush = getattr(channel, "_flush_brpop_reauth", None)
         if flush is not None:
             flush()
-
-
-def _destination(channel: Any, src: str, raw: str) -> str:
-    """The queue a fetched message is delivered to: its list's, as kombu's BRPOP reads
-    it; for the fetch list, the message's routing key (else the compass queue)."""
-    pre = channel.global_keyprefix or ""
-    for own, (fetch_list, _) in _FETCH.items():
-        if src == fetch_list:
-            routing = message_routing_key(raw)
-            return routing if routing in channel.active_queues else own
-    name = src[len(pre):] if pre and src.startswith(pre) else src
-    return name.rsplit(channel.sep, 1)[0]
-
-
-def message_routing_key(raw: bytes | str) -> str | None:
-    """The routing key a raw kombu message was published with (None if unreadable)."""
-    try:
-        key = json.loads(raw)["properties"]["delivery_info"]["routing_key"]
-    except (ValueError, TypeError, KeyError):
-        return None
-    return key if isinstance(key, str) else None
 
 
 def _fetch_script() -> str:

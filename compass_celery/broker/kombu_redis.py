@@ -24,7 +24,7 @@ from ..planner.priority import aged, broker_priority
 from ..state import keys
 from ..state.connection import text
 from ..state.scripts import register_script
-from .fetch import fetch_key, install_atomic_fetch
+from .fetch import BELL_TTL_MS, bell_name, install_atomic_fetch
 
 #: Longest a watch's BLMOVE blocks server-side: under the client's socket timeout (compass
 #: uses 2 s), so a watch never reads as a dead connection; a longer wait blocks again.
@@ -69,6 +69,16 @@ class RedisLayout:
             pri = 0
         step = max((s for s in self.steps if s <= pri), default=0)
         return self.keyprefix + (f"{queue}{self.sep}{step}" if step else queue)
+
+    def bell(self, queue: str) -> str:
+        """The bell of ``queue``: a token per message pushed onto any of its lists, which
+        an idle consumer blocks on (:mod:`compass_celery.broker.fetch`)."""
+        return self.keyprefix + bell_name(queue, self.sep)
+
+    def bell_of(self, name: str) -> str:
+        """The bell of the queue that list ``name`` (one of :meth:`lists`) belongs to."""
+        name = name[len(self.keyprefix):] if name.startswith(self.keyprefix) else name
+        return self.bell(name.split(self.sep, 1)[0])
 
 
 class MessageError(ValueError):
@@ -272,15 +282,10 @@ class RedisQueues:
         """The list of unusable messages, each with its queue and the reason."""
         return keys.key(keys.DEAD_LETTER, self.prefix)
 
-    def fetch_key(self, queue: str) -> str:
-        """The list a blocked consumer of ``queue`` moves an arrival into
-        (:func:`install_atomic_fetch`): drained with the queue, taken first."""
-        return fetch_key(self.prefix, queue)
-
     def fetch_atomically(self, queue: str) -> None:
         """Make this process's consumer of ``queue`` take each message atomically into
         flight (:func:`install_atomic_fetch`)."""
-        install_atomic_fetch(queue, self.fetch_key(queue), self.leases_key)
+        install_atomic_fetch(queue, self.leases_key)
 
     @property
     def leases_key(self) -> str:
@@ -294,7 +299,7 @@ class RedisQueues:
     def stage(self, queues: Iterable[str], lease_timeout_s: float,
               with_unacked: bool = True, in_flight_only: bool = False
               ) -> dict[str, tuple[int, int]]:
-        """Move each queue's waiting messages (its fetch list's first), and its in-flight
+        """Move each queue's waiting messages, and its in-flight
         ones whose lease has lapsed, into its staging list; -> {queue: (staged now, in
         flight and leased)}. ``in_flight_only`` (a queue live workers share): no waiting
         message, and only in-flight ones whose lease lapsed (an unleased one is not known
@@ -302,7 +307,7 @@ class RedisQueues:
         queues = list(queues)
         if not queues:
             return {}
-        lists = [[] if in_flight_only else [self.fetch_key(q), *self.layout.lists(q)]
+        lists = [[] if in_flight_only else self.layout.lists(q)
                  for q in queues]
         keys_ = [self.layout.keyprefix + self.layout.unacked,
                  self.layout.keyprefix + self.layout.unacked_index, self.leases_key]
@@ -335,14 +340,16 @@ class RedisQueues:
 
     def move(self, queue: str, expected: bytes, target_list: str, raw: str) -> bool:
         """Atomically pop ``expected`` off ``queue``'s staging and push ``raw`` onto
-        ``target_list``; False (and nothing done) when another drainer moved it first."""
-        return bool(self._move(keys=[self.staging_key(queue), target_list],
-                               args=[expected, raw]))
+        ``target_list`` (one of a queue's lists), ringing that queue's bell; False (and
+        nothing done) when another drainer moved it first."""
+        return bool(self._move(keys=[self.staging_key(queue), target_list,
+                                     self.layout.bell_of(target_list)],
+                               args=[expected, raw, BELL_TTL_MS]))
 
     def dead_letter(self, queue: str, expected: bytes, reason: str) -> bool:
         """Move an unusable staged entry to the dead-letter list, with why."""
-        return self.move(queue, expected, self.dead_letter_key,
-                         dead_entry(queue, expected, reason))
+        return bool(self._move(keys=[self.staging_key(queue), self.dead_letter_key],
+                               args=[expected, dead_entry(queue, expected, reason)]))
 
     def dead_letter_raw(self, queue: str, raw: bytes | str, reason: str) -> None:
         """Keep an unusable message a consumer already took, with why."""
@@ -351,7 +358,7 @@ class RedisQueues:
     def has_work(self, queue: str) -> bool:
         """Whether ``queue`` has a message in any of its lists or in staging."""
         pipe = self.client.pipeline(transaction=False)
-        for name in [*self.layout.lists(queue), self.staging_key(queue), self.fetch_key(queue)]:
+        for name in [*self.layout.lists(queue), self.staging_key(queue)]:
             pipe.llen(name)
         return any(pipe.execute())
 
@@ -432,7 +439,8 @@ class RedisQueues:
                     continue
                 target = self.layout.list_for(
                     queue, broker_priority(aged(level, waited, age_s), redis=True))
-                if target != name and self._promote(keys=[name, target], args=[raw]):
+                if target != name and self._promote(keys=[name, target, self.layout.bell(queue)],
+                                                    args=[raw, BELL_TTL_MS]):
                     moved += 1
         return moved
 

@@ -31,9 +31,18 @@ from ..admission import admit, due_at
 from ..dag_validation import DagValidationError
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
 from ..placement import Decision
-from ..planner.admission import Slo, job_finish_ms, job_load_ms, job_wait_ms, tails_ms
+from ..planner.admission import (
+    Slo,
+    job_finish_ms,
+    job_load_ms,
+    job_missing,
+    job_wait_ms,
+    plan_budget_ms,
+    tails_ms,
+)
 from ..planner.batch import batch_record
 from ..planner.check import check_plan
+from ..planner.compass import plan_job
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
 from ..planner.priority import for_priority
@@ -95,10 +104,11 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
                       not is_cluster_client(c.store.client), cfg["submit_retry_s"])
     spec, guessed = _learned(c, spec, nodes)
-    plan, snapshot = _plan(c, spec,
-                           max((v.get("priority") or 0 for v in nodes.values()), default=0))
+    plan, snapshot, missing = _plan(
+        c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0), slo)
     verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    job_load_ms(plan), snapshot.plan_errors if snapshot else None, guessed)
+                    job_load_ms(plan), snapshot.plan_errors if snapshot else None, guessed,
+                    missing)
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
@@ -160,19 +170,20 @@ def _learned(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]]
             learned < len(learn))
 
 
-def _plan(c: CompassContext, spec: DagSpec, level: int = 0
-          ) -> tuple[dict[str, Placement], Snapshot | None]:
+def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = None
+          ) -> tuple[dict[str, Placement], Snapshot | None, bool]:
     """The whole job's placement on the live workers (none known: every node goes to
     the shared queue), waiting only for work at priority ``level`` or above and what is
-    in flight, and the snapshot it was made on; a model larger than every live GPU is
-    refused here."""
+    in flight, against ``slo``'s deadline budget (``planner.compass.plan_job``); the
+    snapshot it was made on, and whether it loads a model no worker holds; a model
+    larger than every live GPU is refused here."""
     try:
         snapshot = c.reader.get()
     except StateUnavailable:
-        return {}, None
+        return {}, None, False
     live = snapshot.workers
     if not live:
-        return {}, snapshot
+        return {}, snapshot, False
     largest = max(w.gpu_total_mb for w in live)
     sizes = c.model_sizes()
     for n in spec.nodes.values():
@@ -184,10 +195,13 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0
     cluster = ClusterView.of(for_priority(live, level), sizes, snapshot.taken_at,
                              demand=cluster_demand(live),
                              load_ms=learned_loads(snapshot.profiles))
-    full = c.policy.plan(spec, cluster)
+    budget = plan_budget_ms(slo, c.settings["admission_headroom"],
+                            snapshot.plan_errors.get(slo.name, 0.0)) if slo else None
+    full = plan_job(c.policy, spec, cluster, budget)
     if c.settings["validate"]:
         check_plan(full, spec, cluster)
-    return dict(full.placements), snapshot
+    models = {n: t.model for n, t in spec.nodes.items()}
+    return dict(full.placements), snapshot, job_missing(full.placements, models, cluster)
 
 
 def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 
 import pytest
 import redis
 
-from compass_celery.broker.fetch import _fetch_script
+from compass_celery.broker.fetch import BELL_TTL_MS, _fetch_script, ring_compass_queues
 from compass_celery.broker.kombu_redis import RedisLayout, RedisQueues
 
 pytestmark = pytest.mark.redis
@@ -23,9 +24,10 @@ def _message(queue: str, task_id: str | None = None) -> str:
                                       {"exchange": "", "routing_key": queue}}})
 
 
-def _fetch(client: redis.Redis, queues: RedisQueues, lists: list[str]) -> list[bytes] | None:
-    return client.eval(_fetch_script(), 4 + len(lists), "unacked", "unacked_index",
-                       queues.leases_key, queues.fetch_key(QUEUE), *lists, "1.0")
+def _fetch(client: redis.Redis, queues: RedisQueues, lists: list[str],
+           bells: tuple[str, ...] = ()) -> list[bytes] | None:
+    return client.eval(_fetch_script(), 3 + len(lists) + len(bells), "unacked",
+                       "unacked_index", queues.leases_key, *lists, *bells, "1.0", len(lists))
 
 
 def test_a_fetched_message_is_in_flight_and_leased_in_the_same_step(compass_redis_url):
@@ -40,19 +42,59 @@ def test_a_fetched_message_is_in_flight_and_leased_in_the_same_step(compass_redi
     assert entry[1:] == ["", QUEUE] and entry[0]["headers"]["id"] == "high"
     assert client.zscore("unacked_index", "high") == 1.0
     assert client.zscore(queues.leases_key, "high") is not None
-    client.lpush(queues.fetch_key(QUEUE), _message(QUEUE, "moved"))  # what a wait moved
-    assert json.loads(_fetch(client, queues, layout.lists(QUEUE))[1])["headers"]["id"] == "moved"
     assert json.loads(_fetch(client, queues, layout.lists(QUEUE))[1])["headers"]["id"] == "low"
     assert _fetch(client, queues, layout.lists(QUEUE)) is None
 
 
-def test_a_dead_queues_drain_takes_its_fetch_list(compass_redis_url):
+def test_a_look_that_finds_nothing_clears_the_bells_and_one_that_finds_keeps_them(
+        compass_redis_url):
     client = redis.Redis.from_url(compass_redis_url)
-    queues = RedisQueues(client, RedisLayout(), "compass")
-    client.lpush(queues.fetch_key(QUEUE), _message(QUEUE, "moved"))
-    assert queues.has_work(QUEUE)
-    assert queues.stage([QUEUE], 1.0) == {QUEUE: (1, 0)}
-    assert json.loads(queues.next_staged(QUEUE))["headers"]["id"] == "moved"
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    bells = (layout.bell(QUEUE), layout.bell(SHARED))
+    client.delete(*layout.lists(QUEUE), *layout.lists(SHARED), *bells)
+    client.lpush(layout.list_for(SHARED, 0), _message(SHARED, "s"))
+    client.lpush(bells[0], "1")
+    client.lpush(bells[1], "1")
+    lists = [*layout.lists(QUEUE), *layout.lists(SHARED)]
+    assert json.loads(_fetch(client, queues, lists, bells)[1])["headers"]["id"] == "s"
+    assert client.llen(bells[0]) == 1  # a busy worker looks again anyway
+    assert _fetch(client, queues, lists, bells) is None
+    assert not client.exists(*bells)  # rung for messages already taken
+
+
+def test_re_placing_and_ageing_ring_the_queues_bell_dead_lettering_does_not(
+        compass_redis_url):
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    client.delete(queues.staging_key("gone"), layout.bell(QUEUE), queues.dead_letter_key)
+    client.lpush(queues.staging_key("gone"), "a", "b")
+    assert queues.move("gone", b"a", queues.target(QUEUE, 3), _message(QUEUE))
+    assert client.llen(layout.bell(QUEUE)) == 1
+    assert 0 < client.pttl(layout.bell(QUEUE)) <= BELL_TTL_MS
+    assert queues.dead_letter("gone", b"b", "garbage")
+    assert client.llen(layout.bell(QUEUE)) == 1 and client.llen(queues.dead_letter_key) == 1
+    client.delete(*layout.lists(QUEUE), layout.bell(QUEUE))
+    msg = json.loads(_message(QUEUE))
+    msg["headers"]["compass"] = {"priority": 0, "queued_at": time.time() - 100}
+    client.lpush(layout.list_for(QUEUE, 9), json.dumps(msg))  # the lowest level's list
+    assert queues.age(QUEUE, time.time(), 1.0) == 1
+    assert client.llen(layout.bell(QUEUE)) == 1
+
+
+def test_a_kombu_publish_onto_a_compass_queue_rings_its_bell_in_the_same_transaction(
+        compass_redis_url):
+    from kombu import Connection
+
+    ring_compass_queues("compass.w.", SHARED)
+    layout = RedisLayout()
+    client = redis.Redis.from_url(compass_redis_url)
+    client.delete(layout.bell(QUEUE), layout.bell("plain"), *layout.lists(QUEUE))
+    with Connection(compass_redis_url) as conn:
+        for queue in (QUEUE, "plain"):
+            with conn.SimpleQueue(queue) as q:
+                q.put({"n": 1}, priority=9)
+    assert client.llen(layout.list_for(QUEUE, 9)) == 1 and client.llen(layout.bell(QUEUE)) == 1
+    assert not client.exists(layout.bell("plain"))  # not compass's: kombu's own push
 
 
 def test_the_shared_queue_gives_up_only_lapsed_leases(compass_redis_url):
