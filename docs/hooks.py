@@ -23,13 +23,21 @@ def _settings_table() -> str:
 def _cli_help() -> str:
     from compass_celery.cli import compass_command
 
-    out = []
+    out: list[str] = []
+
+    def walk(command: click.Command, ctx: click.Context, path: str) -> None:
+        if path:
+            out.append(f"### `compass-celery {path}`\n\n```text\n{command.get_help(ctx)}\n```\n")
+        if isinstance(command, click.Group):
+            for name in sorted(command.list_commands(ctx)):
+                sub = command.get_command(ctx, name)
+                if sub is None or sub.hidden:
+                    continue
+                with click.Context(sub, info_name=name, parent=ctx) as sub_ctx:
+                    walk(sub, sub_ctx, f"{path} {name}".strip())
+
     with click.Context(compass_command, info_name="compass-celery") as group_ctx:
-        for name in sorted(compass_command.list_commands(group_ctx)):
-            command = compass_command.get_command(group_ctx, name)
-            with click.Context(command, info_name=name, parent=group_ctx) as ctx:
-                text = command.get_help(ctx)
-            out.append(f"### `compass-celery {name}`\n\n```text\n{text}\n```\n")
+        walk(compass_command, group_ctx, "")
     return "\n".join(out)
 
 

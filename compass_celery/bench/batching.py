@@ -1,6 +1,6 @@
 """Batching on the real cluster: what each way of running batchable tasks sustains.
 
-``python -m compass_celery.bench.batching`` runs the simulator's batching comparison
+``compass-celery bench batching`` runs the simulator's batching comparison
 (``sim.batching``) on real Redis-backed Celery workers: emulated GPUs by default, real
 forward passes on the CPU with ``--real``. For each rate, the same seeded arrivals go to
 a fresh cluster per variant:
@@ -24,20 +24,16 @@ Latencies are workload ms (real ms over ``--time-scale``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import CompassInputError
 from ..local import LocalRedisError, RedisServer
 from ..sim.batching import VARIANTS as SIM_VARIANTS
-from ..sim.batching import peak_goodput, row, run_variant, tables, with_deadline
+from ..sim.batching import peak_goodput, row, run_variant, with_deadline
 from ..tables import text_table
-from ..workload import Workload, load_workload
+from ..workload import Workload
 from .options import BenchOptions
 from .runner import run_policy
 
@@ -156,71 +152,3 @@ def runs_table(result: dict[str, Any]) -> str:
             for v, by_rate in result["runs"].items() for rate, r in by_rate.items()]
     return text_table(rows, ["variant", "rate/s", "jobs", "done", "lost", "dup", "stranded",
                              "passes", "inputs"])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Sweep from the command line; 2 on a bad workload or option."""
-    ap = argparse.ArgumentParser(prog="python -m compass_celery.bench.batching",
-                                 description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", help="default dags/batch-embed.json, with --real "
-                    "dags/embed-real.json")
-    ap.add_argument("--rates", help="jobs/s, comma-separated (default 100,200,300,400,500; "
-                    "with --real 40,80,120,160,200,240)")
-    ap.add_argument("--slo-ms", type=float, default=300.0, help="p99 latency target, ms")
-    ap.add_argument("--jobs", type=int, default=400, help="jobs per run (default 400)")
-    ap.add_argument("--time-scale", type=float, help="real ms per workload ms (default "
-                    f"{EMULATED_SCALE:g}; 1 with --real)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--deadline-ms", type=float, help="every job under this deadline, "
-                    "admission on: report goodput (default: admission off, p99)")
-    ap.add_argument("--real", action="store_true",
-                    help="real forward passes on the CPU instead of emulated GPUs")
-    ap.add_argument("--compare-sim", action="store_true",
-                    help="also print the simulator's numbers for the same rates")
-    ap.add_argument("--json", help="write the result object here")
-    args = ap.parse_args(argv)
-    path, rates_default, scale = DEFAULTS[args.real]
-    names = [v.strip() for v in args.variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANTS]
-    if unknown:
-        ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-    try:
-        rates = [float(r) for r in (args.rates or rates_default).split(",")]
-    except ValueError:
-        ap.error(f"--rates: expected numbers separated by commas, got {args.rates!r}")
-    if not rates or min(rates) <= 0:
-        ap.error("--rates: every rate must be > 0 jobs/s")
-    time_scale = args.time_scale if args.time_scale is not None else scale
-    if not time_scale > 0:
-        ap.error("--time-scale must be > 0")
-    if args.deadline_ms is not None and not args.deadline_ms > 0:
-        ap.error("--deadline-ms must be > 0")
-    try:
-        workload = load_workload(args.workload or path)
-    except CompassInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    base = warm(BenchOptions(jobs=args.jobs, time_scale=time_scale, real=args.real,
-                             progress=False), workload)
-    result = sweep(workload, rates, args.slo_ms, base, variants=names,
-                   echo=lambda m: print(m, file=sys.stderr), deadline_ms=args.deadline_ms)
-    if args.compare_sim:
-        result["simulated"] = simulated(workload, rates, args.slo_ms, names, args.jobs,
-                                        args.deadline_ms)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(result, indent=2) + "\n")
-    kind = "real compute (CPU)" if args.real else f"emulated GPUs, time scale {time_scale:g}"
-    print(f"{workload.name} on real workers, {kind}; {args.jobs} jobs per run\n")
-    print(tables(result))
-    print()
-    print(runs_table(result))
-    if args.compare_sim:
-        print("\nsimulated, the same workload, rates and jobs\n")
-        print(tables(result["simulated"]))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -12,17 +12,14 @@ arrive at random. What a user expects of ``priority=``:
   interactive work leaves.
 
 Real workers (emulated GPUs that sleep), a private Redis, Redis or RabbitMQ as
-the broker: ``python -m compass_celery.bench.flood [--broker amqp://...]``.
+the broker: ``compass-celery bench flood [--broker amqp://...]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import random
-import sys
 import tempfile
 import threading
 import time
@@ -190,31 +187,3 @@ def table(results: Sequence[dict[str, Any]]) -> str:
                     f"({t['bound_ms']:.0f}) | {j['p50_ms']:.0f} / {j['p99_ms']:.0f} ms "
                     f"({j['bound_ms']:.0f}) | {100 * b['share_of_left_capacity']:.0f}% |")
     return "\n".join(rows)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the flood on each broker given, print the table; exit 1 when a bound is missed."""
-    p = argparse.ArgumentParser(prog="python -m compass_celery.bench.flood",
-                                description=__doc__.split("\n\n")[0])
-    p.add_argument("--broker", action="append", default=None,
-                   help="broker URL, or 'redis' for the private Redis the run starts "
-                        "(repeat for several; default: the private Redis)")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--seconds", type=float, default=30.0)
-    p.add_argument("--batch-ms", type=float, default=500.0)
-    p.add_argument("--click-ms", type=float, default=50.0)
-    p.add_argument("--clicks-per-s", type=float, default=2.0)
-    p.add_argument("--json", default=None)
-    a = p.parse_args(argv)
-    results = [run(b, a.workers, a.seconds, a.batch_ms, a.click_ms, a.clicks_per_s)
-               for b in (a.broker or [None])]
-    print(table(results))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(results, f, indent=2)
-    ok = all(r["task"]["met"] and r["job"]["met"] and r["batch"]["met"] for r in results)
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """What Compass costs on the hot path, measured against plain Celery on a real Redis.
 
-``python -m compass_celery.bench.overhead`` prints:
+``compass-celery bench overhead`` prints:
 - one placement decision (the router call) with 4 and 64 workers' records,
   snapshot served from the local cache and read fresh from Redis (µs);
 - enqueue latency of a compass-routed task against a plain one (µs);
@@ -11,9 +11,7 @@
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -172,9 +170,3 @@ def run(echo: Callable[[str], Any] = print) -> None:
         finally:
             for w in workers:
                 w.stop()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    os.environ.setdefault("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
-    run()
-    sys.exit(0)

@@ -13,14 +13,13 @@ microseconds. Pure CPU, no GPU, no Redis.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from compass_celery.planner import (
-    POLICIES,
     ClusterView,
     DagSpec,
     Policy,
@@ -94,47 +93,34 @@ def time_us(
     return statistics.median(samples), samples[min(len(samples) - 1, int(0.99 * len(samples)))]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Command line: ``python -m compass_celery.bench.plan_timing --workers 4,64 ...``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", default="4,64,1000", help="comma-separated worker counts")
-    parser.add_argument("--policies", default="compass", help="comma-separated policy names")
-    parser.add_argument("--snapshots", default="cold,warm", help="cases among cold,live,warm")
-    parser.add_argument("--reps", type=int, default=500)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    names = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in names if p not in POLICIES]
-    if unknown:
-        parser.error(f"unknown policies {unknown}; known: {', '.join(POLICIES)}")
-    kinds = [k.strip() for k in args.snapshots.split(",") if k.strip()]
-    if not kinds or set(kinds) - {"cold", "live", "warm"}:
-        parser.error(f"--snapshots takes cold, live and/or warm, got {args.snapshots!r}")
-    rng = random.Random(args.seed)
+#: The snapshot cases ``--snapshots`` takes.
+SNAPSHOTS = ("cold", "live", "warm")
+
+
+def run(worker_counts: Sequence[int], names: Sequence[str], kinds: Sequence[str],
+        reps: int = 500, seed: int = 0, echo: Callable[[str], Any] = print) -> None:
+    """Time each policy's plan of one task and of a 10-task DAG at each worker count, on
+    each kind of snapshot (:data:`SNAPSHOTS`); print median and p99 in microseconds."""
+    rng = random.Random(seed)
     single = DagSpec.single(TaskSpec("t", "m07", 120.0, 100.0))
     dag = ten_task_dag(rng)
-    print(f"{'workers':>8} {'case':>8} {'snapshot':>8} {'median_us':>10} {'p99_us':>10} "
-          f"{'policy':>14}")
-    for n in (int(x) for x in args.workers.split(",")):
+    echo(f"{'workers':>8} {'case':>8} {'snapshot':>8} {'median_us':>10} {'p99_us':>10} "
+         f"{'policy':>14}")
+    for n in worker_counts:
         cluster = synthetic_cluster(n, rng)
-        reps = max(50, args.reps * 64 // max(n, 64))
+        n_reps = max(50, reps * 64 // max(n, 64))
         for name in names:
-            policy = get_policy(name, seed=args.seed)
+            policy = get_policy(name, seed=seed)
             for case, d in (("1-task", single), ("10-task", dag)):
                 for _ in range(10):
                     policy.plan(d, cluster)  # warm-up: imports, caches, branch predictors
                 for kind in kinds:
                     if kind == "cold":
                         snapshots = [ClusterView(cluster.workers, cluster.model_sizes_mb)
-                                     for _ in range(reps)]
+                                     for _ in range(n_reps)]
                     elif kind == "live":
-                        snapshots = live_snapshots(cluster, reps)
+                        snapshots = live_snapshots(cluster, n_reps)
                     else:
-                        snapshots = [cluster] * reps
+                        snapshots = [cluster] * n_reps
                     med, p99 = time_us(policy, d, snapshots)
-                    print(f"{n:>8} {case:>8} {kind:>8} {med:>10.1f} {p99:>10.1f} {name:>14}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+                    echo(f"{n:>8} {case:>8} {kind:>8} {med:>10.1f} {p99:>10.1f} {name:>14}")

@@ -1,6 +1,6 @@
 """Many producer processes routing against one Redis: what reading state costs them.
 
-``python -m compass_celery.bench.producers --records 1000 --producers 32 --seconds 10``
+``compass-celery bench producers --records 1000 --producers 32 --seconds 10``
 starts a private ``redis-server``, publishes ``--records`` worker records and keeps
 them beating at the workers' own pace (each every ``compass_state_refresh_s``; a
 ``--changing`` fraction of them change their record on every publish, the rest are
@@ -24,11 +24,8 @@ window before).
 
 from __future__ import annotations
 
-import argparse
-import json
 import multiprocessing as mp
 import random
-import sys
 import time
 from array import array
 from typing import Any
@@ -285,43 +282,3 @@ def report(r: dict[str, Any]) -> str:
         f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}  (publisher alone "
         f"{r['publisher_redis_cpu_per_s']:.3f})",
     ])
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Command line: ``python -m compass_celery.bench.producers --records N ...``."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--records", type=int, default=1000, help="worker records published")
-    ap.add_argument("--producers", type=int, default=32, help="routing processes")
-    ap.add_argument("--seconds", type=float, default=10.0, help="measured window")
-    ap.add_argument("--changing", type=float, default=0.1,
-                    help="fraction of workers whose record changes on every publish")
-    ap.add_argument("--interval", type=float, default=0.0,
-                    help="seconds between one producer's decisions (default 0: as fast as it "
-                    "can), as in a web process between requests; with --keep-fresh 0, or an "
-                    "interval longer than it, every decision past the snapshot TTL and "
-                    "read-ahead reads first")
-    ap.add_argument("--refresh-ahead", type=float, default=None,
-                    help="seconds past the TTL a snapshot is served while read ahead "
-                    "(default: compass_snapshot_refresh_ahead_s; 0: decisions wait for reads, "
-                    "and nothing is kept fresh unless --keep-fresh says so)")
-    ap.add_argument("--keep-fresh", type=float, default=None,
-                    help="seconds after a decision the snapshot is kept fresh in the "
-                    "background (default: compass_snapshot_keep_fresh_s; 0: a producer idle "
-                    "past the read-ahead reads before it decides)")
-    ap.add_argument("--drift", type=float, default=1.0,
-                    help="fraction of backlog reconciles that find the counter drifted "
-                    "(the others rewrite the value it holds, which is no change)")
-    ap.add_argument("--json", default=None, help="also write the result here")
-    args = ap.parse_args(argv)
-    result = run(args.records, args.producers, args.seconds, args.changing,
-                 ahead=args.refresh_ahead, drift=args.drift, interval_s=args.interval,
-                 keep_fresh=args.keep_fresh)
-    print(report(result))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=2)
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -138,9 +138,3 @@ def markdown_tables(results_dir: str, stem: str = "edge-vision") -> str:
                        f"| {s['goodput_jobs_per_s']:.2f} | {s['latency_ms']['mean']:.1f} "
                        f"| {s['latency_ms']['p99']:.1f} | {r['loads_per_job']:.3f} | {rej} |")
     return "\n".join(out)
-
-
-if __name__ == "__main__":  # python -m compass_celery.bench.slo docs/results/slo
-    import sys
-
-    print(markdown_tables(sys.argv[1] if len(sys.argv) > 1 else "docs/results/slo"))

@@ -24,14 +24,12 @@ abs``. The least-squares growth per minute over A and B is reported beside it, s
 leak slower than the tolerance passes the max rule over a short run but shows in the
 slope (and in a longer run).
 
-``python -m compass_celery.bench.soak --minutes 10 --rate 2 --restart-redis-at-s 300``
+``compass-celery bench soak --minutes 10 --rate 2 --restart-redis-at-s 300``
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import queue
 import sys
@@ -531,35 +529,3 @@ def summary(result: Mapping[str, Any]) -> str:
 def flat(result: Mapping[str, Any]) -> bool:
     """Whether every level was judged flat (an inconclusive one is not)."""
     return bool(result["verdict"]) and all(v["flat"] for v in result["verdict"].values())
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run one soak, print the table and the verdict; exit 1 unless everything is flat."""
-    p = argparse.ArgumentParser(prog="python -m compass_celery.bench.soak",
-                                description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="how long jobs are submitted")
-    p.add_argument("--rate", type=float, default=2.0, help="jobs submitted per second")
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--job-ttl-s", type=float, default=60.0,
-                   help="compass_job_ttl_s of the workers and the producer")
-    p.add_argument("--restart-redis-at-s", type=float, default=None,
-                   help="restart Redis (SIGTERM, AOF kept) this many seconds in")
-    p.add_argument("--sample-s", type=float, default=5.0)
-    p.add_argument("--drain-s", type=float, default=None,
-                   help="sampling after the last job is submitted (default: the fill "
-                        "time, max(TTL, once-guard expiry), + 10 s)")
-    p.add_argument("--json", default=None, help="write the samples and the verdict here")
-    a = p.parse_args(argv)
-    if a.rate <= 0 or a.workers < 1 or a.sample_s <= 0:
-        p.error("--rate and --sample-s must be positive, --workers at least 1")
-    result = run(SoakOptions(a.minutes, a.rate, a.workers, a.job_ttl_s, a.restart_redis_at_s,
-                             a.sample_s, a.drain_s))
-    print(summary(result))
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0 if flat(result) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

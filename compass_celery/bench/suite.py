@@ -83,19 +83,3 @@ def fault_table(results: dict[str, dict[str, Any]]) -> str:
                          f"{r['failed']} | {r['lost']} | {r.get('duplicates', '-')} | "
                          f"{r.get('stranded', '-')} | {r['latency_ms']['p99']:.0f} |")
     return "\n".join(lines)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m compass_celery.bench.suite DIR``: the fault table from DIR/fault-*.json."""
-    import json
-    import sys
-    from pathlib import Path
-
-    folder = Path((argv if argv is not None else sys.argv[1:])[0])
-    results = {stem: json.loads((folder / f"fault-{stem}.json").read_text())
-               for stem in FAULT_ROWS if (folder / f"fault-{stem}.json").exists()}
-    print(fault_table(results))
-
-
-if __name__ == "__main__":
-    main()

@@ -9,15 +9,13 @@ a window of its own upcoming tasks as its queue. ``--models MODULE:FUNCTION`` al
 measures real CPU load time per MB of the torch models that function registers
 (``workers.models:register_example_models`` for the repository's examples).
 
-    python -m compass_celery.cache.hitrate --workload dags/edge-vision.json
+    compass-celery cache hitrate --workload dags/edge-vision.json
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import statistics
-import sys
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -26,8 +24,7 @@ from typing import Any
 from compass_celery import workloads
 from compass_celery.cache.decisions import CacheDecider, Load
 from compass_celery.cache.registry import ModelRegistry
-from compass_celery.errors import CompassInputError
-from compass_celery.workload import Workload, job_stream, load_workload
+from compass_celery.workload import Workload, job_stream
 
 DEFAULT_WORKLOAD = str(workloads.path("edge-vision.json"))
 
@@ -100,46 +97,30 @@ def registrar(spec: str) -> Callable[[ModelRegistry], Any]:
     return getattr(importlib.import_module(module), attr)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Print the hit-rate table (and load times with ``--models``); 2 on a bad workload."""
-    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    p.add_argument("--workload", default=DEFAULT_WORKLOAD)
-    p.add_argument("--workers", type=int, help="default: the workload's worker count")
-    p.add_argument("--gpu-mb", type=float, help="default: the workload's smallest GPU")
-    p.add_argument("--window", type=int, default=6, help="queued tasks each worker sees")
-    p.add_argument("--models", metavar="MODULE:FUNCTION",
-                   help="register torch models with this function and time their CPU loads")
-    p.add_argument("--no-torch", action="store_true", help="skip the CPU load-time measurement")
-    args = p.parse_args(argv)
-    try:
-        wl = load_workload(args.workload)
-    except CompassInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    workers = args.workers or len(wl.cluster.workers)
-    cap = args.gpu_mb or min(w.gpu_mem_mb for w in wl.cluster.workers)
-    print(f"workload {wl.name}: {workers} workers x {cap:.0f} MB, window {args.window}")
+def report(wl: Workload, workers: int | None = None, gpu_mb: float | None = None,
+           window: int = 6, echo: Callable[[str], Any] = print) -> None:
+    """Print the hit-rate table: each eviction policy over the job round-robin and the
+    model-hash streams (``workers`` default the workload's count, ``gpu_mb`` its
+    smallest GPU)."""
+    n = workers or len(wl.cluster.workers)
+    cap = gpu_mb or min(w.gpu_mem_mb for w in wl.cluster.workers)
+    echo(f"workload {wl.name}: {n} workers x {cap:.0f} MB, window {window}")
     for assign in ("rr", "hash"):
         label = "job round-robin" if assign == "rr" else "model hash"
-        streams = task_streams(wl, workers, assign)
-        print(f"\n[{label}] policy              hit_rate  loads  tasks")
-        for policy, pf in (
-            ("lookahead", False),
-            ("lru", False),
-            ("fifo", False),
-            ("lookahead", True),
-        ):
-            r = replay(streams, wl.models, cap, policy, args.window, pf)
+        streams = task_streams(wl, n, assign)
+        echo(f"\n[{label}] policy              hit_rate  loads  tasks")
+        for policy, pf in (("lookahead", False), ("lru", False), ("fifo", False),
+                           ("lookahead", True)):
+            r = replay(streams, wl.models, cap, policy, window, pf)
             name = policy + ("+prefetch" if pf else "")
-            print(f"  {name:<28}{r['hit_rate']:>8.3f}{r['loads']:>7}{r['tasks']:>7}")
-    if args.models and not args.no_torch:
-        registry = ModelRegistry()
-        registrar(args.models)(registry)
-        print("\nreal CPU load time of the registered models (build + to('cpu')), measured:")
-        for name, (mb, ms_per_mb) in cpu_load_ms_per_mb(registry).items():
-            print(f"  {name:<18}{mb:>8.1f} MB {ms_per_mb:>8.2f} ms/MB")
-    return 0
+            echo(f"  {name:<28}{r['hit_rate']:>8.3f}{r['loads']:>7}{r['tasks']:>7}")
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def report_load_times(spec: str, echo: Callable[[str], Any] = print) -> None:
+    """Register the models ``spec`` (``MODULE:FUNCTION``) names and print their measured
+    CPU load time per MB."""
+    registry = ModelRegistry()
+    registrar(spec)(registry)
+    echo("\nreal CPU load time of the registered models (build + to('cpu')), measured:")
+    for name, (mb, ms_per_mb) in cpu_load_ms_per_mb(registry).items():
+        echo(f"  {name:<18}{mb:>8.1f} MB {ms_per_mb:>8.2f} ms/MB")

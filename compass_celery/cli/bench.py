@@ -1,151 +1,250 @@
-"""``compass-celery bench``: the real Redis-backed cluster, every policy side by side."""
+"""``compass-celery bench``: every benchmark, one subcommand each.
+
+``bench cluster`` is the real-cluster benchmark (``bench --workload W`` runs it too); the
+others measure one thing each: the hot path's overhead, planning time, many producers,
+a batch flood, a long soak, batching on real workers; ``fault-table`` and ``slo-table``
+print the Markdown tables of saved runs.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+
 import click
 
-from ..tables import result_table
-from .common import SEED, floats, load, write_outputs
-from .common import policies as policy_list
-from .compare import compare_with_sim
+from .cluster import cluster
+from .common import load, names, positive_floats, write_json
+from .groups import DefaultGroup
 
 
-@click.command(help="Real Redis-backed Celery cluster of emulated-GPU workers; "
-                         "every policy side by side on the same arrivals.")
-@click.option("--workload", "workload_path", required=True, help="workload file (JSON/YAML)")
-@click.option("--policies", default=None, help="comma-separated subset (default: all)")
-@click.option("--json", "json_out", default=None, help="write the result object here")
-@click.option("--plot", "plot_out", default=None, help="write latency CDFs and bars (PNG)")
-@click.option("--rate", type=click.FloatRange(min=1e-6), default=None, help="jobs per second")
-@click.option("--jobs", "n_jobs", type=click.IntRange(min=1), default=None, help="job count")
-@SEED
-@click.option("--time-scale", type=click.FloatRange(min=0.01), default=0.5, show_default=True,
-              help="real seconds per workload second (emulated sleeps and arrival gaps)")
-@click.option("--warmup-frac", type=click.FloatRange(0, 0.9), default=0.1, show_default=True)
-@click.option("--redis", "redis_url", default=None, help="use this Redis (default: private)")
-@click.option("--broker", "broker_url", default=None,
-              help="the workers' broker, e.g. amqp://guest:guest@127.0.0.1:5672/VHOST for "
-              "RabbitMQ; compass state stays in the Redis (default: the Redis)")
-@click.option("--workers", "n_workers", type=click.IntRange(min=1), default=None,
-              help="override the cluster's worker count")
-@click.option("--sweep-rate", default=None, help="comma-separated rates: latency against load")
-@click.option("--min-workers", "slo_ms", type=click.FloatRange(min=0), default=None,
-              help="smallest worker count keeping p99 under this SLO (ms), per policy")
-@click.option("--kill-worker-after", type=click.FloatRange(min=0), default=None,
-              help="SIGKILL one worker this many real seconds into each policy's run")
-@click.option("--kill-restart", "kill_restarts", type=click.IntRange(min=1), default=None,
-              help="from 3 s, SIGKILL a random worker this many times at random moments "
-              "(1.5 s apart on average) and restart it at once under its own name")
-@click.option("--restart-redis-after", type=click.FloatRange(min=0), default=None,
-              help="restart the private Redis this many real seconds into each run")
-@click.option("--redis-aof/--no-redis-aof", default=False, show_default=True,
-              help="the private Redis keeps an append-only file, so a restart keeps queues "
-              "and records (without it a restart loses them, by design)")
-@click.option("--rolling-restart-after", type=click.FloatRange(min=0), default=None,
-              help="this many real seconds into each run, SIGTERM each worker in turn (a "
-              "deploy's warm shutdown), wait for its clean exit, start it again under the "
-              "same name, under load")
-@click.option("--pause-redis-after", type=click.FloatRange(min=0), default=None,
-              help="freeze the private Redis (SIGSTOP, then SIGCONT) this many real seconds "
-              "into each run")
-@click.option("--pause-redis-for", type=click.FloatRange(min=0), default=None,
-              help="how long Redis stays frozen, real s [default: twice the workers' "
-              "heartbeat timeout, 3 s in the bench]")
-@click.option("--skew-clock-s", type=float, default=None,
-              help="one worker runs with its wall clock this many seconds ahead")
-@click.option("--long-task-s", type=click.FloatRange(min=0.1), default=None,
-              help="add one job of one task that runs this many real seconds; the workers' "
-              "visibility timeout is lowered to half of it, so the task outlives it")
-@click.option("--cache-policy", type=click.Choice(["lookahead", "lru", "fifo"]), default=None,
-              help="workers' eviction policy (default: lru for celery-default, else lookahead)")
-@click.option("--compare-sim", is_flag=True,
-              help="also simulate the same workload, arrivals and cluster, and print real "
-              "against simulated latency per policy (the gap is the real cluster's overhead)")
+@click.group(cls=DefaultGroup, default="cluster",
+             help="Benchmarks: the real cluster (bench cluster; options given straight to "
+             "bench go to it), the hot path's overhead, planning time, many producers, a "
+             "batch flood, a long soak, batching, and the tables of saved runs.")
+def bench() -> None:
+    """The ``bench`` group; ``bench --workload W`` is ``bench cluster --workload W``."""
+
+
+bench.add_command(cluster)
+
+
+@bench.command(help="What compass costs on the hot path against plain Celery, on a private "
+               "Redis with two emulated workers: one placement decision at 4 and 64 "
+               "workers' records (cached and fresh snapshot, µs), enqueue latency of a "
+               "compass-routed task against a plain one (µs), and a 3-task no-op Dag "
+               "against Celery's chain (ms), with the CPU each costs.")
+def overhead() -> None:
+    """Run the overhead measurements and print them."""
+    from ..bench.overhead import run
+
+    os.environ.setdefault("COMPASS_BROKER_URL", "redis://127.0.0.1:6379/0")
+    run(echo=click.echo)
+
+
+@bench.command(name="plan-timing",
+               help="How long planning takes: one task and a 10-task DAG on synthetic, "
+               "seeded workers at each worker count; median and p99 of the policy's plan "
+               "call in µs, per snapshot kind (cold: columns rebuilt in the call; live: "
+               "handed over ready; warm: memoised). Pure CPU, no Redis.")
+@click.option("--workers", "worker_counts", default="4,64,1000", show_default=True,
+              help="comma-separated worker counts")
+@click.option("--policies", default="compass", show_default=True,
+              help="comma-separated policy names")
+@click.option("--snapshots", default="cold,warm", show_default=True,
+              help="cases among cold, live, warm")
+@click.option("--reps", type=click.IntRange(min=1), default=500, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+def plan_timing(worker_counts: str, policies: str, snapshots: str, reps: int,
+                seed: int) -> None:
+    """Time the plans and print one row per worker count, case, snapshot and policy."""
+    from ..bench.plan_timing import SNAPSHOTS, run
+    from ..planner import POLICIES
+
+    counts = [int(n) for n in positive_floats(worker_counts, "--workers")]
+    run(counts, names(policies, (), tuple(POLICIES)),
+        names(snapshots, (), SNAPSHOTS, what="snapshot kind", hint="--snapshots"),
+        reps, seed, echo=click.echo)
+
+
+@bench.command(help="Many producer processes routing against one Redis: decisions per "
+               "second, the time of each state read and of the decisions that waited for "
+               "one, how old the state each decision planned on was, and Redis's egress "
+               "and CPU (a private redis-server; GPU times emulated, no tasks run).")
+@click.option("--records", type=click.IntRange(min=1), default=1000, show_default=True,
+              help="worker records published")
+@click.option("--producers", type=click.IntRange(min=1), default=32, show_default=True,
+              help="routing processes")
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="measured window")
+@click.option("--changing", type=click.FloatRange(0, 1), default=0.1, show_default=True,
+              help="fraction of workers whose record changes on every publish")
+@click.option("--interval", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="seconds between one producer's decisions (0: as fast as it can), as "
+              "in a web process between requests")
+@click.option("--refresh-ahead", type=click.FloatRange(min=0), default=None,
+              help="seconds past the TTL a snapshot is served while read ahead (default: "
+              "compass_snapshot_refresh_ahead_s; 0: decisions wait for reads, and nothing "
+              "is kept fresh unless --keep-fresh says so)")
+@click.option("--keep-fresh", type=click.FloatRange(min=0), default=None,
+              help="seconds after a decision the snapshot is kept fresh in the background "
+              "(default: compass_snapshot_keep_fresh_s; 0: a producer idle past the "
+              "read-ahead reads before it decides)")
+@click.option("--drift", type=click.FloatRange(0, 1), default=1.0, show_default=True,
+              help="fraction of backlog reconciles that find the counter drifted")
+@click.option("--json", "json_out", default=None, help="also write the result here")
+def producers(records: int, producers: int, seconds: float, changing: float,
+              interval: float, refresh_ahead: float | None, keep_fresh: float | None,
+              drift: float, json_out: str | None) -> None:
+    """Run one measurement and print its report."""
+    from ..bench.producers import report, run
+
+    result = run(records, producers, seconds, changing, ahead=refresh_ahead, drift=drift,
+                 interval_s=interval, keep_fresh=keep_fresh)
+    click.echo(report(result))
+    write_json(result, json_out)
+
+
+@bench.command(help="Interactive work under a batch flood, on real workers (emulated GPUs) "
+               "and a private Redis: interactive task and two-node job latency, p50 and "
+               "p99, against the bound of their own run plus one batch task in flight, "
+               "and the share of the capacity left that batch work still gets. Exits 1 "
+               "when a bound is missed.")
+@click.option("--broker", "brokers", multiple=True,
+              help="broker URL, or 'redis' for the private Redis the run starts (repeat "
+              "for several; default: the private Redis)")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0, min_open=True), default=30.0,
+              show_default=True)
+@click.option("--batch-ms", type=click.FloatRange(min=0), default=500.0, show_default=True)
+@click.option("--click-ms", type=click.FloatRange(min=0), default=50.0, show_default=True)
+@click.option("--clicks-per-s", type=click.FloatRange(min=0, min_open=True), default=2.0,
+              show_default=True)
+@click.option("--json", "json_out", default=None, help="write the results here")
+def flood(brokers: tuple[str, ...], workers: int, seconds: float, batch_ms: float,
+          click_ms: float, clicks_per_s: float, json_out: str | None) -> None:
+    """Run the flood on each broker given, print the table."""
+    from ..bench.flood import run, table
+
+    results = [run(b, workers, seconds, batch_ms, click_ms, clicks_per_s)
+               for b in (brokers or [None])]
+    click.echo(table(results))
+    write_json(results, json_out)
+    sys.exit(0 if all(r["task"]["met"] and r["job"]["met"] and r["batch"]["met"]
+                      for r in results) else 1)
+
+
+@bench.command(help="A long soak under a steady stream of Dag jobs: Redis's key count and "
+               "used memory and each worker's RSS, sampled, and whether each level stays "
+               "flat after the fill time (a private Redis with AOF, real emulated-GPU "
+               "workers). Exits 1 unless every level is flat.")
+@click.option("--minutes", type=click.FloatRange(min=0, min_open=True), default=10.0,
+              show_default=True, help="how long jobs are submitted")
+@click.option("--rate", type=click.FloatRange(min=0, min_open=True), default=2.0,
+              show_default=True, help="jobs submitted per second")
+@click.option("--workers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--job-ttl-s", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True, help="compass_job_ttl_s of the workers and the producer")
+@click.option("--restart-redis-at-s", type=click.FloatRange(min=0), default=None,
+              help="restart Redis (SIGTERM, AOF kept) this many seconds in")
+@click.option("--sample-s", type=click.FloatRange(min=0, min_open=True), default=5.0,
+              show_default=True)
+@click.option("--drain-s", type=click.FloatRange(min=0), default=None,
+              help="sampling after the last job is submitted (default: the fill time, "
+              "max(TTL, once-guard expiry), + 10 s)")
+@click.option("--json", "json_out", default=None, help="write the samples and the verdict here")
+def soak(minutes: float, rate: float, workers: int, job_ttl_s: float,
+         restart_redis_at_s: float | None, sample_s: float, drain_s: float | None,
+         json_out: str | None) -> None:
+    """Run one soak, print the table and the verdict."""
+    from ..bench.soak import SoakOptions, flat, run, summary
+
+    result = run(SoakOptions(minutes, rate, workers, job_ttl_s, restart_redis_at_s,
+                             sample_s, drain_s))
+    click.echo(summary(result))
+    write_json(result, json_out, indent=1)
+    sys.exit(0 if flat(result) else 1)
+
+
+@bench.command(help="Batching on real workers (emulated GPUs, or real forward passes on "
+               "the CPU with --real): per variant (compass+batch, compass+blind, compass, "
+               "celery-default), the highest rate whose p99 stays within --slo-ms, then per "
+               "rate p50/p99, goodput, batch sizes and the latency held batches added; "
+               "with --compare-sim, the simulator's numbers beside them.")
+@click.option("--workload", "workload_path", default=None,
+              help="default dags/batch-embed.json, with --real dags/embed-real.json")
+@click.option("--rates", default=None, help="jobs/s, comma-separated (default "
+              "100,200,300,400,500; with --real 40,80,120,160,200,240)")
+@click.option("--slo-ms", type=click.FloatRange(min=0, min_open=True), default=300.0,
+              show_default=True, help="p99 latency target, ms")
+@click.option("--jobs", type=click.IntRange(min=1), default=400, show_default=True,
+              help="jobs per run")
+@click.option("--time-scale", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="real ms per workload ms (default 5; 1 with --real)")
+@click.option("--variants", default=None, help="comma-separated (default: all four)")
+@click.option("--deadline-ms", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="every job under this deadline, admission on: report goodput "
+              "(default: admission off, p99)")
 @click.option("--real", is_flag=True,
-              help="workers run real pretrained models on the CPU (needs the real extra: "
-              "pip install 'compass-celery[real]'), one torch thread each, with the "
-              "workload's GPU memory as their memory budget; run times are learned, not "
-              "declared, and the time scale is 1")
-@click.option("--admission", type=click.Choice(["on", "off"]), default="on", show_default=True,
-              help="refuse at submission a job its plan says will miss its SLO deadline "
-              "(off: take it, marked late; a job that falls behind is still shed). Jobs carry "
-              "the SLO classes of the workload's slo section; celery-default and "
-              "celery-expires never refuse (plain Celery has no admission)")
-@click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=None,
-              help="share of a deadline admission keeps for the plan's error "
-              "(compass_admission_headroom; default: the app's)")
-@click.option("--quiet", is_flag=True, help="no progress bar")
-def bench(workload_path: str, policies: str | None, json_out: str | None,
-          plot_out: str | None, rate: float | None, n_jobs: int | None, seed: int | None,
-          time_scale: float, warmup_frac: float, redis_url: str | None, broker_url: str | None,
-          n_workers: int | None,
-          sweep_rate: str | None, slo_ms: float | None, kill_worker_after: float | None,
-          kill_restarts: int | None,
-          restart_redis_after: float | None, redis_aof: bool,
-          rolling_restart_after: float | None, pause_redis_after: float | None,
-          pause_redis_for: float | None, skew_clock_s: float | None,
-          long_task_s: float | None, cache_policy: str | None, compare_sim: bool,
-          real: bool, admission: str, headroom: float | None, quiet: bool) -> None:
-    """Run the real-cluster benchmark with the given faults; print and write the result.
-    Besides the planner's policies, ``--policies`` takes celery-expires: plain Celery with
-    ``expires=`` at each job's deadline, what a Celery user would do about deadlines today."""
-    from ..bench.options import VARIANTS
-    from ..bench.runner import POLICIES, BenchOptions
-    from ..bench.slo import slo_table
-    from ..bench.suite import run_suite
+              help="real forward passes on the CPU instead of emulated GPUs")
+@click.option("--compare-sim", is_flag=True,
+              help="also print the simulator's numbers for the same rates")
+@click.option("--json", "json_out", default=None, help="write the result object here")
+def batching(workload_path: str | None, rates: str | None, slo_ms: float, jobs: int,
+             time_scale: float | None, variants: str | None, deadline_ms: float | None,
+             real: bool, compare_sim: bool, json_out: str | None) -> None:
+    """Sweep the rates on real workers and print the tables."""
+    from ..bench.batching import DEFAULTS, VARIANTS, runs_table, simulated, sweep, warm
+    from ..bench.options import BenchOptions
+    from ..sim.batching import tables
 
-    workload = load(workload_path, seed)
-    if redis_url is not None:
-        needs_private = [flag for flag, on in (
-            ("--restart-redis-after", restart_redis_after is not None),
-            ("--pause-redis-after", pause_redis_after is not None),
-            ("--redis-aof", redis_aof)) if on]
-        if needs_private:
-            raise click.UsageError(f"{needs_private[0]} needs the bench's private Redis: "
-                                   "drop --redis")
-    if broker_url is not None:
-        from ..broker.amqp import is_amqp
+    path, rates_default, scale = DEFAULTS[real]
+    chosen = names(variants, tuple(VARIANTS), tuple(VARIANTS), "variant", "--variants")
+    swept = positive_floats(rates or rates_default, "--rates")
+    scale = time_scale if time_scale is not None else scale
+    workload = load(workload_path or path)
+    base = warm(BenchOptions(jobs=jobs, time_scale=scale, real=real, progress=False),
+                workload)
+    result = sweep(workload, swept, slo_ms, base, variants=chosen,
+                   echo=lambda m: click.echo(m, err=True), deadline_ms=deadline_ms)
+    if compare_sim:
+        result["simulated"] = simulated(workload, swept, slo_ms, chosen, jobs, deadline_ms)
+    write_json(result, json_out)
+    kind = "real compute (CPU)" if real else f"emulated GPUs, time scale {scale:g}"
+    click.echo(f"{workload.name} on real workers, {kind}; {jobs} jobs per run\n")
+    click.echo(tables(result) + "\n\n" + runs_table(result))
+    if compare_sim:
+        click.echo("\nsimulated, the same workload, rates and jobs\n")
+        click.echo(tables(result["simulated"]))
 
-        if not is_amqp(broker_url):
-            raise click.UsageError("--broker takes an amqp:// URL (a Redis broker is --redis)")
-        redis_only = [flag for flag, on in (
-            ("--restart-redis-after", restart_redis_after is not None),
-            ("--pause-redis-after", pause_redis_after is not None),
-            ("--redis-aof", redis_aof)) if on]
-        if redis_only:
-            raise click.UsageError(f"{redis_only[0]} acts on the broker Redis: it does not "
-                                   "apply over AMQP, where RabbitMQ is the broker")
-    if pause_redis_for is not None and pause_redis_after is None:
-        raise click.UsageError("--pause-redis-for needs --pause-redis-after")
-    if real:
-        time_scale = 1.0  # real compute runs at its own speed
-    opts = BenchOptions(real=real, policies=policy_list(policies, POLICIES, tuple(VARIANTS)),
-                        rate=rate, jobs=n_jobs, admission=admission == "on",
-                        headroom=headroom,
-                        time_scale=time_scale, warmup_frac=warmup_frac, redis_url=redis_url,
-                        broker_url=broker_url,
-                        workers=n_workers, kill_worker_after=kill_worker_after,
-                        kill_restarts=kill_restarts,
-                        restart_redis_after=restart_redis_after, progress=not quiet,
-                        cache_policy=cache_policy, redis_aof=redis_aof,
-                        rolling_restart_after=rolling_restart_after,
-                        pause_redis_after=pause_redis_after, pause_redis_for=pause_redis_for,
-                        skew_clock_s=skew_clock_s, long_task_s=long_task_s)
-    try:
-        result = run_suite(workload, opts, sweep=floats(sweep_rate, "--sweep-rate"),
-                           slo_ms=slo_ms, echo=click.echo)
-    except ConnectionError as exc:
-        raise click.ClickException(str(exc)) from None
-    timings = "real compute on the CPU" if real else "emulated GPU timings"
-    click.echo(f"\n{workload.name}: {timings}, time scale {time_scale}, "
-               f"latency in workload ms (first {warmup_frac:.0%} of jobs left out)")
-    click.echo(result_table(result))
-    click.echo("dup: executions beyond the first; stranded: messages left in a queue, "
-               "staging list or unacked entry after the run")
-    slos = slo_table(result)
-    if slos:
-        click.echo(f"\nSLO outcomes (admission {admission}; after warm-up; goodput: jobs "
-                   f"that met their deadline per second):\n{slos}")
-    if compare_sim and not sweep_rate:
-        compare_with_sim(result, workload, real, n_workers, rate, n_jobs, warmup_frac)
-    write_outputs(result, json_out, plot_out)
+
+@bench.command(name="fault-table",
+               help="The Markdown table of the fault runs saved as DIR/fault-*.json (by "
+               "docs/run_benchmarks.sh faults): per fault and policy, jobs, completed, "
+               "failed, lost, duplicated, stranded and p99.")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+def fault_table(folder: str) -> None:
+    """Print the fault table."""
+    import json
+    from pathlib import Path
+
+    from ..bench.suite import FAULT_ROWS
+    from ..bench.suite import fault_table as table
+
+    here = Path(folder)
+    results = {stem: json.loads((here / f"fault-{stem}.json").read_text())
+               for stem in FAULT_ROWS if (here / f"fault-{stem}.json").exists()}
+    click.echo(table(results))
+
+
+@bench.command(name="slo-table",
+               help="The Markdown tables of the SLO runs saved in DIR (by "
+               "docs/run_benchmarks.sh slo): per rate and policy, admitted, rejected, "
+               "shed, attainment, goodput, latency and loads per job.")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False),
+                default="docs/results/slo")
+def slo_table(folder: str) -> None:
+    """Print the SLO tables."""
+    from ..bench.slo import markdown_tables
+
+    click.echo(markdown_tables(folder))

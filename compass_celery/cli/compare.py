@@ -10,6 +10,7 @@ from ..tables import text_table
 
 if TYPE_CHECKING:
     from ..sim.hops import MeasuredHops
+    from ..sim.options import SimOptions
 
 
 
@@ -48,12 +49,12 @@ SIM_DRAWS = 9
 
 
 def compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
-                      n_workers: int | None, rate: float | None, n_jobs: int | None,
-                      warmup_frac: float) -> None:
+                     cluster: SimOptions) -> None:
     """Simulate the same workload, arrivals and cluster (fed the measured costs after a
     real-compute run), and print real against simulated, per policy: at zero hop, with
     the measured per-task cost as a constant, and with it drawn task by task (the median
-    of ``SIM_DRAWS`` independent draws, and their range)."""
+    of ``SIM_DRAWS`` independent draws, and their range). ``cluster`` holds the bench's
+    worker count, rate, job count and warm-up share."""
     from ..sim.runner import simulate as run_sim
     from ..sim.runner import simulate_draws
 
@@ -76,13 +77,12 @@ def compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                      f"({len(measured.hops_ms)} hops{plus}), the median of {SIM_DRAWS} "
                      "draws", "_drawn", hop, measured))
     names = list(result["policies"])
-    kw = {"workers": n_workers, "rate": rate, "jobs": n_jobs, "warmup_frac": warmup_frac}
     for label, key, hop_ms, draws in runs:
         spread = None
         if draws is None:
-            simulated = run_sim(workload, names, hop_ms=hop_ms, **kw)["policies"]
+            simulated = run_sim(workload, names, cluster, hop_ms=hop_ms)["policies"]
         else:
-            spread = simulate_draws(workload, names, draws, SIM_DRAWS, hop_ms=hop_ms, **kw)
+            spread = simulate_draws(workload, names, draws, SIM_DRAWS, cluster, hop_ms=hop_ms)
             simulated = {name: s.pop("run") for name, s in spread.items()}
             result[f"simulated{key}_spread"] = spread
         result[f"simulated{key}"] = simulated

@@ -1,6 +1,6 @@
 """Batching in the simulator, measured: what each way of running batchable tasks sustains.
 
-``python -m compass_celery.sim.batching --workload dags/batch-embed.json`` sweeps the
+``compass-celery sim batching --workload dags/batch-embed.json`` sweeps the
 request rate for four variants and prints, per variant, the highest rate whose p99
 latency stays within the SLO, then per rate the p99, goodput, batch sizes and the
 latency that holding batches open added. The variants:
@@ -25,16 +25,12 @@ refuses jobs that would have met their deadline.
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..errors import CompassInputError
 from ..tables import text_table
-from ..workload import Workload, load_workload
+from ..workload import Workload
 from .runner import simulate
 
 #: name -> (policy, batching)
@@ -150,41 +146,3 @@ def tables(result: dict[str, Any]) -> str:
                              "refused", "batch mean", "batch p99", "hold p99", "hold max",
                              "sizes"])
     return head + "\n\n" + body
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Sweep from the command line; 2 on a bad workload."""
-    ap = argparse.ArgumentParser(prog="python -m compass_celery.sim.batching",
-                                 description=__doc__)
-    ap.add_argument("--workload", required=True)
-    ap.add_argument("--rates", default="50,100,200,300,400,500,600,700,800")
-    ap.add_argument("--slo-ms", type=float, default=300.0, help="p99 latency target, ms")
-    ap.add_argument("--jobs", type=int, help="jobs per run (default the workload's)")
-    ap.add_argument("--deadline-ms", type=float, help="every job under this deadline, "
-                    "admission on: report goodput (default: admission off, p99)")
-    ap.add_argument("--variants", default=",".join(VARIANTS))
-    ap.add_argument("--json", help="write the result object here")
-    args = ap.parse_args(argv)
-    try:
-        workload = load_workload(args.workload)
-        names = [v.strip() for v in args.variants.split(",") if v.strip()]
-        unknown = [v for v in names if v not in VARIANTS]
-        if unknown:
-            ap.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
-        rates = [float(r) for r in args.rates.split(",")]
-        if args.deadline_ms is not None and not args.deadline_ms > 0:
-            ap.error("--deadline-ms must be > 0")
-        result = sweep(workload, rates, args.slo_ms, variants=names, jobs=args.jobs,
-                       deadline_ms=args.deadline_ms)
-    except CompassInputError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            fh.write(json.dumps(result, indent=2) + "\n")
-    print(tables(result))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Generate many-model workloads at a chosen utilisation, for real-against-simulated checks.
 
-``python -m compass_celery.sim.generate --seed 7 --models 9 --workflows 4 --load 0.8
+``compass-celery sim generate --seed 7 --models 9 --workflows 4 --load 0.8
 --out dags/generated-9m-s7.json`` writes a workload in the ``dags/`` format: ``models``
 of 0.8 to 5.7 GB (log-uniform, as the Compass paper's testbed), ``workflows`` DAG
 templates of 2 to 5 tasks (each task after the first takes one or two earlier tasks as
@@ -12,8 +12,6 @@ arguments give the same file, so a generated workload is reproducible from its c
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import random
 from typing import Any
@@ -67,7 +65,7 @@ def generate(seed: int, *, models: int = 9, workflows: int = 4, load: float = 0.
     used = sorted({n["model"] for d in dags.values() for n in d["nodes"].values()})
     return {
         "name": f"generated-{models}m-{workflows}w-s{seed}",
-        "description": (f"Generated (python -m compass_celery.sim.generate --seed {seed} "
+        "description": (f"Generated (compass-celery sim generate --seed {seed} "
                         f"--models {models} --workflows {workflows} --load {load}): "
                         f"{workflows} workflows over {len(used)} of {models} models, "
                         f"{work:.1f} GPU ms per job, {rate} jobs/s is about {load:.0%} of "
@@ -75,28 +73,3 @@ def generate(seed: int, *, models: int = 9, workflows: int = 4, load: float = 0.
         "models": sizes, "dags": dags, "mix": mix, "cluster": dict(CLUSTER),
         "arrivals": {"process": "poisson", "rate_per_s": rate, "jobs": jobs, "seed": seed},
     }
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Write (or print) one generated workload."""
-    ap = argparse.ArgumentParser(prog="python -m compass_celery.sim.generate",
-                                 description=__doc__)
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--models", type=int, default=9)
-    ap.add_argument("--workflows", type=int, default=4)
-    ap.add_argument("--load", type=float, default=0.8)
-    ap.add_argument("--jobs", type=int, default=1000)
-    ap.add_argument("--out", default=None, help="write here (default: stdout)")
-    a = ap.parse_args(argv)
-    obj = generate(a.seed, models=a.models, workflows=a.workflows, load=a.load, jobs=a.jobs)
-    text = json.dumps(obj, indent=2) + "\n"
-    if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text)
-    else:
-        print(text, end="")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())

@@ -7,17 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from compass_celery.cache import hitrate
 from compass_celery.cache.hitrate import (
     DEFAULT_WORKLOAD,
     cpu_load_ms_per_mb,
-    main,
     registrar,
     replay,
     task_streams,
 )
 from compass_celery.cache.registry import ModelRegistry
+from compass_celery.cli import compass_command
 from compass_celery.workload import Workload, load_workload, parse_workload
 
 WORKLOAD = Path(DEFAULT_WORKLOAD)
@@ -53,20 +54,28 @@ def test_streams_follow_each_dag_in_topological_order() -> None:
     assert task_streams(wl, 2, "rr") == [["det", "cap", "det", "cap"], ["det", "cap"]]
 
 
-def test_main_prints_table(workload: Workload, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--workload", str(WORKLOAD), "--no-torch"]) == 0
-    out = capsys.readouterr().out
-    assert "lookahead" in out and "lru" in out and "fifo" in out
+def hitrate_cli(*args: str) -> object:
+    return CliRunner().invoke(compass_command, ["cache", "hitrate", *args])
 
 
-def test_bad_workload_is_rejected_by_field(tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_prints_the_table(workload: Workload) -> None:
+    result = hitrate_cli("--workload", str(WORKLOAD))
+    assert result.exit_code == 0, result.output
+    assert "lookahead" in result.output and "lru" in result.output and "fifo" in result.output
+
+
+def test_bad_workload_is_rejected_by_field(tmp_path: Path) -> None:
     doc = json.loads(WORKLOAD.read_text())
     doc["cluster"]["gpu_mem_mb"] = "big"
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
-    assert main(["--workload", str(bad)]) == 2
-    assert "cluster.gpu_mem_mb" in capsys.readouterr().err
+    result = hitrate_cli("--workload", str(bad))
+    assert result.exit_code != 0 and "cluster.gpu_mem_mb" in result.output
+
+
+def test_a_bad_models_spec_names_the_flag() -> None:
+    result = hitrate_cli("--models", "no-colon")
+    assert result.exit_code == 2 and "--models" in result.output
 
 
 def test_load_timing_measures_whatever_a_registrar_registers() -> None:

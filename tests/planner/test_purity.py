@@ -20,9 +20,13 @@ def test_planner_imports_with_celery_kombu_redis_and_torch_blocked() -> None:
     assert out.stdout.strip() == "pure"
 
 
-def test_plan_timing_bench_runs(capsys) -> None:  # type: ignore[no-untyped-def]
-    from compass_celery.bench.plan_timing import main
+def test_plan_timing_bench_runs() -> None:
+    from click.testing import CliRunner
 
-    assert main(["--workers", "4,64", "--reps", "5"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    from compass_celery.cli import compass_command
+
+    run = CliRunner().invoke(compass_command, ["bench", "plan-timing", "--workers", "4,64",
+                                               "--reps", "5"])
+    assert run.exit_code == 0, run.output
+    lines = run.output.splitlines()
     assert len(lines) == 9 and lines[0].split()[:3] == ["workers", "case", "snapshot"]

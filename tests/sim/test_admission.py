@@ -14,7 +14,6 @@ from compass_celery.planner.types import SHARED
 from compass_celery.sim import Simulation, simulate
 from compass_celery.sim import cluster as sim_cluster
 from compass_celery.sim import runner as sim_runner
-from compass_celery.sim.__main__ import main
 from compass_celery.sim.cluster import SimCluster, SimTask
 from compass_celery.sim.engine import Engine
 from compass_celery.workload import job_stream, parse_workload
@@ -262,17 +261,24 @@ def test_judge_gets_the_plans_finish_and_wait(monkeypatch):
                                   "missing": True}
 
 
-def test_cli_admission_flags_and_table(tmp_path, capsys):
+def test_cli_admission_flags_and_table(tmp_path):
+    from click.testing import CliRunner
+
+    from compass_celery.cli import compass_command
+
     path = tmp_path / "w.json"
     path.write_text(json.dumps(raw_workload(jobs=200)))
     out = tmp_path / "r.json"
-    assert main(["--workload", str(path), "--policies", "compass,jsq", "--admission", "off",
-                 "--json", str(out)]) == 0
+    run = CliRunner().invoke(compass_command, [
+        "sim", "run", "--workload", str(path), "--policies", "compass,jsq",
+        "--admission", "off", "--json", str(out)])
+    assert run.exit_code == 0, run.output
     off = json.loads(out.read_text())["policies"]["compass"]
     assert off["slo"]["fast"]["rejected"] == 0 and off["slo"]["fast"]["late"] > 0
-    capsys.readouterr()
-    assert main(["--workload", str(path), "--policies", "compass", "--max-queue-ms", "50",
-                 "--table", "--warm"]) == 0
-    text = capsys.readouterr().out
+    run = CliRunner().invoke(compass_command, [
+        "sim", "run", "--workload", str(path), "--policies", "compass", "--max-queue-ms",
+        "50", "--warm"])
+    assert run.exit_code == 0, run.output
+    text = run.output
     assert "adm attain" in text and "goodput/s" in text and "not run" in text
 

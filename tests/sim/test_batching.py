@@ -11,7 +11,6 @@ import pytest
 from compass_celery.planner.batch import Forming, batch_key, forming_from_count
 from compass_celery.sim import Simulation, simulate
 from compass_celery.sim.batching import REQUEST_CLASS, sustained, sweep, with_deadline
-from compass_celery.sim.batching import main as sweep_main
 from compass_celery.workload import job_stream, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -162,12 +161,20 @@ def test_shipped_batch_workload_and_sweep() -> None:
     assert sustained(w, "compass+batch", 300.0, 100.0, 400.0, jobs=800) == 400.0
 
 
-def test_sweep_cli(capsys: pytest.CaptureFixture[str]) -> None:
+def sweep_cli(*args: str) -> Any:
+    from click.testing import CliRunner
+
+    from compass_celery.cli import compass_command
+
+    return CliRunner().invoke(compass_command, ["sim", "batching", *args])
+
+
+def test_sweep_cli() -> None:
     path = str(ROOT / "dags" / "batch-embed.json")
-    assert sweep_main(["--workload", path, "--rates", "100,200", "--jobs", "300",
-                       "--variants", "compass+batch,celery-default"]) == 0
-    out = capsys.readouterr().out
-    assert "compass+batch" in out and "jobs/s within p99" in out
+    run = sweep_cli("--workload", path, "--rates", "100,200", "--jobs", "300",
+                    "--variants", "compass+batch,celery-default")
+    assert run.exit_code == 0, run.output
+    assert "compass+batch" in run.output and "jobs/s within p99" in run.output
 
 
 def test_with_a_deadline_every_job_is_admitted_against_it() -> None:
@@ -196,10 +203,12 @@ def test_aware_placement_admits_what_blind_placement_refuses() -> None:
     assert out["sustained"] == {}  # admission on: goodput, not a p99 sweep
 
 
-def test_sweep_cli_with_a_deadline(capsys: pytest.CaptureFixture[str]) -> None:
+def test_sweep_cli_with_a_deadline() -> None:
     path = str(ROOT / "dags" / "batch-embed.json")
-    assert sweep_main(["--workload", path, "--rates", "200", "--jobs", "200",
-                       "--variants", "compass+batch", "--deadline-ms", "100"]) == 0
-    assert "peak goodput/s (deadline 100 ms, admission on)" in capsys.readouterr().out
-    with pytest.raises(SystemExit):
-        sweep_main(["--workload", path, "--deadline-ms", "0"])
+    run = sweep_cli("--workload", path, "--rates", "200", "--jobs", "200",
+                    "--variants", "compass+batch", "--deadline-ms", "100")
+    assert run.exit_code == 0, run.output
+    assert "peak goodput/s (deadline 100 ms, admission on)" in run.output
+    for bad in (["--deadline-ms", "0"], ["--variants", "compass+magic"], ["--rates", "0"]):
+        refused = sweep_cli("--workload", path, *bad)
+        assert refused.exit_code == 2, (bad, refused.output)

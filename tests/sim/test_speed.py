@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -87,12 +88,19 @@ def test_cut_queue_view_decides_as_the_whole_queue(policy, monkeypatch):
     assert max(longest) >= 50  # the queues really were long
 
 
-def test_plan_timing_live_case_and_policies(capsys):
-    from compass_celery.bench.plan_timing import main
+def plan_timing(*args: str) -> Any:
+    from click.testing import CliRunner
 
-    assert main(["--workers", "2000", "--reps", "20", "--policies", "compass,hash",
-                 "--snapshots", "cold,live"]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    from compass_celery.cli import compass_command
+
+    return CliRunner().invoke(compass_command, ["bench", "plan-timing", *args])
+
+
+def test_plan_timing_live_case_and_policies():
+    run = plan_timing("--workers", "2000", "--reps", "20", "--policies", "compass,hash",
+                      "--snapshots", "cold,live")
+    assert run.exit_code == 0, run.output
+    rows = [line.split() for line in run.output.splitlines()[1:]]
     assert {(r[2], r[5]) for r in rows} == {(k, p) for k in ("cold", "live")
                                            for p in ("compass", "hash")}
     med = {(r[1], r[2], r[5]): float(r[3]) for r in rows}
@@ -101,12 +109,8 @@ def test_plan_timing_live_case_and_policies(capsys):
 
 
 def test_plan_timing_rejects_unknown_names():
-    from compass_celery.bench.plan_timing import main
-
-    with pytest.raises(SystemExit):
-        main(["--policies", "fastest"])
-    with pytest.raises(SystemExit):
-        main(["--snapshots", "lukewarm"])
+    assert "unknown policy 'fastest'" in plan_timing("--policies", "fastest").output
+    assert "unknown snapshot kind 'lukewarm'" in plan_timing("--snapshots", "lukewarm").output
 
 
 @pytest.mark.parametrize("policy", ["compass", "celery-default", "hash"])

@@ -25,7 +25,6 @@ from compass_celery.planner.static import (
 )
 from compass_celery.planner.types import ModelDemand, PlanningError
 from compass_celery.sim import simulate
-from compass_celery.sim.__main__ import main
 from compass_celery.workload import parse_workload
 
 
@@ -186,7 +185,11 @@ def test_static_replicas_is_simulator_only() -> None:
     assert NAME not in POLICIES
 
 
-def test_main_selects_it(tmp_path, capsys) -> None:
+def test_the_command_selects_it(tmp_path) -> None:
+    from click.testing import CliRunner
+
+    from compass_celery.cli import compass_command
+
     path = tmp_path / "w.json"
     w = small_workload()
     path.write_text(json.dumps({
@@ -194,8 +197,13 @@ def test_main_selects_it(tmp_path, capsys) -> None:
         "dags": {"hot": {"nodes": {"a": {"model": "hot", "exec_ms": 200}}}},
         "cluster": {"workers": 2, "gpu_mem_mb": 2000},
         "arrivals": {"process": "poisson", "rate_per_s": 3, "jobs": 20}}))
-    assert main(["--workload", str(path), "--policies", f"{NAME},jsq"]) == 0
-    out = json.loads(capsys.readouterr().out)["policies"]
+    out_path = tmp_path / "r.json"
+    run = CliRunner().invoke(compass_command, ["sim", "run", "--workload", str(path),
+                                               "--policies", f"{NAME},jsq",
+                                               "--json", str(out_path)])
+    assert run.exit_code == 0, run.output
+    out = json.loads(out_path.read_text())["policies"]
     assert set(out) == {NAME, "jsq"} and out[NAME]["assignment"] == {"hot": ["w000"]}
-    with pytest.raises(SystemExit):
-        main(["--workload", str(path), "--policies", "static"])
+    bad = CliRunner().invoke(compass_command, ["sim", "run", "--workload", str(path),
+                                               "--policies", "static"])
+    assert bad.exit_code == 2 and "unknown policy 'static'" in bad.output
