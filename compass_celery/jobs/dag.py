@@ -20,11 +20,12 @@ from celery.canvas import Signature
 
 from ..dag_validation import DagValidationError, validate_dag
 from ..errors import SendFailed
-from ..needs import DECLARE_MODEL, TaskDeclarationError, resolve_needs
+from ..needs import DECLARE_MODEL, TaskDeclarationError, batch_options, resolve_needs
 from ..planner.batch import BatchSpec, batch_record
 from ..planner.priority import PriorityError, resolve_priority
 from ..planner.types import DagSpec, TaskSpec
 from .canvas import Shape, app_of, canvas_result, walk_canvas
+from .limits import node_input_bytes
 
 #: Why a Dag never holds a cycle, said with every edge it refuses.
 BACKWARDS = ("a node can only come after nodes already added, so edges point backwards "
@@ -85,6 +86,8 @@ class Dag:
         if task is None:
             raise DagValidationError(f"DAG {self.name!r}: node {name!r} names unknown task "
                                      f"{sig.task!r}")
+        node_input_bytes(self.name, name, {"task": sig.task, "args": list(sig.args or ()),
+                                           "kwargs": dict(sig.kwargs or {})})
         call = {k: v for k, v in (("model", model), ("exec_ms", exec_ms),
                                   ("output_kb", output_kb)) if v is not None}
         call.update((sig.options or {}).get("compass") or {})
@@ -170,6 +173,7 @@ class Dag:
         out = {}
         for name, node in self.nodes.items():
             sig = node.signature
+            self._check_batched(name, node)
             own = (sig.options or {}).get("priority")
             try:
                 level = resolve_priority(own if own is not None else priority, classes)
@@ -182,6 +186,24 @@ class Dag:
                          "learn": node.learn,
                          "priority": level, "batch": batch_record(node.batch)}
         return out
+
+    def _check_batched(self, name: str, node: Node) -> None:
+        """A batched task's node takes one input: a source its one argument, a node after
+        others its predecessors' result and nothing of its own. Checked when the Dag is
+        sent (its edges are known then), not when the node runs."""
+        sig = node.signature
+        if batch_options(self.app.tasks.get(sig.task)) is None:
+            return
+        own, kwargs = len(sig.args or ()), dict(sig.kwargs or {})
+        if own + (1 if node.preds else 0) == 1 and not kwargs:
+            return
+        raise DagValidationError(
+            f"DAG {self.name!r}: node {name!r}: task {sig.task!r} is batched "
+            f"(compass_batch) and takes one input: a first node its one argument "
+            f"(task.s(x)), a node after others its predecessors' result and no argument "
+            f"of its own (task.s()); got {own} argument(s) of its own"
+            f"{f' and keyword arguments {sorted(kwargs)}' if kwargs else ''}"
+            f"{f' after {len(node.preds)} predecessor(s)' if node.preds else ''}")
 
     def apply_async(self, *, timeout_s: float | None = None, priority: Any = None,
                     deadline_ms: float | None = None, slo: str | None = None,

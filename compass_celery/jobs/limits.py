@@ -33,6 +33,19 @@ def input_bytes(node: Mapping[str, Any]) -> int:
     return len(json.dumps([node["args"], node["kwargs"]]))
 
 
+def node_input_bytes(dag: str, name: str, node: Mapping[str, Any]) -> int:
+    """:func:`input_bytes`, or a :class:`DagValidationError` naming the DAG and the node
+    when its arguments are not JSON (a node's input travels as JSON, in its message and,
+    after others, in the job record)."""
+    try:
+        return input_bytes(node)
+    except (TypeError, ValueError) as exc:
+        raise DagValidationError(
+            f"DAG {dag!r}: node {name!r} ({node['task']}): its arguments are not JSON "
+            f"({exc}); a node's input travels as JSON: pass numbers, strings, lists and "
+            f"dicts, or a reference (a URL, an object-store key or a path)") from None
+
+
 def input_too_large(settings: Mapping[str, Any], what: str, size: int
                     ) -> JobInputTooLarge | None:
     """The error for an input of ``size`` bytes over ``compass_max_input_kb`` (``what``
@@ -69,7 +82,7 @@ def check_submission(settings: Mapping[str, Any], dag: str,
     max_out = settings["max_output_kb"]
     for name, node in nodes.items():
         error = input_too_large(settings, f"DAG {dag!r}: node {name!r} input "
-                                f"({node['task']} arguments)", input_bytes(node))
+                                f"({node['task']} arguments)", node_input_bytes(dag, name, node))
         if error is not None:
             raise error
         declared = float(node.get("output_kb") or 0.0)
