@@ -8,6 +8,7 @@ tells ``admission_decided`` listeners (metrics, the benchmark) either way.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -18,6 +19,11 @@ from .needs import SLO_OPTIONS, TaskDeclarationError, declared
 from .planner.admission import Slo, SloError, Verdict, judge, resolve_slo, retry_after_s
 from .planner.priority import PriorityError, resolve_priority
 from .signals import admission_decided
+from .state.connection import StateUnavailable
+
+#: The SLO class a refusal is counted under when the call named none (a bare deadline).
+NO_CLASS = "none"
+logger = logging.getLogger("compass_celery.admission")
 
 if TYPE_CHECKING:
     from .context import CompassContext
@@ -87,11 +93,22 @@ def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
                     missing=missing)
     admission_decided.send(sender=c, what=what, slo=slo, verdict=verdict)
     if not verdict.admitted:
+        count_refusal(c, slo, verdict)
         raise Rejected(what, verdict.reason,
                        retry_after_s=retry_after_s(verdict, cfg["time_scale"]),
                        predicted_ms=verdict.predicted_ms, deadline_ms=verdict.deadline_ms,
                        miss_ms=verdict.miss_ms, slo=slo.name if slo else "")
     return verdict
+
+
+def count_refusal(c: CompassContext, slo: Slo | None, verdict: Verdict) -> None:
+    """Count a refusal in the state store by SLO class and cause (``compass status`` shows
+    them, cluster-wide); best effort: a refusal never waits for, or fails on, Redis."""
+    try:
+        c.store.count_refusal(slo.name if slo is not None and slo.name else NO_CLASS,
+                              verdict.cause or verdict.kind or "deadline")
+    except (StateUnavailable, OSError) as exc:
+        logger.debug("compass: refusal not counted: %s", exc)
 
 
 def due_at(c: CompassContext, slo: Slo | None, now: float | None = None) -> float:

@@ -25,6 +25,7 @@ from typing import Any
 from celery import signals as celery_signals
 
 from . import signals
+from .admission import NO_CLASS as ADMISSION_NO_CLASS
 from .needs import learned_loads
 from .placement import Decision
 from .planner.capacity import tightest_deadline_ms, workers_needed
@@ -47,8 +48,9 @@ def _prometheus() -> Any:
 
 # -- counters and histograms fed by signals ------------------------------------------
 MB = 10**6  # compass sizes are in MB (10^6 bytes); Prometheus wants bytes
-#: The ``slo`` label of work with no SLO class (a bare ``deadline_ms``, or no deadline).
-NO_CLASS = "none"
+#: The ``slo`` label of work with no SLO class (a bare ``deadline_ms``, or no deadline):
+#: the class its refusals are counted under in the state store too.
+NO_CLASS = ADMISSION_NO_CLASS
 
 
 def slo_label(slo: Any) -> str:
@@ -88,7 +90,8 @@ class CompassMetrics:
                                "Admitted although the plan said they would miss the deadline",
                                ["slo"], registry=r)
         self.rejected = pc.Counter("compass_admission_rejected",
-                                   "Refused at submission: deadline or queue_full",
+                                   "Refused at submission, per SLO class and cause: "
+                                   "deadline, queue_full or cold (planner.admission)",
                                    ["slo", "reason"], registry=r)
         self.shed = pc.Counter("compass_tasks_shed",
                                "Dropped unrun: starting them could no longer meet the deadline",
@@ -139,7 +142,7 @@ class CompassMetrics:
             return
         label = slo_label(slo)
         if not verdict.admitted:
-            self.rejected.labels(label, verdict.kind or "deadline").inc()
+            self.rejected.labels(label, verdict.cause or verdict.kind or "deadline").inc()
             return
         self.admitted.labels(label).inc()
         if verdict.late:

@@ -29,6 +29,9 @@ class JobOutcome:
     rejected: bool = False
     shed: bool = False
     late: bool = False
+    #: Why it was refused (``Verdict.cause``: deadline, queue_full, cold); '' when taken,
+    #: or when the refusal did not say.
+    refused_for: str = ""
 
     @property
     def completed(self) -> bool:
@@ -115,7 +118,12 @@ def _slo_counts(jobs: Sequence[JobOutcome], span_s: float) -> dict[str, object]:
     admitted = len(jobs) - len(rejected)
     refusal_ms = [j.end_ms - j.arrival_ms for j in rejected  # type: ignore[operator]
                   if j.end_ms is not None]
+    causes: dict[str, int] = {}
+    for j in rejected:
+        if j.refused_for:
+            causes[j.refused_for] = causes.get(j.refused_for, 0) + 1
     return {"jobs": len(jobs), "admitted": admitted, "rejected": len(rejected),
+            "refused_for": dict(sorted(causes.items())),
             "shed": sum(j.shed for j in jobs), "late": sum(j.late for j in jobs),
             "met": met,
             "attainment": round(met / len(jobs), 4) if jobs else 0.0,
@@ -138,8 +146,13 @@ def duplicated_ids(executions: Mapping[str, int], limit: int = 20) -> list[str]:
 
 #: The columns of an SLO table, the benchmark's and the simulator's alike; each adds its
 #: own after them (:func:`slo_table`).
-SLO_COLUMNS = ["policy", "slo", "jobs", "admitted", "rejected", "shed", "late", "attain",
-               "adm attain", "goodput/s", "mean ms", "p99", "reject p99"]
+SLO_COLUMNS = ["policy", "slo", "jobs", "admitted", "rejected", "refused for", "shed",
+               "late", "attain", "adm attain", "goodput/s", "mean ms", "p99", "reject p99"]
+
+
+def refused_for(causes: Mapping[str, int]) -> str:
+    """A class's refusals by cause as a table cell: ``deadline 3, cold 1``; '-' if none."""
+    return ", ".join(f"{cause} {n}" for cause, n in causes.items() if n) or "-"
 
 
 def slo_table(result: Mapping[str, Any], extra_columns: Sequence[str] = (),
@@ -151,7 +164,8 @@ def slo_table(result: Mapping[str, Any], extra_columns: Sequence[str] = (),
         for cls, c in (r.get("slo") or {}).items():
             if cls == "all" and len(r["slo"]) == 2:
                 continue  # one class: its row says it all
-            rows.append([name, cls, c["jobs"], c["admitted"], c["rejected"], c["shed"],
+            rows.append([name, cls, c["jobs"], c["admitted"], c["rejected"],
+                         refused_for(c.get("refused_for") or {}), c["shed"],
                          c["late"], f"{c['attainment']:.3f}",
                          f"{c['admitted_attainment']:.3f}", f"{c['goodput_jobs_per_s']:.2f}",
                          f"{c['latency_ms']['mean']:.1f}", f"{c['latency_ms']['p99']:.1f}",

@@ -39,11 +39,12 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
     store = RedisStateStore(redis_url, prefix or values["key_prefix"])
     try:
         snap = store.snapshot(time.time(), values["heartbeat_timeout_s"])
+        refused = store.refusals()
     except StateUnavailable as exc:
         raise click.ClickException(str(exc)) from None
     if as_json:
-        click.echo(json.dumps(_status_json(snap, masked(redis_url), values), indent=2,
-                              default=str))
+        click.echo(json.dumps({**_status_json(snap, masked(redis_url), values),
+                               "refusals": refused}, indent=2, default=str))
         return
     rows = [[w.name, w.device, f"{w.gpu_free_mb:.0f}/{w.gpu_total_mb:.0f}",
              _models(w), f"{w.backlog_ms:.0f}", f"{w.pending_ms:.0f}",
@@ -54,6 +55,10 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
                                  "backlog ms", "pending ms", "hop ms", "heartbeat"]))
     for why in snap.skipped:
         click.echo(f"skipped: {why}")
+    if refused:  # admission's refusals since the counts began, per SLO class and cause
+        click.echo(text_table([[slo, cause, str(n)] for slo, by in sorted(refused.items())
+                               for cause, n in sorted(by.items())],
+                              ["slo class", "refused for", "jobs and tasks"]))
     if show_settings:
         click.echo(text_table([list(r) for r in settings_mod.describe(values)],
                           ["setting", "value", "meaning"]))

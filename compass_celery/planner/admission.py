@@ -58,6 +58,13 @@ ERROR_QUANTILE, ERROR_STEP_MS = 0.95, 4.0
 ERROR_CAP_SHARE = 0.5
 
 
+#: Why admission refuses, as refusals are counted: the plan misses the deadline
+#: (``deadline``), more work is queued ahead than ``compass_max_queue_ms`` allows
+#: (``queue_full``), or it would be on time but for the model loads it plans, with no
+#: worker that could take them late (``cold``: no copy where there is room for the job).
+REFUSAL_CAUSES = ("deadline", "queue_full", "cold")
+
+
 class SloError(ValueError):
     """An SLO class or deadline that makes no sense; the message names it."""
 
@@ -151,6 +158,9 @@ class Verdict:
     #: Why it was refused or marked late: ``deadline``, ``queue_full`` or ``cold`` (late
     #: only because it loads models: run to the end, never shed); '' when on time.
     kind: str = ""
+    #: Why it was refused, as refusals are counted per SLO class (``compass status``,
+    #: Prometheus, the simulator's results): one of :data:`REFUSAL_CAUSES`; '' when taken.
+    cause: str = ""
 
     @property
     def sheds(self) -> bool:
@@ -201,6 +211,7 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     if admission and max_queue_ms is not None and wait_ms > max_queue_ms:
         return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline,
                        retry_after_ms=wait_ms - max_queue_ms, kind="queue_full",
+                       cause="queue_full",
                        reason=f"queue full: {wait_ms:.0f} ms of work ahead, over the "
                               f"bound of {max_queue_ms:.0f} ms")
     if deadline is None or math.isnan(predicted_ms):
@@ -227,8 +238,10 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
                        miss_ms=miss, kind="unlearned",
                        reason=why + ", on a run time nobody declared and none measured "
                                     "yet: taken late, so that it is learned")
+    cold = load_ms > 0 and predicted_ms - load_ms <= target  # on time but for its loads
     return Verdict(False, predicted_ms=predicted_ms, deadline_ms=deadline, miss_ms=miss,
-                   retry_after_ms=miss, reason=why, kind="deadline")
+                   retry_after_ms=miss, reason=why, kind="deadline",
+                   cause="cold" if cold else "deadline")
 
 
 def plan_budget_ms(slo: Slo | None, headroom: float = 0.0, error_ms: float = 0.0

@@ -97,6 +97,7 @@ class Job:
     plan_end: float | None = None  # when its plan said it would end (workload ms)
     predicted_ms: float | None = None  # its plan's finish, ms after arrival (any job)
     rejected: bool = False  # refused at arrival: nothing was sent (end = arrival)
+    refused_for: str = ""  # why (``Verdict.cause``: deadline, queue_full, cold)
     shed: bool = False  # dropped once it could no longer meet its deadline (end = then)
     late: bool = False  # admitted although predicted to miss its deadline
     tasks: list[SimTask] = field(default_factory=list)  # sent, kept to revoke (sheds only)
@@ -236,6 +237,7 @@ class Simulation:
                         error_ms=self.plan_error.get(slo.name, 0.0) if slo else 0.0)
         if not verdict.admitted:
             job.rejected, job.end = True, job.arrival
+            job.refused_for = verdict.cause
             return False
         job.late = verdict.late
         if slo is not None and slo.deadline_ms is not None:

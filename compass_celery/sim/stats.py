@@ -79,7 +79,8 @@ def outcome(job: Any) -> JobOutcome:
     return JobOutcome(job.index, job.dag.name, job.arrival, job.end, job.failed,
                       slo=slo.name if slo is not None else "",
                       deadline_ms=slo.deadline_ms if slo is not None else None,
-                      rejected=job.rejected, shed=job.shed, late=job.late)
+                      rejected=job.rejected, shed=job.shed, late=job.late,
+                      refused_for=job.refused_for)
 
 
 def load_fraction(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float

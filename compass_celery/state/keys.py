@@ -65,6 +65,10 @@ PROFILES = "{{{p}}}:profiles"
 # against their plan (admission's margin); learn.lua, run by state/store.py
 # (record_plan_error)
 PLAN_ERRORS = "{{{p}}}:plan-errors"
+# hash: refusal_member(SLO class, cause) -> jobs and tasks admission refused for that
+# cause (deadline, queue_full, cold); HINCRBY, run by state/store.py (count_refusal) for
+# admission.py, read by ``compass status``
+REFUSALS = "{{{p}}}:refusals"
 # hash: version (bumped per change), epoch, floor (newest version trimmed); changelog.lua,
 # put in front of every state script above (state/store.py, jobs/submit.py)
 STATE_LOG = "{{{p}}}:state-log"
@@ -142,6 +146,11 @@ def queued_member(worker: str, level: int) -> str:
 def forming_member(worker: str, batch: str) -> str:
     """The FORMING member counting the inputs of batch key ``batch`` waiting on ``worker``."""
     return f"{worker}{MEMBER_SEP}{batch}"
+
+
+def refusal_member(slo: str, cause: str) -> str:
+    """The REFUSALS member counting SLO class ``slo``'s refusals for ``cause``."""
+    return f"{slo}{MEMBER_SEP}{cause}"
 
 
 def split_member(member: str) -> tuple[str, str]:

@@ -104,8 +104,28 @@ class StateStore(Protocol):
         """Move SLO class ``slo``'s learned plan-error quantile ``tau`` one step towards
         ``error_ms``."""
 
+    def count_refusal(self, slo: str, cause: str) -> None:
+        """Count one refusal by admission of SLO class ``slo`` for ``cause``."""
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """The refusals counted so far: SLO class -> cause -> count."""
+
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker (backlog and pending folded in) and the learned run times."""
+
+
+def refusal_counts(raw: Mapping[Any, Any]) -> dict[str, dict[str, int]]:
+    """REFUSALS' members and counts (bytes or str) as SLO class -> cause -> count; a
+    field that is not a count is skipped."""
+    out: dict[str, dict[str, int]] = {}
+    for member, count in raw.items():
+        slo, cause = keys.split_member(text(member))
+        try:
+            n = int(count)
+        except (TypeError, ValueError):
+            continue
+        out.setdefault(slo, {})[cause] = n
+    return out
 
 
 class MemoryStateStore:
@@ -122,6 +142,7 @@ class MemoryStateStore:
         self.profiles: dict[str, str] = {}
         self.plan_errors: dict[str, str] = {}
         self.stats: dict[str, dict[str, Any]] = {}
+        self.refused: dict[str, int] = {}  # refusal_member -> count (REFUSALS)
 
     def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
         """Write a worker's record, and ``extra`` (informational counters) beside it
@@ -170,6 +191,17 @@ class MemoryStateStore:
         with self._lock:
             self.plan_errors[slo] = next_plan_error(self.plan_errors.get(slo), error_ms,
                                                     tau, step)
+
+    def count_refusal(self, slo: str, cause: str) -> None:
+        """Count one refusal of SLO class ``slo`` for ``cause``."""
+        with self._lock:
+            member = keys.refusal_member(slo, cause)
+            self.refused[member] = self.refused.get(member, 0) + 1
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """The refusals counted so far: SLO class -> cause -> count."""
+        with self._lock:
+            return refusal_counts(self.refused)
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, decoded from the in-process records (each record's own
@@ -232,7 +264,7 @@ class RedisStateStore:
         self._client: Any = None
         self._keys = {k: keys.key(t, prefix) for k, t in (
             ("workers", keys.WORKERS), ("profiles", keys.PROFILES), ("beats", keys.BEATS),
-            ("plan_errors", keys.PLAN_ERRORS),
+            ("plan_errors", keys.PLAN_ERRORS), ("refusals", keys.REFUSALS),
             ("log", keys.STATE_LOG), ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS),
             *((name, template) for name, (template, _) in keys.COUNTERS.items()))}
         self._log = [self._keys["log"], self._keys["changes"]]
@@ -329,6 +361,15 @@ class RedisStateStore:
         for readers; queued on ``pipe`` when given."""
         self._update("plan_errors", "e", slo,
                      lambda raw: next_plan_error(raw, error_ms, tau, step), pipe)
+
+    def count_refusal(self, slo: str, cause: str) -> None:
+        """Count one refusal of SLO class ``slo`` for ``cause`` (one HINCRBY)."""
+        self._call(lambda: self.client.hincrby(self._keys["refusals"],
+                                               keys.refusal_member(slo, cause), 1))
+
+    def refusals(self) -> dict[str, dict[str, int]]:
+        """The refusals counted so far: SLO class -> cause -> count."""
+        return refusal_counts(self._call(lambda: self.client.hgetall(self._keys["refusals"])))
 
     def _update(self, table: str, letter: str, field: str, rule: Callable[[Any], str],
                 pipe: Any) -> None:

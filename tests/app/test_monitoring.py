@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from compass_celery import monitoring, signals
 from compass_celery.placement import Decision
-from compass_celery.planner.admission import Slo, Verdict
+from compass_celery.planner.admission import Slo, Verdict, judge
 from compass_celery.planner.types import ModelDemand, WorkerView
 from compass_celery.state.connection import StateUnavailable
 from compass_celery.state.store import MemoryStateStore
@@ -72,6 +72,8 @@ def test_deadline_signals_count_per_slo_class(metrics: Any) -> None:
     send(sender=None, what="task 't'", slo=None, verdict=Verdict(
         False, reason="queue full: 9000 ms of work ahead, over the bound of 5000 ms",
         kind="queue_full"))
+    send(sender=None, what="job 'j'", slo=interactive, verdict=judge(  # on time but its load
+        interactive, 700.0, 300.0, load_ms=500.0))
     signals.task_shed.send(sender=None, job_id="j", node="b", task_id="x", slo="interactive")
     signals.job_deadline_outcome.send(sender=None, job_id="j", slo="interactive", met=True,
                                       late_ms=-20.0)
@@ -85,6 +87,8 @@ def test_deadline_signals_count_per_slo_class(metrics: Any) -> None:
                  reason="deadline") == 1
     assert value(metrics, "compass_admission_rejected_total", slo="none",
                  reason="queue_full") == 1
+    assert value(metrics, "compass_admission_rejected_total", slo="interactive",
+                 reason="cold") == 1
     assert value(metrics, "compass_tasks_shed_total", slo="interactive") == 1
     assert value(metrics, "compass_deadline_jobs_total", slo="interactive", outcome="met") == 1
     assert value(metrics, "compass_deadline_jobs_total", slo="none", outcome="missed") == 1

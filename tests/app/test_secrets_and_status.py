@@ -88,6 +88,35 @@ def test_status_json_lists_the_live_workers(compass_redis_url) -> None:
     assert body["skipped"] == [] and "redis" in body and "settings" in body
 
 
+@pytest.mark.redis
+def test_status_shows_refusals_per_slo_class_and_cause(compass_redis_url) -> None:
+    store = RedisStateStore(compass_redis_url, "compass")
+    for slo, cause in [("interactive", "deadline"), ("interactive", "cold"),
+                       ("interactive", "deadline"), ("none", "queue_full")]:
+        store.count_refusal(slo, cause)
+    assert store.refusals() == {"interactive": {"deadline": 2, "cold": 1},
+                                "none": {"queue_full": 1}}
+    table = CliRunner().invoke(compass_command, ["status", "--redis", compass_redis_url])
+    assert table.exit_code == 0, table.output
+    rows = [line.split() for line in table.output.splitlines()]
+    assert ["interactive", "cold", "1"] in rows and ["interactive", "deadline", "2"] in rows
+    assert ["none", "queue_full", "1"] in rows
+    body = json.loads(CliRunner().invoke(compass_command, ["status", "--redis",
+                                                           compass_redis_url, "--json"]).output)
+    assert body["refusals"] == {"interactive": {"deadline": 2, "cold": 1},
+                                "none": {"queue_full": 1}}
+
+
+def test_the_memory_store_counts_refusals_the_same_way() -> None:
+    from compass_celery.state.store import MemoryStateStore
+
+    store = MemoryStateStore()
+    assert store.refusals() == {}
+    store.count_refusal("batch", "queue_full")
+    store.count_refusal("batch", "queue_full")
+    assert store.refusals() == {"batch": {"queue_full": 2}}
+
+
 def test_the_settings_table_masks_a_state_url() -> None:
     from compass_celery.settings import describe, resolve
 

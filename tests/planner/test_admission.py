@@ -9,6 +9,7 @@ import pytest
 from compass_celery.planner.admission import (
     DEFAULT_SLO_CLASSES,
     ERROR_CAP_SHARE,
+    REFUSAL_CAUSES,
     Slo,
     SloError,
     job_finish_ms,
@@ -104,6 +105,18 @@ def test_a_miss_caused_only_by_model_loads_is_taken_late_and_not_shed():
     busy = judge(STRICT, 1400.0, 700.0, load_ms=633.0)
     assert not busy.admitted and busy.kind == "deadline"
     assert judge(STRICT, 300.0).sheds  # on time: it may be shed if it falls behind
+
+
+def test_a_refusal_names_its_cause_as_refusals_are_counted():
+    assert judge(STRICT, 900.0, 500.0).cause == "deadline"  # queued work ahead
+    # on time but for the model it loads, with no idle worker to load it late
+    assert judge(STRICT, 700.0, 300.0, load_ms=500.0).cause == "cold"
+    # its loads alone do not explain the miss: a deadline refusal, loads or not
+    assert judge(STRICT, 1400.0, 700.0, load_ms=633.0).cause == "deadline"
+    assert judge(STRICT, 100.0, 9000.0, max_queue_ms=5000.0).cause == "queue_full"
+    assert judge(None, 100.0, 9000.0, max_queue_ms=5000.0).cause == "queue_full"
+    assert judge(STRICT, 100.0).cause == "" and judge(STRICT, 700.0, 0.0, load_ms=633.0).cause == ""
+    assert set(REFUSAL_CAUSES) == {"deadline", "queue_full", "cold"}
 
 
 def test_headroom_keeps_a_share_of_the_deadline_for_the_plans_error():

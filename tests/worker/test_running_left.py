@@ -66,5 +66,7 @@ def test_an_urgent_task_waits_only_for_what_is_left_of_the_running_one(one):
     assert 3000.0 < early < 4000.0, early
     assert 1000.0 < late < 2000.0, late
     assert early - late == pytest.approx(2000.0, abs=400.0)  # it shrinks as the task runs
+    # both refusals are counted, cluster-wide, under no class (a bare deadline) and why
+    assert app.compass.store.refusals() == {"none": {"deadline": 2}}
     assert batch.get(timeout=20) is not None
     wait_until(lambda: not running(), 10, "the ended task to leave the record")
