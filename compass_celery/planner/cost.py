@@ -68,7 +68,7 @@ class WorkerArrays:
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
     _means: dict[tuple[str, bool], float] = field(default_factory=dict)
-    _left: dict[float, np.ndarray] = field(default_factory=dict)
+    _left: dict[float | None, np.ndarray] = field(default_factory=dict)  # None: the rates
 
     def __len__(self) -> int:
         return len(self.names)
@@ -122,13 +122,19 @@ class WorkerArrays:
         (:func:`ran_ms`; the scalar reference is :func:`backlog_left_ms`). Read-only."""
         left = self._left.get(now)
         if left is None:
-            if not self.run_charge.shape[1]:  # nothing runs anywhere
+            width = self.run_charge.shape[1]
+            if not width:  # nothing runs anywhere
                 left = self.backlog_ms
             else:
-                ran = ran_ms(self.run_began, self.run_ends, self.run_charge, now).sum(axis=1)
-                left = np.maximum(self.backlog_ms - ran, 0.0)
-            if len(self._left) > 4:  # one snapshot, a few clocks (the simulator's)
-                self._left.clear()
+                rate = self._left.get(None)
+                if rate is None:  # per snapshot; only the clock changes between plans
+                    rate = run_rate(self.run_began, self.run_ends, self.run_charge)
+                ran = ran_ms(self.run_began, rate, self.run_charge, now)
+                left = np.maximum(self.backlog_ms - (ran[:, 0] if width == 1 else
+                                                     ran.sum(axis=1)), 0.0)
+                if len(self._left) > 4:  # one snapshot, a few clocks (the simulator's)
+                    self._left.clear()
+                self._left[None] = rate
             self._left[now] = left
         return left
 
@@ -165,16 +171,25 @@ def worker_arrays(cluster: ClusterView) -> WorkerArrays:
     return arrays
 
 
-def ran_ms(began: Any, ends: Any, charge_ms: Any, now: float) -> Any:
-    """The part of a running task's charge already run at ``now``: ``charge_ms`` times the
-    share of its span [``began``, ``ends``] gone by, 0 to 1 (clipped: the worker's clock
-    and the reader's may differ a little; all of it once the span has passed, or when it
-    is empty). A task still running past its expected end is counted as about to end.
-    Elementwise on numpy arrays (``WorkerArrays.backlog_left_ms``) or on floats: the one
-    rule for every reader of a backlog, the simulator's too."""
-    span = ends - began
-    gone = np.where(span > 0, (now - began) / np.where(span > 0, span, 1.0), 1.0)
-    return charge_ms * np.minimum(np.maximum(gone, 0.0), 1.0)
+#: The shortest span a running task is taken to last (clock units): an empty one has all
+#: of its charge run as soon as it began, and nothing divides by zero.
+MIN_SPAN = 1e-9
+
+
+def run_rate(began: Any, ends: Any, charge_ms: Any) -> Any:
+    """How fast a running task's charge runs: ms of it per unit of the clock, from its
+    span [``began``, ``ends``] (at least :data:`MIN_SPAN` long). Elementwise, as
+    :func:`ran_ms`."""
+    return charge_ms / np.maximum(ends - began, MIN_SPAN)
+
+
+def ran_ms(began: Any, rate: Any, charge_ms: Any, now: float) -> Any:
+    """The part of a running task's charge already run at ``now``: from ``began`` at
+    ``rate`` (:func:`run_rate`), clipped to 0..``charge_ms`` (the worker's clock and the
+    reader's may differ a little; a task still running past its expected end is counted
+    as about to end). Elementwise on numpy arrays (``WorkerArrays.backlog_left_ms``) or
+    on floats: the one rule for every reader of a backlog, the simulator's too."""
+    return np.minimum(np.maximum((now - began) * rate, 0.0), charge_ms)
 
 
 def backlog_left_ms(worker: WorkerView, now: float) -> float:
@@ -182,7 +197,7 @@ def backlog_left_ms(worker: WorkerView, now: float) -> float:
     ``now`` less what its running tasks have run (:func:`ran_ms`), never below 0."""
     if not worker.running:
         return worker.backlog_ms
-    ran = sum(float(ran_ms(b, e, c, now)) for b, e, c in worker.running)
+    ran = sum(float(ran_ms(b, run_rate(b, e, c), c, now)) for b, e, c in worker.running)
     return max(worker.backlog_ms - ran, 0.0)
 
 

@@ -14,7 +14,13 @@ from hypothesis import strategies as st
 from compass_celery.planner import ClusterView, DagSpec, TaskSpec, get_policy
 from compass_celery.planner.adjust import choose_successor
 from compass_celery.planner.admission import Slo, job_finish_ms, judge
-from compass_celery.planner.cost import backlog_left_ms, ran_ms, settled, worker_arrays
+from compass_celery.planner.cost import (
+    backlog_left_ms,
+    ran_ms,
+    run_rate,
+    settled,
+    worker_arrays,
+)
 from compass_celery.planner.walk import Walk
 
 from .strategies import clusters, worker
@@ -61,8 +67,9 @@ def test_a_finished_task_is_taken_off_once() -> None:
 
 def test_the_rule_is_elementwise_and_clipped() -> None:
     began, ends, charge = np.array([0.0, 0.0, 5.0]), np.array([2.0, 0.0, 7.0]), np.full(3, 10.0)
-    assert ran_ms(began, ends, charge, 1.0).tolist() == [5.0, 10.0, 0.0]
-    assert float(ran_ms(0.0, 2.0, 10.0, 1.0)) == 5.0
+    rate = run_rate(began, ends, charge)  # an empty span has run all of it once begun
+    assert ran_ms(began, rate, charge, 1.0).tolist() == [5.0, 10.0, 0.0]
+    assert float(ran_ms(0.0, float(run_rate(0.0, 2.0, 10.0)), 10.0, 1.0)) == 5.0
 
 
 @settings(max_examples=60, deadline=None)
