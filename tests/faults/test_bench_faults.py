@@ -29,13 +29,13 @@ def test_duplicates_count_executions_beyond_the_first():
 
 @pytest.mark.parametrize("flag", ["--pause-redis-after", "--restart-redis-after"])
 def test_redis_faults_need_the_private_redis(flag):
-    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--redis",
-                 "redis://127.0.0.1:1/0", flag, "3")
+    result = run("bench", "cluster", "--workload", str(workloads.path("edge-vision.json")),
+                 "--redis", "redis://127.0.0.1:1/0", flag, "3")
     assert result.exit_code != 0 and f"{flag} needs the bench's private Redis" in result.output
 
 
 def test_fault_flags_are_documented():
-    text = run("bench", "--help").output
+    text = run("bench", "cluster", "--help").output
     for flag in ("--rolling-restart-after", "--pause-redis-after", "--pause-redis-for",
                  "--skew-clock-s", "--long-task-s", "--restart-redis-after", "--redis-aof",
                  "--kill-worker-after", "--kill-restart"):
@@ -66,7 +66,7 @@ def test_stranded_counts_every_place_a_message_can_wait(compass_redis_url):
 def test_rolling_restart_loses_strands_and_repeats_nothing(tmp_path):
     """A deploy under load: every worker warm-stopped and started again by name."""
     out = tmp_path / "bench.json"
-    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--policies",
+    result = run("bench", "cluster", "--workload", str(workloads.path("edge-vision.json")), "--policies",
                  "compass", "--workers", "2", "--jobs", "30", "--rate", "1.5",
                  "--time-scale", "0.5", "--rolling-restart-after", "1", "--json", str(out),
                  "--quiet")
