@@ -66,8 +66,8 @@ def test_stranded_counts_every_place_a_message_can_wait(compass_redis_url):
 def test_rolling_restart_loses_strands_and_repeats_nothing(tmp_path):
     """A deploy under load: every worker warm-stopped and started again by name."""
     out = tmp_path / "bench.json"
-    result = run("bench", "cluster", "--workload", str(workloads.path("edge-vision.json")), "--policies",
-                 "compass", "--workers", "2", "--jobs", "30", "--rate", "1.5",
+    result = run("bench", "cluster", "--workload", str(workloads.path("edge-vision.json")),
+                 "--policies", "compass", "--workers", "2", "--jobs", "30", "--rate", "1.5",
                  "--time-scale", "0.5", "--rolling-restart-after", "1", "--json", str(out),
                  "--quiet")
     assert result.exit_code == 0, result.output
