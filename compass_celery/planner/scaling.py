@@ -176,7 +176,13 @@ class Damper:
 
 class RateWindow:
     """Arrivals per class over the last ``window_s``: the rate, and its trend (the
-    second half's rate against the first half's, per second)."""
+    second half's rate against the first half's, per second). Up fast: when the last
+    ``1 / SHORT`` of the window saw clearly more (3 sigma of Poisson noise) than the
+    window's rate explains, the rate is that short stretch's, so a burst counts within
+    a fraction of the window."""
+
+    #: The short stretch is this fraction of the window.
+    SHORT = 8
 
     def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S) -> None:
         if not window_s > 0:
@@ -199,6 +205,12 @@ class RateWindow:
             span = min(self.window_s, max(now_s, 1e-9))
             recent = sum(1 for t in reversed(times) if t >= now_s - half) if times else 0
             rate = len(times) / span
+            short_s = self.window_s / self.SHORT
+            if span >= self.window_s:
+                last = sum(1 for t in reversed(times) if t >= now_s - short_s)
+                expect = rate * short_s
+                if last > expect + 3.0 * math.sqrt(max(expect, 1.0)):
+                    rate = last / short_s
             trend = 0.0
             older = len(times) - recent
             # a change the counts' Poisson noise explains (2 sigma) is no trend
