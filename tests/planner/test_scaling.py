@@ -129,14 +129,21 @@ def test_removals_are_ready_distinct_and_as_many_as_asked(
 
 def test_the_rate_window_counts_the_last_window_and_sees_a_clear_rise() -> None:
     window = RateWindow(window_s=10.0)
-    for i in range(100):  # 2 jobs/s for 5 s, then 18 jobs/s for 5 s
-        window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 18.0)
+    for i in range(210):  # 2 jobs/s for 5 s, then 40 jobs/s for 5 s
+        window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 40.0)
     rate, trend = window.rates(20.0)["i"]
-    # up fast: the last eighth (1.25 s, 22 arrivals) is far above the window's 10/s
-    assert rate == pytest.approx(22 / 1.25)
-    assert trend == pytest.approx((90 - 10) / 5.0 / 5.0)
+    # up fast: the last eighth (1.25 s, 50 arrivals) is far above the window's 21/s
+    assert rate == pytest.approx(50 / 1.25)
+    assert trend == pytest.approx((200 - 10) / 5.0 / 5.0)
     window.observe("i", 40.0)
     assert window.rates(40.0)["i"] == (pytest.approx(0.1), 0.0)  # old arrivals forgotten
+
+
+def test_a_rise_within_the_noise_keeps_the_window_rate() -> None:
+    window = RateWindow(window_s=10.0)
+    for i in range(100):  # 2 jobs/s for 5 s, then 18 jobs/s: the last eighth's 22
+        window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 18.0)
+    assert window.rates(20.0)["i"][0] == pytest.approx(10.0)  # 22 < 12.5 + 3 sigma
 
 
 def test_a_steady_rate_has_no_trend_and_its_window_rate() -> None:
