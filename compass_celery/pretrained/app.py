@@ -8,8 +8,8 @@ for GPU memory::
 
 and submit :func:`voice_search` jobs from any process that built the same app. Settings
 come from ``COMPASS_*`` environment variables as the emulated app's do;
-``COMPASS_TORCH_THREADS`` sets torch's intra-op threads (the benchmark gives each worker
-one, so that two workers share two cores honestly).
+``COMPASS_TORCH_THREADS`` sets ``compass_torch_threads``, torch's intra-op threads (by
+default a CPU worker takes its share of the host's cores; the benchmark gives each one).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def make_app(broker: str | None = None, *, state_url: str | None = None,
     ``batched`` (default: ``COMPASS_BATCHED_TASKS``) adds a workload's batched nodes,
     each a real forward pass over its inputs."""
     sizes = pm.register_pretrained(default_registry)
+    threads = os.environ.get("COMPASS_TORCH_THREADS")
+    if threads and "compass_torch_threads" not in conf:
+        conf["compass_torch_threads"] = int(threads)
     app = configured_app("compass_pretrained", sizes, broker, state_url=state_url, **conf)
     add_pretrained(app)
     _register_batched(app, batched_from_env() if batched is None else batched)
@@ -77,13 +80,9 @@ def add_pretrained(app: Celery) -> Celery:
 
 
 def _prepare_worker(**_: Any) -> None:
-    """Set torch's threads and import the model libraries once, at worker start, so that
-    a model's load is the checkpoint read and build, not the first import."""
-    import torch
-
-    threads = os.environ.get("COMPASS_TORCH_THREADS")
-    if threads:
-        torch.set_num_threads(int(threads))
+    """Import the model libraries once, at worker start, so that a model's load is the
+    checkpoint read and build, not the first import (torch's threads are the worker
+    runtime's: ``compass_torch_threads``)."""
     with contextlib.suppress(pm.PretrainedMissing):  # said by the first task needing it
         pm.warm_imports()
 
