@@ -17,6 +17,7 @@ ring) costs at most kombu's own BRPOP timeout; a stale one, an empty look.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from typing import Any
@@ -135,7 +136,11 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
     priority lists, then queues) into kombu's unacked hash and index with a compass
     lease, in one step. With nothing to take, it blocks in a BRPOP of its compass
     queues' bells (and of any other queue's lists, which kombu's BRPOP would read: those
-    keep kombu's window), and looks again on any token or after kombu's BRPOP timeout.
+    keep kombu's window), with the next look queued behind it on the same connection, so
+    Redis looks as soon as a token arrives (or kombu's BRPOP timeout passes). When the
+    wait popped another queue's message, a message the look took goes back to its list
+    (unfetch.lua): the worker still holds one. The look queued behind a wait stamps
+    kombu's index with the time it was sent, at most that timeout early.
     Acks, rejects, the visibility timeout and prefetch are kombu's own, unchanged. A
     Redis that refuses the script gets kombu's BRPOP back, with a warning. Installed
     by the compass worker (idempotent).
@@ -169,7 +174,9 @@ def _own_queue(channel: Any) -> str | None:
 
 
 def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
-    """Send the next look (fetch.lua) or, after one found nothing, the blocking wait."""
+    """Send the next look (fetch.lua) or, after one found nothing, the blocking wait with
+    the next look queued behind it: Redis runs that look as soon as the wait ends (a
+    token, a message on another queue, or the timeout), so a wake costs no round trip."""
     queues = channel._queue_cycle.consume(len(channel.active_queues))
     if not queues:
         return
@@ -177,31 +184,36 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     conn = channel.client.connection
     channel._in_poll = conn
     channel._brpop_sent_at = time.monotonic()
+    channel._compass_leases = _FETCH[own]
     bells = [pre + bell_name(q, channel.sep) for q in queues if rings(q)]
-    if getattr(channel, "_compass_idle", False):
-        others = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps
-                  for q in queues if not rings(q)]
-        wait = channel.brpop_timeout if timeout is None else timeout
-        channel._compass_cmd = "BRPOP"
-        conn.send_command("BRPOP", *bells, *others, wait or 0)
-        return
     lists = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
-    channel._compass_cmd = "EVAL"
-    conn.send_command("EVAL", _fetch_script(), 3 + len(lists) + len(bells),
-                      pre + channel.unacked_key, pre + channel.unacked_index_key,
-                      _FETCH[own], *lists, *bells, repr(time.time()), len(lists))
+    look = ("EVAL", _fetch_script(), 3 + len(lists) + len(bells), pre + channel.unacked_key,
+            pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, repr(time.time()),
+            len(lists))
+    if not getattr(channel, "_compass_idle", False):
+        channel._compass_cmd = "EVAL"
+        conn.send_command(*look)
+        return
+    others = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps
+              for q in queues if not rings(q)]
+    wait = channel.brpop_timeout if timeout is None else timeout
+    channel._compass_cmd = "WAKE"
+    conn.send_packed_command(conn.pack_commands([("BRPOP", *bells, *others, wait or 0),
+                                                 look]))
 
 
 def _fetch_read(channel: Any, **options: Any) -> bool:
-    """Read the reply :func:`_fetch_start` asked for; deliver a message as kombu does."""
+    """Read the reply (or, after a wait, both replies) :func:`_fetch_start` asked for;
+    deliver a message as kombu does."""
     import kombu.transport.redis as kredis
-    from kombu.utils.encoding import bytes_to_str
 
     cmd, client = channel._compass_cmd, channel.client
-    channel._compass_idle = False  # after an error or a wake: look at every list first
+    channel._compass_idle = False  # after an error: look at every list first
     try:
         try:
-            reply = client.parse_response(client.connection, cmd, **options)
+            woke = client.parse_response(client.connection, "BRPOP", **options) \
+                if cmd == "WAKE" else None
+            got = client.parse_response(client.connection, "EVAL", **options)
         except channel.connection_errors:
             client.connection.disconnect()  # the next round reconnects
             raise
@@ -210,26 +222,77 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
             logger.warning("compass: Redis refused the atomic fetch (%s); this worker "
                            "consumes with kombu's BRPOP", exc)
             raise kredis.Empty() from None
-        channel._compass_idle = cmd == "EVAL" and not reply
-        if not reply:
+        channel._compass_idle = not got and not woke
+        other = _other_message(channel, woke)
+        if other is not None:  # kombu's BRPOP of a queue compass does not ring
+            if got:
+                _put_back(channel, got)  # prefetch stays one: it is taken next
+            return _deliver(channel, *other, prefixed=False)
+        if not got:
             raise kredis.Empty()
-        src, raw = bytes_to_str(reply[0]), bytes_to_str(reply[1])
-        pre = channel.global_keyprefix or ""  # kombu's client strips it off a BRPOP's key
-        name = src[len(pre):] if cmd == "EVAL" and pre and src.startswith(pre) else src
-        dest, sep, step = name.rpartition(channel.sep)
-        if cmd == "BRPOP" and step == BELL and rings(dest):
-            raise kredis.Empty()  # a wake-up: the next round looks
-        dest = dest if sep else name  # a priority list's queue, as kombu's BRPOP reads it
-        with contextlib.suppress(ValueError):
-            channel._queue_cycle.rotate(dest)
-        channel.connection._deliver(kredis.loads(raw), dest)
-        return True
+        return _deliver(channel, got[0], got[1], prefixed=True)
     finally:
         channel._in_poll = None
         channel._compass_cmd = None
         flush = getattr(channel, "_flush_brpop_reauth", None)
         if flush is not None:
             flush()
+
+
+def _queue_of(channel: Any, src: str, prefixed: bool) -> str:
+    """The queue list ``src`` belongs to (kombu's client strips its prefix off a BRPOP's
+    key, not off a script's reply)."""
+    from kombu.utils.encoding import bytes_to_str
+
+    name = bytes_to_str(src)
+    pre = channel.global_keyprefix or ""
+    if prefixed and pre and name.startswith(pre):
+        name = name[len(pre):]
+    return name.rsplit(channel.sep, 1)[0]
+
+
+def _other_message(channel: Any, woke: Any) -> tuple[Any, Any] | None:
+    """What the wait popped when it is a message (of a queue that does not ring), not a
+    bell's token; None for a token or a timeout."""
+    if not woke:
+        return None
+    from kombu.utils.encoding import bytes_to_str
+
+    name = bytes_to_str(woke[0])
+    if name.endswith(channel.sep + BELL) and rings(name[:-len(channel.sep + BELL)]):
+        return None
+    return woke[0], woke[1]
+
+
+def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
+    """Hand one message to kombu's consumer, as its BRPOP read does."""
+    import kombu.transport.redis as kredis
+    from kombu.utils.encoding import bytes_to_str
+
+    dest = _queue_of(channel, src, prefixed)
+    with contextlib.suppress(ValueError):
+        channel._queue_cycle.rotate(dest)
+    channel.connection._deliver(kredis.loads(bytes_to_str(raw)), dest)
+    return True
+
+
+def _put_back(channel: Any, got: Any) -> None:
+    """Return a message the queued look took into flight to its list (unfetch.lua)."""
+    from kombu.utils.encoding import bytes_to_str
+
+    src, raw = bytes_to_str(got[0]), bytes_to_str(got[1])
+    try:
+        tag = json.loads(raw)["properties"]["delivery_tag"]
+    except (ValueError, TypeError, KeyError):
+        tag = None
+    if not isinstance(tag, str):
+        return  # not a kombu message: never put in flight; the guard dead-letters it
+    pre = channel.global_keyprefix or ""
+    bell = pre + bell_name(_queue_of(channel, src, True), channel.sep)
+    with channel.conn_or_acquire() as client:  # EVAL's keys: kombu's client prefixes none
+        client.execute_command("EVAL", script("unfetch"), 5, pre + channel.unacked_key,
+                               pre + channel.unacked_index_key, channel._compass_leases,
+                               src, bell, tag, raw, BELL_TTL_MS)
 
 
 def _fetch_script() -> str:
