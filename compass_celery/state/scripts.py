@@ -28,8 +28,7 @@ HOMES: dict[str, str] = {
     **dict.fromkeys(("changelog", "counter", "learn", "publish", "remove", "snapshot"),
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
-    **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight",
-                     "unfetch"),
+    **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight"),
                     "broker"),
 }
 
