@@ -18,9 +18,11 @@ from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
 from .planner.compass import plan_job
+from .planner.cost import evolve, remember_arrays, worker_arrays
+from .planner.demand import merge_demand
 from .planner.pending import send_charge_ms
 from .planner.priority import for_priority
-from .planner.types import SHARED, DagSpec
+from .planner.types import SHARED, DagSpec, ModelDemand
 from .state.store import Snapshot
 from .state.views import cluster_view
 
@@ -119,13 +121,15 @@ def fallback(needs: TaskNeeds, shared_queue: str, policy: str, why: str) -> Deci
 def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
            validate: bool = False, priority: int | None = None,
-           batch_aware: bool = True, budget_ms: float | None = None) -> Decision:
+           batch_aware: bool = True, budget_ms: float | None = None,
+           refused: Mapping[str, ModelDemand] | None = None) -> Decision:
     """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``; a task of
     ``priority`` waits only for work in flight and queued at its level or above. A
     batched task joins a batch forming on a worker where that finishes first, and is
     charged what it adds to it (``batch_aware`` off: placed as an unbatched task).
     ``budget_ms``: the task's deadline budget (``planner.admission.plan_budget_ms``), for
-    a policy that makes copies against it (``planner.compass.plan_job``)."""
+    a policy that makes copies against it (``planner.compass.plan_job``); ``refused``:
+    demand this process refused, planned on with what the workers served."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
@@ -135,6 +139,10 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     if workers is not snapshot.workers:
         snapshot = replace(snapshot, workers=workers)
     cluster = cluster_view(snapshot, model_sizes_mb)
+    if refused:
+        arrays = worker_arrays(cluster)
+        cluster = evolve(cluster, demand=merge_demand(cluster.demand, refused))
+        remember_arrays(cluster, arrays)
     try:
         dag = DagSpec.single(needs.spec(batch_aware))
         plan = plan_job(policy, dag, cluster, budget_ms)

@@ -16,7 +16,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import ledger
+from . import refused as refusals
 from .admission import admit, due_at, slo_of_call
+from .errors import Rejected
 from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
 from .planner.admission import Slo, latest_start, plan_budget_ms
@@ -74,7 +76,7 @@ class CompassRouter:
             decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
                               c.settings["validate"], priority=level,
                               batch_aware=c.settings["batch_aware"],
-                              budget_ms=self._budget(slo, snapshot))
+                              budget_ms=self._budget(slo, snapshot), refused=refusals.refused(c))
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:
@@ -122,9 +124,14 @@ class CompassRouter:
         missing = bool(decision.load_ms and decision.model is not None and not any(
             decision.model in w.resident or decision.model in w.loading
             for w in snapshot.workers))
-        verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
-                        decision.wait_ms, decision.load_ms, snapshot.plan_errors, guessed,
-                        missing)
+        try:
+            verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
+                            decision.wait_ms, decision.load_ms, snapshot.plan_errors,
+                            guessed, missing)
+        except Rejected:  # demand all the same: a model refused often wants copies
+            refusals.note(c, [(decision.model, decision.exec_ms or decision.run_ms)],
+                          urgent=slo is not None and slo.deadline_ms is not None)
+            raise
         if slo is None:
             return decision
         due = due_at(c, slo)

@@ -27,8 +27,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import ledger
+from .. import refused as refusals
 from ..admission import admit, due_at
 from ..dag_validation import DagValidationError
+from ..errors import Rejected
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
 from ..placement import Decision
 from ..planner.admission import (
@@ -106,9 +108,14 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     spec, guessed = _learned(c, spec, nodes)
     plan, snapshot, missing = _plan(
         c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0), slo)
-    verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan), job_wait_ms(plan),
-                    job_load_ms(plan), snapshot.plan_errors if snapshot else None, guessed,
-                    missing)
+    try:
+        verdict = admit(c, f"job {spec.name!r}", slo, job_finish_ms(plan),
+                        job_wait_ms(plan), job_load_ms(plan),
+                        snapshot.plan_errors if snapshot else None, guessed, missing)
+    except Rejected:  # demand all the same: a model refused often wants copies
+        refusals.note(c, [(t.model, t.exec_ms) for t in spec.nodes.values()],
+                      urgent=slo is not None and slo.deadline_ms is not None)
+        raise
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
@@ -193,7 +200,7 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
     cluster = ClusterView.of(for_priority(live, level), sizes, snapshot.taken_at,
-                             demand=cluster_demand(live),
+                             demand=refusals.with_refused(c, cluster_demand(live)),
                              load_ms=learned_loads(snapshot.profiles))
     budget = plan_budget_ms(slo, c.settings["admission_headroom"],
                             snapshot.plan_errors.get(slo.name, 0.0)) if slo else None

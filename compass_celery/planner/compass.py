@@ -11,8 +11,10 @@ copies: when a task's model is resident only where the job would finish past its
 budget, and a worker without it would meet the budget but for the load, the task goes
 there and the model is loaded (a second copy, placed where it would serve soonest,
 although the load takes seconds; admission takes a job late that misses only by its
-loads). Without a budget the plan is a batch plan: its loads do not evict the copies
-live deadline-bound demand keeps (``planner.evict``).
+loads). Once demand is known, only a model with fewer copies than its replica target
+gets one (demand counts refusals: what one worker could not carry); before, any. Without
+a budget the plan is a batch plan: its loads do not evict the copies live
+deadline-bound demand keeps (``planner.evict``).
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class CompassPolicy:
                 score = est.finish + evict
             i = choose(score, walk.avail, est.restrict)
             copy = None
-            if tails is not None and budget_ms is not None and model is not None:
+            if tails is not None and budget_ms is not None and model is not None \
+                    and (pricer is None or pricer.wants_copy(model)):
                 copy = copy_worker(est, score, walk.avail, i, tails[name], budget_ms)
             reason = _reason(walk, name, est, i, evict)
             if copy is not None:

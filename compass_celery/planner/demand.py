@@ -151,6 +151,21 @@ def coarse_rates(rates: Mapping[str, ModelDemand],
     return out
 
 
+def merge_demand(a: Mapping[str, ModelDemand], b: Mapping[str, ModelDemand]
+                 ) -> Mapping[str, ModelDemand]:
+    """Two demands summed per model (``a`` itself when ``b`` is empty): what the
+    workers served and what a producer refused for want of capacity, the demand the
+    simulator's producer sees as every arrival."""
+    if not b:
+        return a
+    out = dict(a)
+    for model, d in b.items():
+        o = out.get(model)
+        out[model] = d if o is None else ModelDemand(
+            o.ms_per_s + d.ms_per_s, o.per_s + d.per_s, o.urgent_per_s + d.urgent_per_s)
+    return out
+
+
 def cluster_demand(workers: Iterable[WorkerView]) -> dict[str, ModelDemand]:
     """The cluster's recent demand: per model, the sum of what the workers served."""
     return DemandSum(workers).demand

@@ -92,6 +92,12 @@ class EvictionPricer:
             self.copies[j] += 1
             self._orders.clear()
 
+    def wants_copy(self, model: str) -> bool:
+        """Whether ``model`` has fewer copies than its replica target: its demand (served
+        and refused) needs another (``planner.compass.copy_worker``)."""
+        j = self.arr.models[model]
+        return bool(self.copies[j] < self.target[j])
+
     def kept(self) -> np.ndarray:
         """Per model: evicting one copy would leave fewer than its target."""
         return self.copies <= self.target

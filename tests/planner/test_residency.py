@@ -7,7 +7,7 @@ from __future__ import annotations
 from compass_celery.planner import ClusterView, CompassPolicy, DagSpec, TaskSpec, WorkerView
 from compass_celery.planner.admission import Slo, job_missing, judge, plan_budget_ms
 from compass_celery.planner.compass import plan_job
-from compass_celery.planner.demand import DemandSum, DemandTracker, coarse_rates
+from compass_celery.planner.demand import DemandSum, DemandTracker, coarse_rates, merge_demand
 from compass_celery.planner.evict import eviction_rank
 from compass_celery.planner.types import ModelDemand
 from compass_celery.state.records import decode_record, encode_record
@@ -131,3 +131,23 @@ def test_a_worker_record_carries_the_urgent_part_of_what_it_served() -> None:
     back = decode_record(encode_record(view_))
     assert back.served == view_.served
     assert "served_urgent" not in encode_record(w("b", set(), served=BATCH_ONLY))
+
+
+def test_once_demand_is_known_a_copy_needs_a_replica_target_above_the_copies() -> None:
+    # qa is resident on "a" only. Demand of one worker's worth wants 2 copies (a target
+    # at 80% busy); a trickle wants the one it has, and gets no copy however late "a" is.
+    hot = {"qa": ModelDemand(1000.0, 10.0, 10.0)}
+    trickle = {"qa": ModelDemand(100.0, 1.0, 1.0)}
+    for demand, where in ((hot, "b"), (trickle, "a")):
+        cluster = view(w("a", {"qa"}, backlog=800.0), w("b", set()), demand=demand)
+        assert CompassPolicy().plan(one("qa"), cluster, budget_ms=850.0).worker_of("t") \
+            == where
+
+
+def test_refused_demand_adds_to_what_the_workers_served() -> None:
+    served = {"qa": ModelDemand(400.0, 4.0), "embed": ModelDemand(10.0, 1.0)}
+    refused = {"qa": ModelDemand(600.0, 6.0, 6.0), "new": ModelDemand(5.0, 1.0, 1.0)}
+    total = merge_demand(served, refused)
+    assert total["qa"] == ModelDemand(1000.0, 10.0, 6.0)
+    assert total["embed"] == served["embed"] and total["new"] == refused["new"]
+    assert merge_demand(served, {}) is served
