@@ -42,6 +42,20 @@ def overhead() -> None:
     run(echo=click.echo)
 
 
+@bench.command(name="fetch-ab",
+               help="The hot path with the atomic fetch (compass_atomic_fetch) on and off, "
+               "alternated on a private Redis with two emulated workers each: a 3-task "
+               "no-op Dag and Celery's chain, p50 and p99 per round and side (ms).")
+@click.option("--rounds", type=click.IntRange(min=1), default=6, show_default=True)
+@click.option("--jobs", type=click.IntRange(min=1), default=40, show_default=True,
+              help="timed jobs per kind, side and round")
+def fetch_ab(rounds: int, jobs: int) -> None:
+    """Alternate the atomic fetch on and off and print the table."""
+    from ..bench.fetch_ab import run
+
+    run(rounds, jobs, echo=click.echo)
+
+
 @bench.command(name="plan-timing",
                help="How long planning takes: one task and a 10-task DAG on synthetic, "
                "seeded workers at each worker count; median and p99 of the policy's plan "

@@ -28,7 +28,8 @@ HOMES: dict[str, str] = {
     **dict.fromkeys(("changelog", "counter", "learn", "publish", "remove", "snapshot"),
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
-    **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight"),
+    **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight",
+                     "unfetch"),
                     "broker"),
 }
 

@@ -11,6 +11,7 @@ import redis
 
 from compass_celery.broker.fetch import BELL_TTL_MS, _fetch_script, ring_compass_queues
 from compass_celery.broker.kombu_redis import RedisLayout, RedisQueues
+from compass_celery.state.scripts import script
 
 pytestmark = pytest.mark.redis
 
@@ -109,3 +110,21 @@ def test_the_shared_queue_gives_up_only_lapsed_leases(compass_redis_url):
     assert json.loads(queues.next_staged(SHARED))[0]["headers"]["id"] == "lapsed"
     assert client.llen(SHARED) == 1  # live workers consume what waits there
     assert {t.decode() for t in client.hkeys("unacked")} == {"live", "unleased"}
+
+
+def test_a_look_put_back_is_taken_next_and_rings(compass_redis_url):
+    """A wait that woke on another queue's message runs the queued look too: what it took
+    goes back (unfetch.lua), so the worker holds one message, as prefetch says."""
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    client.delete(*layout.lists(QUEUE), layout.bell(QUEUE))
+    client.lpush(QUEUE, _message(QUEUE, "back"), _message(QUEUE, "later"))
+    src, raw = _fetch(client, queues, layout.lists(QUEUE))
+    args = ["unacked", "unacked_index", queues.leases_key, src, layout.bell(QUEUE),
+            "back", raw, BELL_TTL_MS]
+    assert client.eval(script("unfetch"), 5, *args) == 1
+    assert client.hget("unacked", "back") is None
+    assert client.zscore(queues.leases_key, "back") is None
+    assert client.llen(layout.bell(QUEUE)) == 1
+    assert json.loads(_fetch(client, queues, layout.lists(QUEUE))[1])["headers"]["id"] == "back"
+    assert client.eval(script("unfetch"), 5, *args[:5], "gone", raw, BELL_TTL_MS) == 0
