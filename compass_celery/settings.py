@@ -152,11 +152,10 @@ OPTIONS: dict[str, Option] = {
     "batch_aware": Option(True, bool, "placement counts the batches forming in workers' "
                           "queues: a batched task may join one, charged only what it adds "
                           "(off: placed as an unbatched task, at its full run time)"),
-    "atomic_fetch": Option(False, bool, "Redis broker: a worker takes each message off its "
+    "atomic_fetch": Option(True, bool, "Redis broker: a worker takes each message off its "
                            "own and the shared queue in one atomic step, so none is lost to a "
-                           "kill between taking and recording it; the cost, while idle: a "
-                           "message on another list than its last one's is seen up to about "
-                           "0.1 s late (Redis ends a blocking wait on its hz tick)"),
+                           "kill between taking and recording it (off: kombu's BRPOP, which "
+                           "loses a message handed to a worker killed at that instant)"),
     "max_queue_ms": Option(None, (int, float, type(None)), "refuse a job or task whose "
                            "best worker has more than this much work queued ahead of it "
                            "(a queue bound in time, not messages; None: unbounded)", "ms",

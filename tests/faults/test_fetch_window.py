@@ -23,13 +23,11 @@ pytest_plugins = ["tests.support.amqp_fixtures"]  # amqp_vhost_url, amqp_url
 
 #: As many kills as the benchmark's repeated-kill row (about 80 s on 2 cores).
 KILLS = int(os.environ.get("COMPASS_HUNT_KILLS", "50"))
-#: The workers take each message in one atomic step (``compass_atomic_fetch``).
-ATOMIC = {"COMPASS_JOBAPP_ATOMIC_FETCH": "1"}
 
 
 def test_no_message_is_lost_when_workers_are_killed_again_and_again(
         compass_redis_url, compass_workers):
-    app, ws = start(compass_redis_url, compass_workers, ["h0@hunt", "h1@hunt"], env=ATOMIC)
+    app, ws = start(compass_redis_url, compass_workers, ["h0@hunt", "h1@hunt"])
     app.log.config_resetstat()  # the session's Redis: count only this test's commands
     hunt = run_hunt(app, ws, kills=KILLS, every_s=1.5, rate=40.0, wait_s=60.0)
     print(hunt.summary())
@@ -40,9 +38,10 @@ def test_no_message_is_lost_when_workers_are_killed_again_and_again(
     # at-least-once: only a task cut by a kill runs again, one per kill at most
     assert hunt.duplicates <= KILLS, hunt.summary()
     assert not hunt.stranded, hunt.summary()
-    # the workers fetched atomically (fetch.lua, BLMOVE), never with kombu's BRPOP
+    # the workers fetched atomically (compass_atomic_fetch's default): each message by
+    # fetch.lua, the one script sent with EVAL (compass's others run by EVALSHA)
     stats = app.log.info("commandstats")
-    assert stats.get("cmdstat_blmove", {}).get("calls") and "cmdstat_brpop" not in stats
+    assert stats.get("cmdstat_eval", {}).get("calls", 0) >= hunt.completed
 
 
 def test_nothing_is_lost_on_rabbitmq_either(amqp_url, compass_redis_url, compass_workers):
@@ -85,3 +84,24 @@ def test_a_dead_workers_shared_queue_task_comes_back_within_a_heartbeat_timeout(
     assert app.AsyncResult(task_id).get(timeout=20) == 7, worker_logs(ws)
     wait_until(lambda: not client.hexists("unacked", tag), 10, "the task's ack")
     assert int(client.hget("execs", task_id)) == 1
+
+
+def test_an_idle_worker_fetching_atomically_wakes_for_every_list_it_reads(
+        compass_redis_url, compass_workers):
+    """An idle worker waits on its queues' bells (and on the lists of a queue compass does
+    not own, Celery's default here); a message on any of them starts at once, whatever
+    list the worker's last message came from: the wait is not tied to one list. Slower
+    than kombu's BRPOP timeout (1 s) would mean a missed wake-up."""
+    app, ws = start(compass_redis_url, compass_workers, ["w0@wake"])
+    own = app.compass.queue_for("w0@wake")
+    sends = [("own, urgent", {"queue": own, "priority": 9}),
+             ("own, lowest", {"queue": own, "priority": 0}),
+             ("shared", {"queue": app.compass.shared_queue}),
+             ("celery's default queue", {"queue": "celery"})]
+    for _ in range(2):
+        for label, options in sends:
+            time.sleep(1.3)  # past a wait's timeout: blocked afresh, on the bells
+            t = time.monotonic()
+            assert app.send_task("j.src", args=[1], **options).get(timeout=10) == 1
+            took = time.monotonic() - t
+            assert took < 0.7, f"{label}: {took:.2f} s" + worker_logs(ws)[-2000:]
