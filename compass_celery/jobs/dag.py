@@ -19,7 +19,6 @@ from celery import Celery
 from celery.canvas import Signature
 
 from ..dag_validation import DagValidationError, validate_dag
-from ..errors import SendFailed
 from ..needs import DECLARE_MODEL, TaskDeclarationError, batch_options, resolve_needs
 from ..planner.batch import BatchSpec, batch_record
 from ..planner.priority import PriorityError, resolve_priority
@@ -220,13 +219,18 @@ class Dag:
         (``on_miss='late'``: it is taken and marked late; ``'degrade'``: ``alternative``,
         a cheaper Dag, is tried in its place). Once admitted, a job that falls behind is
         dropped before its next node runs (``JobHandle.get`` raises
-        :class:`~compass_celery.errors.DeadlineMissed`). Eager mode runs every job."""
+        :class:`~compass_celery.errors.DeadlineMissed`). Eager mode runs every job.
+
+        A job Redis refuses (a wrong password, an ACL) raises
+        :class:`~compass_celery.errors.SendFailed` at once, as a plain task's send does;
+        one Redis never answered for ``compass_submit_retry_s`` before anything was
+        written raises it then (nothing was sent: sending it again is safe)."""
         from ..admission import slo_of
         from ..errors import Rejected
         from ..planner.admission import DEGRADE, REJECT
         from .eager import run_eagerly
         from .retry import refusal
-        from .submit import submit
+        from .submit import not_sent, submit
 
         spec = self.spec()
         c = self.app.compass
@@ -247,7 +251,8 @@ class Dag:
             cause = refusal(exc)  # a wrong password or ACL: no retry gets it in
             if cause is None:
                 raise
-            raise _send_failed(self.app, spec.name, cause) from exc
+            raise not_sent(c, spec.name, f"refused it: {type(cause).__name__}: {cause}") \
+                from exc
         return alternative.apply_async(timeout_s=timeout_s, priority=priority,
                                        deadline_ms=job_slo.deadline_ms, slo=slo,
                                        on_miss=REJECT)
@@ -318,16 +323,3 @@ class CanvasDag(Dag):
         """Celery's result for the canvas, from a job's ``{sink node: result}`` read
         elsewhere (rebuilding the Dag from the same canvas gives the same node names)."""
         return canvas_result(self.name, self.shape, results)
-
-
-def _send_failed(app: Celery, name: str, refused: BaseException) -> SendFailed:
-    """The :class:`SendFailed` a plain task's send raises too, for a job Redis refused
-    (a wrong password, an ACL): no retry could get it in, so the caller hears at once,
-    naming the cause and the URLs (passwords masked)."""
-    from ..state.urls import masked
-
-    return SendFailed(
-        f"job {name!r} was not sent (nothing was queued): the state Redis at "
-        f"{masked(app.compass.redis_url or '')} or the broker at "
-        f"{masked(app.conf.broker_url or '')} refused it: {type(refused).__name__}: "
-        f"{refused}")

@@ -30,7 +30,7 @@ from .. import ledger
 from .. import refused as refusals
 from ..admission import admit, due_at
 from ..dag_validation import DagValidationError
-from ..errors import Rejected
+from ..errors import Rejected, RetriesExhausted, SendFailed
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
 from ..placement import Decision
 from ..planner.admission import (
@@ -119,7 +119,11 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
-    _record(job, spec, plan, pending, timeout, verdict.late)
+    try:
+        _record(job, spec, plan, pending, timeout, verdict.late)
+    except RetriesExhausted as exc:  # nothing sent: the caller may send it again
+        raise not_sent(c, spec.name, f"could not be reached for {job.retry_s:g} s: "
+                                     f"{exc.__cause__ or exc}") from exc
     handle = JobHandle(c, job_id)
     sources = _send_sources(job, spec, plan)
     # the next job this process plans sees this one at once, as the router's bursts do,
@@ -129,6 +133,19 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     for node, (worker, ms) in pending.items():
         ledger.note_plan(c, worker, ms, nodes[node].get("priority"))
     return handle
+
+
+def not_sent(c: CompassContext, name: str, why: str) -> SendFailed:
+    """The :class:`SendFailed` a plain task's send raises too, for job ``name`` of which
+    nothing was sent (Redis refused it, or never answered before the give-up time),
+    saying ``why`` and naming the URLs (passwords masked)."""
+    from ..state.urls import masked
+
+    state_url = c.app.compass.redis_url  # type: ignore[attr-defined]
+    return SendFailed(
+        f"job {name!r} was not sent (nothing was queued): the state Redis at "
+        f"{masked(state_url or '')} or the broker at "
+        f"{masked(c.app.conf.broker_url or '')} {why}")
 
 
 def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],

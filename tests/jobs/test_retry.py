@@ -210,3 +210,23 @@ def test_a_dag_redis_refuses_fails_fast_with_send_failed(
     message = str(err.value)
     assert "'refused'" in message and "not sent" in message and cause in message
     assert ":wrong@" not in message and ":pw@" not in message
+
+
+def test_a_dag_redis_never_answered_fails_with_send_failed_after_its_retries() -> None:
+    """Redis away for the whole of ``compass_submit_retry_s`` before the job was recorded:
+    nothing was written or sent, so the Dag fails with the SendFailed a plain task
+    raises (naming the job and the URL, password masked), not RetriesExhausted."""
+    from compass_celery.local import free_port
+    from tests.support.jobapp import make_app
+
+    app = make_app(f"redis://:secret@127.0.0.1:{free_port()}/0", compass_submit_retry_s=0.5)
+    dag = Dag(app, "away")
+    dag.node("a", app.tasks["j.src"].s(1))
+    started = time.monotonic()
+    with pytest.raises(SendFailed) as err:
+        dag.apply_async()
+    assert time.monotonic() - started < 2.0
+    message = str(err.value)
+    assert "'away'" in message and "not sent" in message and "0.5 s" in message
+    assert "secret" not in message and "***" in message
+    assert isinstance(err.value.__cause__, RetriesExhausted)
