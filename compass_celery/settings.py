@@ -124,8 +124,9 @@ OPTIONS: dict[str, Option] = {
     "job_ttl_s": Option(3600, (int, float), "expiry of job records and outputs", "s", 1.0),
     "job_timeout_s": Option(600, (int, float), "a job not finished by then fails", "s", 0.01),
     "max_dag_nodes": Option(1000, int, "largest DAG accepted", "", 1),
-    "max_input_kb": Option(16384, (int, float), "largest input (a node's own arguments, as "
-                           "JSON) a job accepts; checked at submission", "KB", 0.0),
+    "max_input_kb": Option(16384, (int, float), "largest input (a node's or a plain "
+                           "task's own arguments, as JSON) accepted; checked at send",
+                           "KB", 0.0),
     "max_output_kb": Option(16384, (int, float), "largest task output stored for a job; "
                             "checked once the task returns, and against a node's declared "
                             "output_kb at submission", "KB", 0.0),
