@@ -12,6 +12,7 @@ from typing import Any
 from celery import Celery, states
 from celery.worker.request import Request
 from kombu.exceptions import OperationalError
+from kombu.utils.imports import symbol_by_name
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from . import ledger
@@ -173,4 +174,9 @@ def install_task_class(app: Celery) -> None:
     base = app.Task
     if issubclass(base, CompassTaskMixin):
         return
-    app.Task = type(base.__name__, (CompassTaskMixin, base), {"__module__": base.__module__})
+    attrs: dict[str, Any] = {"__module__": base.__module__}
+    theirs = symbol_by_name(base.Request)
+    if theirs is not Request:  # the app's own request class: compass's is mixed in
+        attrs["Request"] = type(theirs.__name__, (CompassRequest, theirs),
+                                {"__module__": theirs.__module__})
+    app.Task = type(base.__name__, (CompassTaskMixin, base), attrs)

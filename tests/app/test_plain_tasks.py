@@ -151,3 +151,27 @@ def test_a_plain_task_over_the_input_limit_is_not_queued(compass_redis_url: str)
         assert after == before
     finally:
         app.compass.close()
+
+
+def test_an_apps_own_request_class_is_kept_under_compasss() -> None:
+    """An app whose Task names its own worker Request class keeps it: compass's request
+    (DeadlineMissed for a task shed for its deadline) is mixed in, not put in its place."""
+    from celery import Task
+    from celery.worker.request import Request
+    from kombu.utils.imports import symbol_by_name
+
+    from compass_celery.task_class import CompassRequest
+
+    class OwnRequest(Request):
+        pass
+
+    class OwnTask(Task):
+        Request = OwnRequest
+
+    app = Celery("own-request", broker="memory://", task_cls=OwnTask, set_as_current=False)
+    Compass(app)
+    t = _task(app, "p.own")
+    used = symbol_by_name(t.Request)
+    assert issubclass(used, OwnRequest) and issubclass(used, CompassRequest)
+    plain = _task(_app("default-request"), "p.default")
+    assert symbol_by_name(plain.Request) is CompassRequest
