@@ -9,7 +9,7 @@ import click
 
 from .common import load, names, write_json
 
-DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:1", "ray-ongoing",
+DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue:1", "ray-ongoing",
                        "fixed-peak")
 
 
