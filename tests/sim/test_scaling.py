@@ -72,6 +72,10 @@ def test_fixed_peak_never_scales_and_compass_plan_follows_a_step() -> None:
     assert max(counts) >= scaling.steady_workers(WORKLOAD, 24.0) > counts[0]
     assert counts[-1] < max(counts)  # it scaled back in after the step
     assert plan["gpu_hours"] < fixed["gpu_hours"]
+    # billed per second alive: the worker count over time, integrated
+    line = plan["timeline"]
+    area = sum((t1 - t0) * n for (t0, n), (t1, _) in zip(line, line[1:], strict=False))
+    assert plan["worker_s"] == pytest.approx(area, abs=0.1 * len(line))
     # a fivefold step outruns any reactive rule for one cold start: some admitted jobs
     # are shed then (the 99% target is for the diurnal and bursty traces)
     assert plan["slo"]["all"]["admitted_attainment"] >= 0.95
