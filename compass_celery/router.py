@@ -21,7 +21,8 @@ from .admission import admit, due_at, slo_of_call
 from .errors import Rejected
 from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
-from .planner.admission import Slo, latest_start, plan_budget_ms
+from .planner.admission import Slo, latest_start, load_wanted, plan_budget_ms
+from .planner.demand import cluster_demand
 from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
 from .state.charges import ChargeBatcher
@@ -121,9 +122,9 @@ class CompassRouter:
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
-        missing = bool(decision.load_ms and decision.model is not None and not any(
-            decision.model in w.resident or decision.model in w.loading
-            for w in snapshot.workers))
+        missing = bool(decision.load_ms and decision.model is not None and load_wanted(
+            decision.model, snapshot.workers,
+            refusals.with_refused(c, cluster_demand(snapshot.workers))))
         try:
             verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
                             decision.wait_ms, decision.load_ms, snapshot.plan_errors,

@@ -17,11 +17,12 @@ planner; ``time_scale`` (real seconds per workload second) converts to wall time
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .types import SHARED, ClusterView, Placement
+from .demand import replica_targets
+from .types import SHARED, ClusterView, ModelDemand, Placement, WorkerView
 
 #: What happens to a job predicted to miss its deadline.
 REJECT, LATE, DEGRADE = "reject", "late", "degrade"
@@ -190,17 +191,18 @@ def judge(slo: Slo | None, predicted_ms: float, wait_ms: float = 0.0, *,
     A job that misses only because its plan loads models (``load_ms``, the loads it
     plans: without them it would meet its target) is taken late (``kind='cold'``) and
     run to the end, not refused, when it loads onto an idle worker (``wait_ms`` within
-    :data:`IDLE_SHARE` of the deadline) or loads a model no worker holds (``missing``,
-    :func:`job_missing`). A load is how the cluster gains capacity for a model:
+    :data:`IDLE_SHARE` of the deadline) or loads a copy the model lacks: none is held, or
+    fewer than its demand needs (``missing``, :func:`job_missing`). A load is how the
+    cluster gains capacity for a model:
     refusing it would leave the model where it is (or nowhere, at a cold start, or
     after batch work evicted it), and every later job needing it refused too, for good,
     whenever the deadline is shorter than the load. A missing model is loaded on a busy
     worker too: the plan's wait counts only what runs ahead of the job's level (in
     flight, and queued at its level or above), so the worker it chose takes the load
     next, ahead of its queued lower-level work (past capacity, the one whose in-flight
-    batch task ends soonest). A model resident somewhere is not loaded late onto a busy
-    worker: its copies grow with the plan's budget instead (``planner.compass``), and a
-    job that would miss even without its loads lacks capacity, and is refused.
+    batch task ends soonest). A model with the copies its demand needs is not loaded late
+    onto a busy worker, and a job that would miss even without its loads lacks capacity,
+    and is refused.
 
     Likewise a plan that rests on a run time nobody declared and none was measured yet
     (``guessed``: ``compass_default_exec_ms`` stood in) is no evidence of a miss: on an
@@ -280,13 +282,23 @@ def job_load_ms(plan: Mapping[str, Placement]) -> float:
     return sum(p.load_ms for p in plan.values())
 
 
+def load_wanted(model: str, workers: Iterable[WorkerView],
+                demand: Mapping[str, ModelDemand]) -> bool:
+    """Whether a load of ``model`` adds a copy it lacks: no worker holds it (or is
+    loading it), or fewer do than its demand's replica target (``demand.replica_targets``;
+    demand counts refusals). Such a load is taken late on a busy worker (:func:`judge`)."""
+    held = sum(1 for w in workers if model in w.resident or model in w.loading)
+    d = demand.get(model)
+    target = replica_targets({model: d}).get(model, 0) if d is not None else 0
+    return held < max(1, target)
+
+
 def job_missing(plan: Mapping[str, Placement], models: Mapping[str, str | None],
                 cluster: ClusterView) -> bool:
-    """Whether the plan loads a model (``models``: node -> model) that no live worker
-    holds or is loading: only a late load brings it back (:func:`judge`)."""
-    held = {m for w in cluster.workers for m in (*w.resident, *w.loading)}
-    return any(p.load_ms > 0 and models.get(n) is not None and models[n] not in held
-               for n, p in plan.items())
+    """Whether the plan loads a model (``models``: node -> model) that lacks a copy
+    (:func:`load_wanted`): only a late load brings it (:func:`judge`)."""
+    return any(p.load_ms > 0 and (m := models.get(n)) is not None
+               and load_wanted(m, cluster.workers, cluster.demand) for n, p in plan.items())
 
 
 def job_wait_ms(plan: Mapping[str, Placement]) -> float:

@@ -34,6 +34,7 @@ def one(model: str, exec_ms: float = 100.0) -> DagSpec:
 #: qa is asked for once a second, by jobs with a deadline; embed by batch jobs only.
 URGENT = {"qa": ModelDemand(100.0, 1.0, 1.0), "embed": ModelDemand(100.0, 1.0)}
 BATCH_ONLY = {"qa": ModelDemand(100.0, 1.0), "embed": ModelDemand(100.0, 1.0)}
+TRICKLE = {"qa": ModelDemand(100.0, 1.0, 1.0)}
 
 
 def test_a_batch_load_does_not_evict_a_model_live_deadline_demand_needs() -> None:
@@ -102,6 +103,14 @@ def test_job_missing_knows_held_and_loading_models() -> None:
     assert not job_missing(plan.placements, {"t": "new"}, loading)
     assert not job_missing(CompassPolicy().plan(one("qa"), cluster).placements,
                            {"t": "qa"}, cluster)
+    # a copy its demand wants (two workers' worth: a target of 3) is a missing one too
+    copy = CompassPolicy().plan(one("qa"), view(w("a", {"qa"}, backlog=800.0), w("b", set())),
+                                budget_ms=850.0).placements
+    hot = view(w("a", {"qa"}, backlog=800.0), w("b", set()),
+               demand={"qa": ModelDemand(2000.0, 20.0, 20.0)})
+    assert copy["t"].worker == "b" and job_missing(copy, {"t": "qa"}, hot)
+    assert not job_missing(copy, {"t": "qa"}, view(w("a", {"qa"}), w("b", set()),
+                                                   demand=TRICKLE))
 
 
 def test_the_budget_is_what_admission_takes_on_time() -> None:
