@@ -97,7 +97,8 @@ def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
         raise Rejected(what, verdict.reason,
                        retry_after_s=retry_after_s(verdict, cfg["time_scale"]),
                        predicted_ms=verdict.predicted_ms, deadline_ms=verdict.deadline_ms,
-                       miss_ms=verdict.miss_ms, slo=slo.name if slo else "")
+                       miss_ms=verdict.miss_ms, slo=slo.name if slo else "",
+                       cause=verdict.cause)
     return verdict
 
 

@@ -51,12 +51,15 @@ class JobFailed(JobError):
 class Rejected(JobError):
     """Admission refused a job (or task) before anything was written or sent: the plan
     says it would miss its deadline, or every queue holds more work than the bound.
-    ``retry_after_s`` says when the capacity it lacks frees up (HTTP ``Retry-After``)."""
+    ``retry_after_s`` says when the capacity it lacks frees up (HTTP ``Retry-After``);
+    ``cause`` why it was refused, as refusals are counted (``deadline``, ``queue_full``,
+    ``cold``: ``planner.admission.REFUSAL_CAUSES``)."""
 
     def __init__(self, what: str, reason: str, *, retry_after_s: float = 0.0,
                  predicted_ms: float | None = None, deadline_ms: float | None = None,
-                 miss_ms: float = 0.0, slo: str = "") -> None:
+                 miss_ms: float = 0.0, slo: str = "", cause: str = "") -> None:
         self.what, self.reason, self.retry_after_s = what, reason, retry_after_s
+        self.cause = cause
         self.predicted_ms, self.deadline_ms, self.miss_ms, self.slo = (
             predicted_ms, deadline_ms, miss_ms, slo)
         cls = f" (SLO class {slo!r})" if slo else ""

@@ -34,8 +34,9 @@ def submit(dag: Any, outcome: JobOutcome, slo: Slo | None,
     outcome.arrival_ms = clock()  # timed tight around the call: a refusal's wait is this
     try:
         return dag.apply_async(**kwargs)
-    except Rejected:
+    except Rejected as exc:
         outcome.end_ms, outcome.rejected = clock(), True
+        outcome.refused_for = exc.cause
         return None
 
 

@@ -27,7 +27,8 @@ class FakeDag:
     def apply_async(self, **kwargs: Any) -> str:
         self.calls.append(kwargs)
         if self.refuse:
-            raise Rejected("job 'search'", "predicted to finish in 900 ms", retry_after_s=0.5)
+            raise Rejected("job 'search'", "predicted to finish in 900 ms", retry_after_s=0.5,
+                           cause="deadline")
         return "handle"
 
 
@@ -40,7 +41,7 @@ def test_a_refusal_is_rejected_and_timed_around_the_call() -> None:
     dag, outcome = FakeDag(refuse=True), JobOutcome(0, "search", 0.0)
     assert submit(dag, outcome, INTERACTIVE, ticking(100.0, 101.5)) is None
     assert dag.calls == [{"slo": "interactive", "deadline_ms": 400.0}]
-    assert outcome.rejected and not outcome.failed
+    assert outcome.rejected and not outcome.failed and outcome.refused_for == "deadline"
     assert (outcome.arrival_ms, outcome.end_ms) == (100.0, 101.5)
     assert (outcome.slo, outcome.deadline_ms) == ("interactive", 400.0)
 

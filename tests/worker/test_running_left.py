@@ -40,7 +40,7 @@ def _urgent_prediction(app) -> float:
     with pytest.raises(Rejected) as err:
         app.tasks["emulated.infer"].apply_async(
             (M, 50.0, 0), compass={"model": M, "exec_ms": 50.0, "deadline_ms": 300})
-    assert "predicted to finish in" in str(err.value)
+    assert "predicted to finish in" in str(err.value) and err.value.cause == "deadline"
     return err.value.predicted_ms
 
 
