@@ -16,7 +16,9 @@ DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue
 @click.command(help="Replay a workload on compressed traces (a diurnal day, a bursty one, "
                "a step) under each autoscaler, on the same compass placement and admission; "
                "print GPU-hours (at the trace's scale), SLO attainment, goodput and cold "
-               "starts. keda-queue:N and ray-ongoing:N set their per-worker target.")
+               "starts. keda-queue:N and ray-ongoing:N set their per-worker target; "
+               "compass-plan:no-hints and compass-plan:newest leave out its preload hints or "
+               "its choice of the worker to drain.")
 @click.option("--workload", "workload_path", default="autoscale-mix", show_default=True)
 @click.option("--traces", "trace_names", default="diurnal,bursty,step", show_default=True)
 @click.option("--autoscalers", default=",".join(DEFAULT_AUTOSCALERS), show_default=True)
@@ -39,11 +41,11 @@ def autoscale(workload_path: str, trace_names: str, autoscalers: str, duration_s
 
     workload = load(workload_path)
     chosen = [a.strip() for a in autoscalers.split(",") if a.strip()]
-    for name in chosen:
-        if name.partition(":")[0] not in scaling.AUTOSCALERS:
-            raise click.BadParameter(f"unknown autoscaler {name!r}; known: "
-                                     f"{', '.join(scaling.AUTOSCALERS)}",
-                                     param_hint="--autoscalers")
+    for name in chosen:  # every name checked before minutes of running
+        try:
+            scaling.parse(name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--autoscalers") from None
     made = [traces.make(t, duration_s, peak, seed)
             for t in names(trace_names, traces.TRACES, traces.TRACES, "trace", "--traces")]
     results: dict[str, dict[str, dict[str, object]]] = {}

@@ -55,6 +55,8 @@ from .stats import summarize
 from .traces import Trace
 
 AUTOSCALERS = ("compass-plan", "keda-queue", "ray-ongoing", "fixed-peak")
+#: compass-plan without one of its parts: new workers start cold, or the newest is drained.
+PLAN_VARIANTS = ("no-hints", "newest")
 #: Real seconds from asking for a worker to its process taking work (container pull
 #: cached, image start, framework import; model loads come after).
 COLD_START_S = 60.0
@@ -208,8 +210,10 @@ def steady_workers(workload: Workload, rate: float) -> int:
 Tick = Callable[[Fleet, float], None]
 
 
-def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float) -> Tick:
-    """The rule from the plan (``planner.scaling``), fed the arrivals as they come."""
+def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float,
+                 variant: str = "") -> Tick:
+    """The rule from the plan (``planner.scaling``), fed the arrivals as they come;
+    ``variant`` (``PLAN_VARIANTS``) leaves out one of its parts, to measure it."""
     window = RateWindow(PLAN_WINDOW_S / c)
     damper = Damper(KEDA_DOWN_S / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
@@ -226,8 +230,8 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
                    damper, now_s, horizon_s=PLAN_HORIZON_S / c,
                    gpu_mb=fleet.template.gpu_mem_mb)
         for hint in d.add:
-            fleet.add(hint)
-        for name in d.remove:
+            fleet.add(() if variant == "no-hints" else hint)
+        for name in (fleet.newest(len(d.remove)) if variant == "newest" else d.remove):
             fleet.drain(name)
 
     return tick
@@ -274,6 +278,30 @@ def _resize(fleet: Fleet, want: int) -> None:
             fleet.drain(name)
 
 
+def parse(autoscaler: str) -> tuple[str, float | None, str]:
+    """``name[:arg]`` -> (name, target, variant): ``keda-queue:N`` and ``ray-ongoing:N``
+    set the per-worker target, ``compass-plan:no-hints`` and ``compass-plan:newest``
+    leave out its preload hints or its choice of the worker to drain."""
+    kind, _, arg = autoscaler.partition(":")
+    if kind not in AUTOSCALERS:
+        raise ValueError(f"autoscaler: expected one of {', '.join(AUTOSCALERS)}, "
+                         f"got {autoscaler!r}")
+    if not arg:
+        return kind, None, ""
+    if kind == "compass-plan":
+        if arg not in PLAN_VARIANTS:
+            raise ValueError(f"autoscaler {autoscaler!r}: compass-plan's variants are "
+                             f"{', '.join(PLAN_VARIANTS)}")
+        return kind, None, arg
+    if kind not in ("keda-queue", "ray-ongoing"):
+        raise ValueError(f"autoscaler {autoscaler!r}: {kind} takes no argument")
+    try:
+        return kind, float(arg), ""
+    except ValueError:
+        raise ValueError(f"autoscaler {autoscaler!r}: the target after ':' must be a "
+                         f"number") from None
+
+
 @dataclass(frozen=True)
 class Setup:
     """One comparison's trace and settings."""
@@ -288,15 +316,7 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
     """One autoscaler over the trace: the simulation's record plus ``gpu_hours``
     (trace scale), ``worker_s``, ``cold_starts``, ``workers`` (mean, peak) and
     ``timeline`` ([seconds, workers], each change)."""
-    kind, _, arg = autoscaler.partition(":")
-    if kind not in AUTOSCALERS or (arg and kind not in ("keda-queue", "ray-ongoing")):
-        raise ValueError(f"autoscaler: expected one of {', '.join(AUTOSCALERS)} "
-                         f"(keda-queue:N and ray-ongoing:N set the target), got {autoscaler!r}")
-    try:
-        target = float(arg) if arg else None
-    except ValueError:
-        raise ValueError(f"autoscaler {autoscaler!r}: the target after ':' must be a "
-                         f"number") from None
+    kind, target, variant = parse(autoscaler)
     trace, c = setup.trace, setup.trace.compression
     times = trace.times_ms(seed)
     stream = _stream(workload, times, seed)
@@ -308,7 +328,7 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
     sim = build(workload, stream, n0, trace.peak_per_s if fixed else start_rate)
     fleet = Fleet(sim, workload.cluster.workers[0], setup.cold_start_s / c * MS_PER_S)
     tick: Tick | None = {
-        "compass-plan": lambda: compass_plan(workload, stream, c),
+        "compass-plan": lambda: compass_plan(workload, stream, c, variant),
         "keda-queue": lambda: keda_queue(c, target or KEDA_LIST_LENGTH),
         "ray-ongoing": lambda: ray_ongoing(c, target or RAY_TARGET),
         "fixed-peak": lambda: None,

@@ -91,6 +91,11 @@ def test_the_baselines_scale_on_messages_and_name_bad_targets() -> None:
         scaling.run(WORKLOAD, "hpa", scaling.Setup(trace))
     with pytest.raises(ValueError, match="number"):
         scaling.run(WORKLOAD, "keda-queue:x", scaling.Setup(trace))
+    with pytest.raises(ValueError, match="variants"):
+        scaling.parse("compass-plan:3")
+    with pytest.raises(ValueError, match="no argument"):
+        scaling.parse("fixed-peak:3")
+    assert scaling.parse("compass-plan:newest") == ("compass-plan", None, "newest")
 
 
 def test_traces_have_their_shape_and_are_seeded() -> None:
@@ -123,4 +128,4 @@ def test_the_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     rows = [line.split() for line in text.splitlines() if line.startswith("step ")]
     assert [r[1] for r in rows] == ["compass-plan", "fixed-peak"]
     bad = CliRunner().invoke(compass_command, ["autoscale", "--autoscalers", "hpa"])
-    assert bad.exit_code != 0 and "unknown autoscaler 'hpa'" in bad.output
+    assert bad.exit_code != 0 and "got 'hpa'" in bad.output
