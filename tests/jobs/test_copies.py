@@ -72,8 +72,9 @@ def test_a_model_one_worker_cannot_carry_is_copied_to_the_idle_worker(two) -> No
         f"the second worker never loaded {M}: {sent} sent, {refused} refused\n"
         + worker_logs(two.workers))
     # the copy is asked for as soon as the warm worker misses the deadline (a second or
-    # so into the flood) and takes the 2 s load
-    assert copied_after < 5.0, copied_after
+    # so into the flood) and takes the 2 s load: about 3 s (6 s leaves room for a loaded
+    # machine); before, never
+    assert copied_after < 6.0, copied_after
     assert refused < sent, "nothing admitted"
     for r in results:  # every admitted request ends: answered, or shed once behind
         r.get(timeout=60, propagate=False)
