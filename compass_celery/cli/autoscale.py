@@ -16,7 +16,8 @@ DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue
 @click.command(help="Replay a workload on compressed traces (a diurnal day, a bursty one, "
                "a step) under each autoscaler, on the same compass placement and admission; "
                "print GPU-hours (at the trace's scale), SLO attainment, goodput and cold "
-               "starts. keda-queue:N and ray-ongoing:N set their per-worker target; "
+               "starts. keda-queue:N and ray-ongoing:N set their per-worker target, fixed-peak:N "
+               "the fixed fleet; "
                "compass-plan:no-hints and compass-plan:newest leave out its preload hints or "
                "its choice of the worker to drain.")
 @click.option("--workload", "workload_path", default="autoscale-mix", show_default=True)

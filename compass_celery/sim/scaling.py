@@ -280,7 +280,8 @@ def _resize(fleet: Fleet, want: int) -> None:
 
 def parse(autoscaler: str) -> tuple[str, float | None, str]:
     """``name[:arg]`` -> (name, target, variant): ``keda-queue:N`` and ``ray-ongoing:N``
-    set the per-worker target, ``compass-plan:no-hints`` and ``compass-plan:newest``
+    set the per-worker target, ``fixed-peak:N`` the fixed fleet (default: what the rule
+    asks for at the peak rate), ``compass-plan:no-hints`` and ``compass-plan:newest``
     leave out its preload hints or its choice of the worker to drain."""
     kind, _, arg = autoscaler.partition(":")
     if kind not in AUTOSCALERS:
@@ -293,13 +294,15 @@ def parse(autoscaler: str) -> tuple[str, float | None, str]:
             raise ValueError(f"autoscaler {autoscaler!r}: compass-plan's variants are "
                              f"{', '.join(PLAN_VARIANTS)}")
         return kind, None, arg
-    if kind not in ("keda-queue", "ray-ongoing"):
-        raise ValueError(f"autoscaler {autoscaler!r}: {kind} takes no argument")
     try:
-        return kind, float(arg), ""
+        target = float(arg)
     except ValueError:
         raise ValueError(f"autoscaler {autoscaler!r}: the target after ':' must be a "
                          f"number") from None
+    if not target > 0 or (kind == "fixed-peak" and not target.is_integer()):
+        raise ValueError(f"autoscaler {autoscaler!r}: the target must be > 0 (a whole "
+                         f"number of workers for fixed-peak)")
+    return kind, target, ""
 
 
 @dataclass(frozen=True)
@@ -323,7 +326,7 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
     peak = steady_workers(workload, trace.peak_per_s)
     start_rate = trace.rate(0.0)
     fixed = kind == "fixed-peak"
-    n0 = peak if fixed else steady_workers(workload, start_rate)
+    n0 = (int(target) if target else peak) if fixed else steady_workers(workload, start_rate)
     build = make_sim if make_sim is not None else _simulation
     sim = build(workload, stream, n0, trace.peak_per_s if fixed else start_rate)
     fleet = Fleet(sim, workload.cluster.workers[0], setup.cold_start_s / c * MS_PER_S)

@@ -67,6 +67,8 @@ def test_fixed_peak_never_scales_and_compass_plan_follows_a_step() -> None:
     fixed = scaling.run(WORKLOAD, "fixed-peak", scaling.Setup(trace))
     assert fixed["cold_starts"] == 0
     assert fixed["workers"]["peak"] == scaling.steady_workers(WORKLOAD, 24.0)
+    three = scaling.run(WORKLOAD, "fixed-peak:3", scaling.Setup(trace))
+    assert three["workers"] == {"mean": 3.0, "peak": 3}
     plan = scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
     counts = [n for _, n in plan["timeline"]]
     assert max(counts) >= scaling.steady_workers(WORKLOAD, 24.0) > counts[0]
@@ -93,8 +95,9 @@ def test_the_baselines_scale_on_messages_and_name_bad_targets() -> None:
         scaling.run(WORKLOAD, "keda-queue:x", scaling.Setup(trace))
     with pytest.raises(ValueError, match="variants"):
         scaling.parse("compass-plan:3")
-    with pytest.raises(ValueError, match="no argument"):
-        scaling.parse("fixed-peak:3")
+    with pytest.raises(ValueError, match="whole number"):
+        scaling.parse("fixed-peak:2.5")
+    assert scaling.parse("fixed-peak:3") == ("fixed-peak", 3.0, "")
     assert scaling.parse("compass-plan:newest") == ("compass-plan", None, "newest")
 
 
