@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from compass_celery.bench.faults import kill_restart_loop
+from compass_celery.broker.fetch import BELL
 from compass_celery.broker.kombu_redis import RedisLayout, message_headers
 from compass_celery.local import WorkerProcess
 
@@ -137,6 +138,7 @@ def stranded(app: Any) -> dict[str, int]:
         kind = client.type(raw_key).decode()
         size = (client.llen(raw_key) if kind == "list" and name.startswith(
                     ("compass.", "compass:staging:", "compass:inflight:"))
+                and not name.endswith(RedisLayout().sep + BELL)  # wake-up tokens
                 else client.hlen(raw_key) if kind == "hash" and name == "unacked" else 0)
         if size:
             out[name.replace(RedisLayout().sep, "/")] = int(size)
