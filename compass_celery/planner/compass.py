@@ -11,10 +11,11 @@ copies: when a task's model is resident only where the job would finish past its
 budget, and a worker without it would meet the budget but for the load, the task goes
 there and the model is loaded (a second copy, placed where it would serve soonest,
 although the load takes seconds; admission takes a job late that misses only by its
-loads). Once demand is known, only a model with fewer copies than its replica target
-gets one (demand counts refusals: what one worker could not carry); before, any. Without
-a budget the plan is a batch plan: its loads do not evict the copies live
-deadline-bound demand keeps (``planner.evict``).
+loads). A copy takes only room nothing needs (free memory; once demand is known, also
+spare copies and unwanted models), and once demand is known, only a model with fewer
+copies than its replica target gets one (demand counts refusals: what one worker could
+not carry). Without a budget the plan is a batch plan: its loads do not evict the
+copies live deadline-bound demand keeps (``planner.evict``).
 """
 
 from __future__ import annotations
@@ -71,7 +72,10 @@ class CompassPolicy:
             copy = None
             if tails is not None and budget_ms is not None and model is not None \
                     and (pricer is None or pricer.wants_copy(model)):
-                copy = copy_worker(est, score, walk.avail, i, tails[name], budget_ms)
+                spared = walk.free >= walk.sizes[name] if pricer is None else \
+                    ~pricer.evicts_kept(model, walk.sizes[name], walk.free, est.load)
+                copy = copy_worker(est, score, walk.avail, i, tails[name], budget_ms,
+                                   spared)
             reason = _reason(walk, name, est, i, evict)
             if copy is not None:
                 i = copy
@@ -106,16 +110,23 @@ class CompassPolicy:
 
 
 def copy_worker(est: Estimate, score: np.ndarray, avail: np.ndarray, best: int,
-                tail_ms: float, budget_ms: float) -> int | None:
+                tail_ms: float, budget_ms: float, spared: np.ndarray | None = None
+                ) -> int | None:
     """Where to load another copy of a task's model, or None: when the best worker
     holds the model but the job would end past ``budget_ms`` there (the task's finish
     plus ``tail_ms``, the critical path after it), the worker without it that would
     serve it soonest (least score, load included), provided the job would meet the
-    budget there but for the load. Copies follow demand: one worker that cannot carry
-    a class's demand within its deadline gets a second, though the load takes seconds."""
+    budget there but for the load, and (``spared``, where given) the load takes only
+    room nothing needs: free memory, a spare copy or a model nobody asks for. A copy is
+    extra capacity, not worth a copy another model's demand keeps: under memory
+    pressure the two would evict each other in turn (navigator-mixed on 2 workers at
+    160%: 4x the loads). Copies follow demand: one worker that cannot carry a class's
+    demand within its deadline gets a second, though the load takes seconds."""
     if est.load[best] > 0 or est.finish[best] + tail_ms <= budget_ms:
         return None
     cold = est.mask & (est.load > 0)
+    if spared is not None:
+        cold &= spared
     if not cold.any():
         return None
     k = choose(score, avail, cold)

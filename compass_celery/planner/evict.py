@@ -98,6 +98,24 @@ class EvictionPricer:
         j = self.arr.models[model]
         return bool(self.copies[j] < self.target[j])
 
+    def evicts_kept(self, model: str, size_mb: float, free_mb: np.ndarray,
+                    load: np.ndarray) -> np.ndarray:
+        """Per worker: a load of ``model`` there must evict a kept copy (of another model:
+        one its demand needs) to make room, spare copies and unwanted models not being
+        enough."""
+        out = np.zeros(len(self.arr), dtype=bool)
+        if not self.active:
+            return out
+        rows = np.flatnonzero((load > 0) & (size_mb - free_mb > 0))
+        if not len(rows):
+            return out
+        j = self.arr.models[model]
+        other = ~self.kept()
+        other[j] = False  # its own copies are not what a load of it evicts
+        room = (self.resident[rows] & other) @ self.sizes
+        out[rows] = size_mb - free_mb[rows] > room
+        return out
+
     def kept(self) -> np.ndarray:
         """Per model: evicting one copy would leave fewer than its target."""
         return self.copies <= self.target

@@ -160,3 +160,18 @@ def test_refused_demand_adds_to_what_the_workers_served() -> None:
     assert total["qa"] == ModelDemand(1000.0, 10.0, 6.0)
     assert total["embed"] == served["embed"] and total["new"] == refused["new"]
     assert merge_demand(served, {}) is served
+
+
+def test_a_copy_takes_only_room_nothing_needs() -> None:
+    # "b" is idle but full: with embed, which nobody asks for, a copy of qa may replace
+    # it; with embed in demand (a kept copy), it may not, and qa stays on its one worker.
+    full = w("b", {"embed"}, gpu=700.0)
+    unwanted = view(w("a", {"qa"}, backlog=800.0), full,
+                    demand={"qa": ModelDemand(1000.0, 10.0, 10.0)})
+    assert CompassPolicy().plan(one("qa"), unwanted, budget_ms=850.0).worker_of("t") == "b"
+    wanted = view(w("a", {"qa"}, backlog=800.0), full,
+                  demand={"qa": ModelDemand(1000.0, 10.0, 10.0), "embed": URGENT["embed"]})
+    assert CompassPolicy().plan(one("qa"), wanted, budget_ms=850.0).worker_of("t") == "a"
+    # before any demand is known, only free memory: no copy onto the full worker
+    young = view(w("a", {"qa"}, backlog=800.0), full)
+    assert CompassPolicy().plan(one("qa"), young, budget_ms=850.0).worker_of("t") == "a"
