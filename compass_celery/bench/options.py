@@ -5,14 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..planner import VARIANTS as _VARIANTS
+
 #: Every policy, in the order the benchmark runs and reports them.
 POLICIES = ["celery-default", "round-robin", "random", "jsq", "hash", "heft", "compass"]
 
 #: Baselines the benchmark runs under a planner policy of another name: what a Celery user
-#: would set up today. ``celery-expires`` is plain Celery (the shared queue) with Celery's
-#: own ``expires=`` on every message at the job's arrival plus its deadline, so a task not
-#: started by then is dropped unrun (and its job fails) instead of running late.
-VARIANTS = {"celery-expires": "celery-default"}
+#: would set up today (``planner.VARIANTS``, which the simulator runs too).
+VARIANTS = _VARIANTS
 
 
 def planner_policy(policy: str) -> str:

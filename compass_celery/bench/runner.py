@@ -30,6 +30,7 @@ from typing import Any
 from ..broker.amqp import is_amqp
 from ..emulated import BATCHED_ENV, BENCH_BATCHES, batched_tasks
 from ..local import LocalRedisError, RedisServer, WorkerProcess, wait_until
+from ..planner import EXPIRES
 from ..results import (
     JobOutcome,
     duplicate_count,
@@ -141,7 +142,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         except TimeoutError:
             raise RuntimeError(f"workers did not start; logs in {log_dir}") from None
         dag_cls = Dag
-        if policy == "celery-expires":  # Celery's own expires= at arrival + deadline
+        if policy == EXPIRES:  # Celery's own expires= at arrival + deadline
             dag_cls = expiring_dag(Dag, lambda t: getattr(workload.slo(t), "deadline_ms", None))
         dags = {name: dag_cls.from_spec(app, spec, task=kind.infer_task,
                                         step_task=kind.step_task,

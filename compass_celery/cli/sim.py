@@ -89,7 +89,9 @@ def sim() -> None:
               help="workload file (JSON/YAML) or a shipped workload's name")
 @click.option("--policies", default=None,
               help="comma-separated subset (default: every real policy); static-replicas "
-              "is a simulator-only reference: replicas sized from the workload, pinned")
+              "is a simulator-only reference: replicas sized from the workload, pinned; "
+              "celery-expires is celery-default with each task dropped unrun once its "
+              "job's deadline has passed (Celery's expires=)")
 @SEED
 @_sim_flags
 @click.option("--compare-pending", is_flag=True,
@@ -103,6 +105,7 @@ def run(workload_path: str, policies: str | None, seed: int | None, compare_pend
     """Simulate the policies on the workload; print the tables and write the JSON."""
     from ..bench.runner import POLICIES
     from ..planner import POLICIES as PLANNER_POLICIES
+    from ..planner import VARIANTS
     from ..sim.options import SimOptions
     from ..sim.runner import SIM_ONLY_POLICIES, compare_count_pending, simulate
 
@@ -122,7 +125,7 @@ def run(workload_path: str, policies: str | None, seed: int | None, compare_pend
         click.echo(result_table(result))
         write_json(pending, json_out)
         return
-    chosen = names(policies, POLICIES, (*PLANNER_POLICIES, *SIM_ONLY_POLICIES))
+    chosen = names(policies, POLICIES, (*PLANNER_POLICIES, *VARIANTS, *SIM_ONLY_POLICIES))
     result = simulate(workload, chosen, options)
     _print_run(workload, options, result)
     write_json(result, json_out)

@@ -32,6 +32,14 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "celery-default": lambda seed, **kw: SharedQueuePolicy(**kw),
 }
 
+#: Baselines run under another policy's planner (the benchmark and the simulator alike):
+#: ``celery-expires`` is plain Celery (the shared queue) with Celery's own ``expires=`` on
+#: every message at its job's arrival plus its deadline, so a task not started by then is
+#: dropped unrun (and its job fails) instead of running late.
+VARIANTS = {"celery-expires": "celery-default"}
+#: The variant whose tasks expire at their job's deadline.
+EXPIRES = "celery-expires"
+
 
 def get_policy(name: str, *, seed: int = 0, **options: Any) -> Policy:
     """A fresh policy by name; ``seed`` feeds the random one, ``options`` its constructor."""
@@ -42,6 +50,8 @@ def get_policy(name: str, *, seed: int = 0, **options: Any) -> Policy:
 
 
 __all__ = [
+    "EXPIRES",
+    "VARIANTS",
     "DEFAULT_MOVE_FACTOR",
     "POLICIES",
     "ClusterView",

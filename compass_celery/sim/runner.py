@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..planner import PlanningError, Policy, get_policy
+from ..planner import EXPIRES, VARIANTS, PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
 from ..planner.admission import (
     Slo,
@@ -144,7 +144,9 @@ class Simulation:
             self.policy: Policy = StaticReplicaPolicy(replicas, count_pending)
         else:
             opts = {"count_pending": count_pending} if policy == "compass" else {}
-            self.policy = get_policy(policy, seed=workload.seed, **opts)
+            self.policy = get_policy(VARIANTS.get(policy, policy), seed=workload.seed, **opts)
+        #: Celery's ``expires=`` at each job's arrival plus its deadline on every task
+        self.expires = policy == EXPIRES
         self.adjusts = self.policy.adjusts
         self.admission, self.max_queue_ms = o.admission, o.max_queue_ms
         self.headroom = o.headroom
@@ -243,7 +245,9 @@ class Simulation:
         if slo is not None and slo.deadline_ms is not None:
             job.due = job.arrival + slo.deadline_ms
             job.plan_end = job.arrival + job_finish_ms(placements)
-            if slo.sheds and verdict.sheds:
+            if self.expires:  # each task dropped unrun once its job's deadline has passed
+                job.tails = dict.fromkeys(placements, 0.0)
+            elif slo.sheds and verdict.sheds:
                 job.tails = tails_ms(placements)
         return True
 

@@ -161,6 +161,21 @@ def test_celery_default_is_never_refused_nor_shed():
     assert s["attainment"] < 0.1
 
 
+def test_celery_expires_drops_tasks_unstarted_by_the_deadline_and_refuses_none():
+    """celery-expires is celery-default with Celery's ``expires=`` at each job's arrival
+    plus its deadline: nothing refused, every task not started by then dropped unrun (its
+    job shed), every task that starts in time run; at twice capacity most are dropped,
+    and no answered job ends later than its deadline plus one task."""
+    sim, r = run(slo_workload(), policy="celery-expires")
+    s = r["slo"]["fast"]
+    assert s["rejected"] == 0 and s["shed"] > 0.3 * s["jobs"]
+    for j in sim.jobs:
+        if j.shed:
+            assert j.end >= j.due  # dropped only once its deadline had passed
+        elif j.end is not None:
+            assert j.end <= j.due + 30.0 + 1e-6  # started by the deadline, one 30 ms run
+
+
 def test_shared_queue_drop_and_revoke_leave_the_worker_idle_once():
     """A worker that takes an expired task from the shared queue drops it; the job's
     other task is revoked from the shared queue; the worker is listed idle once and
