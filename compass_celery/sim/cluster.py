@@ -116,6 +116,13 @@ class SimWorker:
         # plans count and sends charge; 0 when plans are to leave it out. What each task
         # pays, occupying the worker, is the cluster's to say (``SimCluster.draw_hop``).
         self.published_hop_ms = hop_ms if plan_hop else 0.0
+        # its record's fields that never change (name, hardware, the hop it publishes),
+        # which each new record (``view``) shares
+        self._fixed = WorkerView(
+            name=spec.name, queue=spec.name, gpu_total_mb=spec.gpu_mem_mb,
+            gpu_free_mb=spec.gpu_mem_mb, speed=spec.speed, load_mb_per_s=spec.load_mb_per_s,
+            host_load_mb_per_s=spec.host_load_mb_per_s, net_mb_per_s=spec.net_mb_per_s,
+            hop_ms=self.published_hop_ms)
         self.name = spec.name
         self.index = 0  # position in the cluster's snapshot, set by SimCluster
         self.sizes = sizes
@@ -154,17 +161,16 @@ class SimWorker:
             self.cluster.dirty.add(self.index)
 
     def view(self) -> WorkerView:
-        """This worker's record as a real worker would publish it (cached until touched)."""
+        """This worker's record as a real worker would publish it (cached until touched):
+        its fixed fields' record with the changing ones written (``evolve``; the frozen
+        dataclass's constructor cost more than the rest of a snapshot at 1,000 workers)."""
         if self._view is None:
-            s, d = self.spec, self.decider
-            self._view = WorkerView(
-                name=s.name, queue=s.name, gpu_total_mb=s.gpu_mem_mb, gpu_free_mb=d.free_mb(),
+            d = self.decider
+            self._view = evolve(
+                self._fixed, gpu_free_mb=d.free_mb(),
                 resident=frozenset(d.resident), host_resident=frozenset(self.host),
-                backlog_ms=max(self.backlog_ms, 0.0), speed=s.speed,
-                load_mb_per_s=s.load_mb_per_s, host_load_mb_per_s=s.host_load_mb_per_s,
-                net_mb_per_s=s.net_mb_per_s, pending_ms=max(self.pending_ms, 0.0),
+                backlog_ms=max(self.backlog_ms, 0.0), pending_ms=max(self.pending_ms, 0.0),
                 pending_queued_ms={q: ms for q, ms in self.pending_levels.items() if ms > 0},
-                hop_ms=self.published_hop_ms,
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
                 loading=dict(self.in_flight), queued_ms=self.queue.queued_ms(),
                 running=self._running_span())
