@@ -54,6 +54,9 @@ class DemandTracker:
         self._u: dict[str, float] = {}  # the part of _n asked for by jobs with a deadline
         self._t: float | None = None
         self._t0: float | None = None
+        # the last rates and the clock they were read at, until a task is added: a
+        # simulated cluster reads them for every snapshot, several at one moment
+        self._read: tuple[float, dict[str, ModelDemand]] | None = None
 
     def _decay_to(self, now_s: float) -> None:
         if self._t is None:
@@ -74,11 +77,13 @@ class DemandTracker:
         arrival, so that its rates come of age as early."""
         if self._t is None:
             self._t = self._t0 = now_s
+            self._read = None
 
     def add(self, model: str, exec_ms: float, now_s: float, count: float = 1.0,
             urgent: bool = False) -> None:
         """Record ``count`` tasks needing ``model`` for ``exec_ms`` each, arriving at
         ``now_s``; ``urgent``: asked for by a job with a deadline."""
+        self._read = None
         self._decay_to(now_s)
         self._ms[model] = self._ms.get(model, 0.0) + exec_ms * count
         self._n[model] = self._n.get(model, 0.0) + count
@@ -99,7 +104,17 @@ class DemandTracker:
 
     def rates(self, now_s: float) -> dict[str, ModelDemand]:
         """Per model, the current rate estimates (bias-corrected while younger than tau);
-        empty while the tracker is younger than ``min_age_s``."""
+        empty while the tracker is younger than ``min_age_s``. Read again at the same
+        ``now_s`` with no task added since, the same dict (callers must not change it),
+        so what is memoised by the demand's identity (``planner.evict``) holds."""
+        read = self._read
+        if read is not None and read[0] == now_s:
+            return read[1]
+        rates = self._rates(now_s)
+        self._read = (now_s, rates)
+        return rates
+
+    def _rates(self, now_s: float) -> dict[str, ModelDemand]:
         if self._t is None or self._t0 is None or not self.ready(now_s):
             return {}
         t = max(now_s, self._t)

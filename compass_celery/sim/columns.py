@@ -6,7 +6,8 @@ it knows which workers changed since the last snapshot, so it updates only their
 here and hands each new snapshot a copy (``planner.cost.remember_arrays``). That turns
 a per-job O(workers) Python pass into O(changed workers) plus a few numpy copies.
 The copy is what :func:`~compass_celery.planner.cost.build_worker_arrays` would build
-from the same views, bit for bit (a test holds it to that).
+from the same views, bit for bit (a test holds it to that); the memos of what it derives
+from columns that did not change are handed on with it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,12 @@ class LiveColumns:
         # host_models) the last ``arrays`` handed out, shared until a set changes
         self._sets: list[tuple[frozenset[str], frozenset[str]] | None] = [None] * n
         self._frozen: tuple[np.ndarray, np.ndarray, list[bool]] | None = None
+        # the planner's per-snapshot memos that read only what stays put between
+        # snapshots, shared by them: fits by capacity (fixed), load columns while the
+        # frozen matrices are shared, means of the fixed columns
+        self._fits: dict[float, np.ndarray] = {}
+        self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._means = FixedMeans(FIXED_COLUMNS)
         for i, v in enumerate(views):
             self.update(i, v)
 
@@ -91,6 +98,7 @@ class LiveColumns:
             resident = self.resident.copy()
             resident.flags.writeable = host.flags.writeable = False  # shared: copy to change
             self._frozen = (resident, host, host.any(axis=0).tolist())
+            self._fetch = {}
         resident, host, host_models = self._frozen
         return WorkerArrays(
             names=self.names, queues=self.queues, index=self.index,
@@ -102,7 +110,28 @@ class LiveColumns:
             ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=resident, host_resident=host, host_models=host_models,
-            loading=dict(self.loading),
+            loading=dict(self.loading), _fetch=self._fetch, _fits=self._fits,
+            _means=self._means,
             **dict(zip(("run_began", "run_ends", "run_charge"),
                        self.run.copy() if self.run[2].any() else np.zeros((3, len(self.names), 0)),
                        strict=True)))
+
+
+#: The columns of :class:`LiveColumns` fixed for a worker's lifetime (and ``WorkerArrays``'
+#: derived ones): a mean of one is the same for every snapshot.
+FIXED_COLUMNS = frozenset({
+    "speed", "gpu_total_mb", "load_mb_per_s", "host_load_mb_per_s", "net_mb_per_s",
+    "hop_ms", "ms_per_kb", "ms_per_mb", "host_ms_per_mb"})
+
+
+class FixedMeans(dict[tuple[str, bool], float]):
+    """``WorkerArrays``' memo of column means, shared by successive snapshots: it keeps
+    only the means of ``fixed`` columns (a changing column's is worked out each time)."""
+
+    def __init__(self, fixed: frozenset[str]) -> None:
+        super().__init__()
+        self.fixed = fixed
+
+    def __setitem__(self, key: tuple[str, bool], value: float) -> None:
+        if key[0] in self.fixed:
+            super().__setitem__(key, value)
