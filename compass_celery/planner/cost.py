@@ -314,6 +314,10 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
     (same positions), makes finding what changed a few tuple compares per row."""
     if not rows:
         return arrays
+    if before is not None and len(rows) <= 8:
+        charged = _charged_rows(arrays, rows, before)
+        if charged is not None:
+            return charged
     at = np.fromiter(rows, dtype=int, count=len(rows))
     views = list(rows.values())
     width = len(_FIELDS)
@@ -374,6 +378,41 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
             changes["loading"] = loading
     if not changes:
         return arrays
+    if arrays._means:
+        changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
+    return evolve(arrays, **changes)
+
+
+#: The fields a producer's own charges change (``state.reader.note_charge``): of the
+#: columns, only the backlog and the planned work.
+_CHARGED = frozenset({"backlog_ms", "pending_ms", "queued_ms", "pending_queued_ms",
+                      "queued_inputs"})
+
+
+def _charged_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
+                  before: Mapping[int, WorkerView]) -> WorkerArrays | None:
+    """:func:`with_rows` for rows whose views differ from ``before`` by charges only (a
+    router's own decisions: evolved views sharing every other field), with no pass over
+    the other fields: the backlog (and planned work) column copied and those rows
+    written. None when a row changed anything else."""
+    for i, w in rows.items():
+        was = before[i].__dict__
+        for k, v in w.__dict__.items():
+            if v is not was[k] and k not in _CHARGED:
+                return None
+    changes: dict[str, Any] = {}
+    for name in ("backlog_ms", "pending_ms"):
+        column = getattr(arrays, name)
+        for i, w in rows.items():
+            value = getattr(w, name)
+            if value != column[i]:
+                if name not in changes:
+                    column = changes[name] = column.copy()
+                column[i] = value
+    if not changes:
+        return arrays
+    if "backlog_ms" in changes:
+        changes["_left"] = {}  # backlog_left_ms reads it
     if arrays._means:
         changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
     return evolve(arrays, **changes)

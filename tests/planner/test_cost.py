@@ -173,6 +173,31 @@ def test_a_backlog_charge_copies_one_column_and_keeps_the_memos() -> None:
     assert moved.load_columns("m", 1000.0)[0].tolist() == [0.0, 0.0]  # memo rebuilt
 
 
+def test_charges_alone_rewrite_the_backlog_and_planned_work_columns() -> None:
+    """Views that differ by a router's own charges (backlog, planned work, their levels)
+    take the short way and give what a full build gives; a view that also changed
+    anything else takes the long way, with the same answer."""
+    c = ClusterView.of([worker("a", resident=frozenset({"m"})), worker("b"), worker("c")],
+                       {"m": 1000.0})
+    arrays = worker_arrays(c)
+    arrays.mean("speed", inverse=True)
+    charged = {1: replace(c.workers[1], backlog_ms=40.0, queued_ms={5: 40.0}),
+               2: replace(c.workers[2], pending_ms=7.0, pending_queued_ms={5: 7.0})}
+    freed = {1: replace(charged[1], gpu_free_mb=1.0)}  # not a charge: the long way
+    for rows in (charged, freed):
+        got = with_rows(arrays, rows, {j: c.workers[j] for j in rows})
+        want = build_worker_arrays(ClusterView(
+            tuple(rows.get(j, w) for j, w in enumerate(c.workers)), c.model_sizes_mb))
+        for f in fields(want):
+            if not f.name.startswith("_"):
+                a, b = getattr(got, f.name), getattr(want, f.name)
+                assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, f.name
+        assert got.resident is arrays.resident  # unchanged: shared
+        assert got.backlog_left_ms(0.0).tolist() == want.backlog_ms.tolist()
+    assert arrays.backlog_ms.tolist() == [0.0, 0.0, 0.0]  # the original is untouched
+    assert arrays.pending_ms.tolist() == [0.0, 0.0, 0.0]
+
+
 def _one_worker(backlog_ms: float, free_mb: float, sizes: dict[str, float]) -> ClusterView:
     from compass_celery.planner import WorkerView
     w = WorkerView(name="w0", queue="q.w0", gpu_total_mb=4000.0, gpu_free_mb=free_mb,
