@@ -137,7 +137,7 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
     workers = for_priority(snapshot.workers, priority)
     if workers is not snapshot.workers:
-        snapshot = replace(snapshot, workers=workers)
+        snapshot = evolve(snapshot, workers=workers)
     cluster = cluster_view(snapshot, model_sizes_mb)
     if refused:
         arrays = worker_arrays(cluster)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import ledger
@@ -22,6 +21,7 @@ from .errors import Rejected
 from .needs import call_slo, resolve_needs, wants_learned
 from .placement import Decision, decide, fallback
 from .planner.admission import Slo, latest_start, load_wanted, plan_budget_ms
+from .planner.cost import evolve
 from .planner.demand import cluster_demand
 from .planner.priority import resolve_priority, user_priority
 from .signals import task_placed
@@ -92,7 +92,7 @@ class CompassRouter:
             self._warned.clear()  # healthy again: warn afresh on the next outage
         # the level rides in the compass header; the publish hook maps it for the broker
         decision = carried.replaced(decision) if carried is not None \
-            else replace(decision, priority=level, queued_at=time.time())
+            else evolve(decision, priority=level, queued_at=time.time())
         self._local.pending = decision
         announce(c, decision)
         return {"queue": c.destination(decision.queue)}
@@ -140,8 +140,8 @@ class CompassRouter:
         if due and slo.sheds and verdict.sheds:
             tail = max(0.0, decision.est_finish_ms - decision.wait_ms)
             expires = latest_start(due, tail, c.settings["time_scale"])
-        return replace(decision, slo=slo.name, due=due, expires_at=expires,
-                       late=verdict.late)
+        return evolve(decision, slo=slo.name, due=due, expires_at=expires,
+                      late=verdict.late)
 
     def _budget(self, slo: Slo | None, snapshot: Snapshot) -> float | None:
         """The time a task with ``slo`` should be planned to end within (its deadline

@@ -222,7 +222,7 @@ class SnapshotReader:
                 w = _count_input(w, batch, 1 if ms > 0 else -1)
             workers = (*workers[:i], w, *workers[i + 1:])
             self._indexed = workers
-            self._snap = replace(snap, workers=workers)
+            self._snap = evolve(snap, workers=workers)
 
     def read_before_deciding(self) -> None:
         """From now on read at each decision past the TTL: no reading ahead, no keeping
