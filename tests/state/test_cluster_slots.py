@@ -22,7 +22,8 @@ from compass_celery.state.store import RedisStateStore
 
 PACKAGE = Path(__file__).resolve().parents[2] / "compass_celery"
 #: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.
-BROKER_SCRIPTS = {"stage", "move", "lease", "promote", "claim", "fetch", "inflight"}
+BROKER_SCRIPTS = {"stage", "move", "lease", "promote", "claim", "fetch", "inflight",
+                  "unfetch"}
 PREFIXES = ["compass", "app:two", "a{b}c", "x}y"]
 
 
