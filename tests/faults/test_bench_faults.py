@@ -52,12 +52,12 @@ def test_stranded_counts_every_place_a_message_can_wait(compass_redis_url):
     client.lpush(f"{p}.w.gone@compass", "m4")                         # a worker not in the run
     client.lpush(f"{p}.shared", "m5")                                 # the shared queue
     client.lpush(f"{p}:staging:{p}.w.w0@compass", "m6")               # a staging list
-    client.lpush(f"{p}:fetch:{p}.w.w0@compass", "m7")                 # a fetch list
+    client.lpush(layout.bell(f"{p}.w.w0@compass"), "1")               # a wake-up, no message
     client.hset("unacked", "t1", json.dumps([{"m": 1}, "", f"{p}.w.w1@compass"]))
     client.hset("unacked", "t2", json.dumps([{"m": 1}, "", "compass-bench-jsq.shared"]))
     client.lpush("compass-bench-jsq.shared", "other run")             # another policy's
     where = stranded_messages(client, p, ["w0@compass", "w1@compass"])
-    assert sum(where.values()) == 8
+    assert sum(where.values()) == 7
     assert where["unacked"] == 1 and where[f"{p}.w.w0@compass"] == 2
     assert where[f"{p}.w.w1@compass/9"] == 1
 
