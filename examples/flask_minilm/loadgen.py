@@ -125,8 +125,12 @@ HEADER = ("endpoint  within 400 ms  late 200  429   504   other  p50 ms  p99 ms 
           "CPU ms a request: cpu0 cpu1 web")
 
 
-def run(n: int, rate: float, logs: Path) -> list[str]:
-    """Start everything, warm up, drive each endpoint; the table's lines."""
+Outcomes = dict[str, tuple[list[tuple[int, float]], list[float]]]
+
+
+def run(n: int, rate: float, logs: Path) -> Outcomes:
+    """Start everything, warm up, drive each endpoint: per endpoint, each request's
+    (status, seconds) and each process's CPU seconds over them (cpu0, cpu1, web)."""
     port = free_port()
     with RedisServer() as redis:
         procs = start(redis.url, port, logs)
@@ -139,14 +143,13 @@ def run(n: int, rate: float, logs: Path) -> list[str]:
                 for i in range(10):
                     post(base + path, body(i))
             time.sleep(1.0)
-            lines = [HEADER]
+            out: Outcomes = {}
             for path, body in BODIES.items():
                 before = cpu_s(procs)
                 got = drive(base + path, n, rate, body)
-                used = [b - a for a, b in zip(before, cpu_s(procs), strict=True)]
-                lines.append(row(path, got, used))
+                out[path] = got, [b - a for a, b in zip(before, cpu_s(procs), strict=True)]
                 time.sleep(2.0)
-            return lines
+            return out
         finally:
             for p in procs:
                 p.terminate()
@@ -163,7 +166,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logs = Path(tempfile.mkdtemp(prefix="flask-minilm-"))
     before = os.getloadavg()[0]
-    lines = run(args.requests, args.rate, logs)
+    try:
+        outcomes = run(args.requests, args.rate, logs)
+    except BaseException:
+        print(f"failed; the processes' logs are in {logs}", file=sys.stderr)
+        raise
+    lines = [HEADER, *(row(path, *got) for path, got in outcomes.items())]
     lines.append(f"load average (1 min) {before:.1f} before, {os.getloadavg()[0]:.1f} after;"
                  f" {os.cpu_count()} cores; logs in {logs}")
     print("\n".join(lines))

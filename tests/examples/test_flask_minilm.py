@@ -68,3 +68,20 @@ def test_the_load_table_counts_each_outcome() -> None:
     fields = loadgen.row("/embed", got, [0.02, 0.03, 0.05]).split()
     assert fields[:6] == ["/embed", "6/10", "1", "1", "1", "1"]
     assert fields[-3:] == ["2.0", "3.0", "5.0"]  # CPU ms a request, per process
+
+
+@pytest.mark.redis
+def test_the_load_check_runs_the_app_as_the_readme_starts_it(tmp_path: Any) -> None:
+    """The load driver at a handful of requests: a private redis-server, two real CPU
+    workers and ``flask run``; each endpoint answers, with the batched task and the Dag
+    run on the workers."""
+    needs_real_models()
+    import loadgen
+
+    outcomes = loadgen.run(5, 5.0, tmp_path)
+    assert set(outcomes) == {"/embed", "/search"}
+    for path, (got, cpu) in outcomes.items():
+        codes = [code for code, _ in got]
+        assert len(codes) == 5 and set(codes) <= {200, 429, 504}, (path, got)
+        assert codes.count(200) >= 4, (path, got)  # 5 a second leaves room to spare
+        assert cpu[0] + cpu[1] > 0, (path, cpu)  # the workers ran them, not the web process
