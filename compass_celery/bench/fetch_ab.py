@@ -54,12 +54,19 @@ def side_run(url: str, atomic: bool, tag: str, jobs: int) -> dict[str, list[floa
     ws = _workers(url, prefix, atomic, tag)
     try:
         app = make_app(url, compass_key_prefix=prefix)
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3).workers) == 2,
-                   120, "two workers")
+        try:
+            wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3).workers) == 2,
+                       120, "two workers")
+        except TimeoutError as exc:  # say why: the workers' own words
+            raise TimeoutError(f"{exc}\n" + "\n".join(w.log()[-3000:] for w in ws)) from None
         timed = _jobs(app)
-        for fn in timed.values():  # warm: models, connections, the first plans
-            for _ in range(3):
-                fn()
+        try:
+            for fn in timed.values():  # warm: models, connections, the first plans
+                for _ in range(3):
+                    fn()
+        except Exception as exc:  # say why: the workers' own words
+            raise RuntimeError(f"{exc!r}\n" + "\n".join(w.log()[-4000:] for w in ws)) \
+                from None
         out: dict[str, list[float]] = {kind: [] for kind in timed}
         for _ in range(jobs):
             for kind, fn in timed.items():
