@@ -105,3 +105,24 @@ def test_an_idle_worker_fetching_atomically_wakes_for_every_list_it_reads(
             assert app.send_task("j.src", args=[1], **options).get(timeout=10) == 1
             took = time.monotonic() - t
             assert took < 0.7, f"{label}: {took:.2f} s" + worker_logs(ws)[-2000:]
+
+
+def test_a_wake_on_another_queue_leaves_the_worker_one_message(compass_redis_url,
+                                                                 compass_workers):
+    """A message of its own queue that rang no bell (pushed by hand here), then one on
+    Celery's default queue: the wait pops the second, and the look queued behind it takes
+    the first, which goes back to its list (unfetch.lua) until the worker is free. Both
+    run once; none is left in flight."""
+    app, ws = start(compass_redis_url, compass_workers, ["u0@wake"])
+    client, own = app.log, app.compass.queue_for("u0@wake")
+    for _ in range(3):
+        time.sleep(1.3)  # idle: blocked on the bells
+        first = uuid.uuid4().hex
+        app.send_task("j.src", args=[2], queue="compass.nobody", task_id=first)
+        client.lpush(own, client.rpop("compass.nobody"))  # no token
+        second = app.send_task("j.src", args=[3], queue="celery")
+        assert second.get(timeout=10) == 3
+        assert app.AsyncResult(first).get(timeout=10) == 2, worker_logs(ws)[-2000:]
+        assert int(client.hget("execs", first)) == 1 == int(client.hget("execs", second.id))
+    wait_until(lambda: not client.llen(own) and not any(
+        own.encode() in v for v in client.hvals("unacked")), 10, "nothing left in flight")
