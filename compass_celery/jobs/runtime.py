@@ -22,7 +22,7 @@ from ..errors import JobError, JobTimeout
 from ..needs import learned_loads
 from ..placement import Decision
 from ..planner.adjust import choose_successor
-from ..planner.admission import ERROR_QUANTILE, ERROR_STEP_MS, should_shed
+from ..planner.admission import ERROR_QUANTILE, error_step_ms, should_shed
 from ..planner.batch import batch_from_record
 from ..planner.cost import settled
 from ..planner.demand import cluster_demand
@@ -345,7 +345,7 @@ class JobRuntime:
         error_ms = 1000 * (end - plan_end) / self.c.settings["time_scale"]
         with contextlib.suppress(StateUnavailable, RedisError, OSError):
             self.c.store.record_plan_error(job.get("slo") or "", error_ms, ERROR_QUANTILE,
-                                           ERROR_STEP_MS)
+                                           error_step_ms(job.get("deadline_ms")))
 
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:

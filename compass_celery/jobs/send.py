@@ -55,7 +55,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     if node.get("due"):  # whoever ends the job says whether it met its deadline, and
         # how late against its plan
         header.update(slo=node.get("slo") or "", due=node["due"],
-                      plan_end=node.get("plan_end") or 0.0, tail_ms=node.get("tail_ms"))
+                      plan_end=node.get("plan_end") or 0.0, tail_ms=node.get("tail_ms"),
+                      deadline_ms=node.get("deadline_ms"))
     # The job record keeps each node's output; Celery's result backend would be a
     # second write (and a read) per hop that nobody reads.
     c.app.send_task(node["task"], args=args, kwargs=node["kwargs"],

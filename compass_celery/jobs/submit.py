@@ -161,6 +161,7 @@ def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
     plan_end = 0.0 if math.isnan(end) else time.time() + end * c.settings["time_scale"] / 1000
     for name, node in nodes.items():
         node["slo"], node["due"], node["plan_end"] = slo.name, due, plan_end
+        node["deadline_ms"] = slo.deadline_ms  # the learned plan error's step
         if name in tails:
             node["tail_ms"] = tails[name]
 

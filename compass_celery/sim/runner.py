@@ -40,6 +40,7 @@ from ..planner import EXPIRES, VARIANTS, PlanningError, Policy, get_policy
 from ..planner.adjust import choose_successor
 from ..planner.admission import (
     Slo,
+    error_step_ms,
     job_finish_ms,
     job_load_ms,
     job_missing,
@@ -350,7 +351,8 @@ class Simulation:
             return
         name = job.slo.name
         self.plan_error[name] = plan_error_step(self.plan_error.get(name, 0.0),
-                                                end - job.plan_end)
+                                                end - job.plan_end,
+                                                step_ms=error_step_ms(job.slo.deadline_ms))
 
 
 def simulate(workload: Workload, policies: Sequence[str], options: SimOptions | None = None,

@@ -210,8 +210,9 @@ def test_a_deadline_shorter_than_a_load_does_not_lock_the_model_out(one):
 
 def test_admission_learns_how_late_its_plans_run(one):
     """A job that ends later than planned moves its class's learned plan error up one
-    step (the same rule in Redis as in the in-process store and the planner)."""
-    from compass_celery.planner.admission import ERROR_QUANTILE, ERROR_STEP_MS
+    step, a share of its deadline (the same rule in Redis as in the in-process store and
+    the planner)."""
+    from compass_celery.planner.admission import ERROR_QUANTILE, error_step_ms
     from compass_celery.state.store import MemoryStateStore
 
     app = one
@@ -223,9 +224,9 @@ def test_admission_learns_how_late_its_plans_run(one):
     wait_until(lambda: key in app.compass.store.snapshot(time.time(), 3.0).plan_errors, 5,
                "the learned plan error")
     learned = app.compass.store.snapshot(time.time(), 3.0).plan_errors[key]
-    assert learned == pytest.approx(ERROR_STEP_MS * ERROR_QUANTILE)
+    assert learned == pytest.approx(error_step_ms(1500) * ERROR_QUANTILE)  # 7.5 ms a step
     memory = MemoryStateStore()
-    memory.record_plan_error(key, 250.0, ERROR_QUANTILE, ERROR_STEP_MS)
+    memory.record_plan_error(key, 250.0, ERROR_QUANTILE, error_step_ms(1500))
     assert memory.snapshot(time.time(), 3.0).plan_errors[key] == pytest.approx(learned)
 
 

@@ -12,6 +12,7 @@ from compass_celery.planner.admission import (
     REFUSAL_CAUSES,
     Slo,
     SloError,
+    error_step_ms,
     job_finish_ms,
     job_wait_ms,
     judge,
@@ -152,6 +153,17 @@ def test_the_plan_error_quantile_settles_where_tau_of_the_errors_are_within_it()
         q = plan_error_step(q, e)
     within = sum(e <= q for e in errors[-5000:]) / 5000
     assert 0.93 <= within <= 0.97, (q, within)
+
+
+def test_the_plan_error_steps_by_a_share_of_the_deadline():
+    """A 400 ms class steps 4 ms, a 1,500 ms one 7.5 ms: a 1,500 ms class whose plans run
+    450 ms late learns it in about 64 late jobs, not 120; no deadline or a short one: 4 ms."""
+    assert error_step_ms(400) == error_step_ms(800) == 4.0 and error_step_ms(1500) == 7.5
+    assert error_step_ms(None) == error_step_ms(100) == 4.0
+    q, n = 0.0, 0
+    while q < 450.0:
+        q, n = plan_error_step(q, 500.0, step_ms=error_step_ms(1500)), n + 1
+    assert n <= 64
 
 
 def test_a_load_only_miss_is_cold_only_on_a_worker_that_would_start_at_once():
