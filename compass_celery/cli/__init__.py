@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import click
 
-from .autoscale import autoscale
+from .autoscale import autoscale, autoscale_real
 from .bench import bench
 from .cache import cache
 from .demo import demo
@@ -32,7 +32,8 @@ def compass_command() -> None:
     """The ``compass`` command group; each subcommand does its own work."""
 
 
-for _command in (status, demo, bench, sim, simulate, autoscale, cache, models, device_check,
+for _command in (status, demo, bench, sim, simulate, autoscale, autoscale_real, cache, models,
+                 device_check,
                  regress):
     compass_command.add_command(_command)
 

@@ -4,6 +4,7 @@ compressed traces (``compass_celery.sim.scaling``)."""
 from __future__ import annotations
 
 import shlex
+from collections import Counter
 
 import click
 
@@ -73,3 +74,57 @@ def autoscale(workload_path: str, trace_names: str, autoscalers: str, duration_s
             fh.write(f"$ {command}\n\n{text}\n")
     if json_out:
         write_json({"workload": workload.name, "traces": results}, json_out)
+
+
+@click.command("autoscale-real", help="Scale real emulated-GPU workers on this machine "
+               "(the local provider, a private redis-server) with the plan's rule while "
+               "one trace's jobs arrive; audit the run as the fault benchmark does "
+               "(nothing lost, nothing run twice), check each new worker held its hinted "
+               "models before its first task, and compare its worker-seconds with the "
+               "simulator's compass-plan on the same trace and arrivals.")
+@click.option("--workload", "workload_path", default="autoscale-mix", show_default=True)
+@click.option("--trace", "trace_name", type=click.Choice(["diurnal", "bursty", "step"]),
+              default="step", show_default=True)
+@click.option("--duration-s", type=click.FloatRange(min=10.0), default=240.0,
+              show_default=True)
+@click.option("--peak", type=click.FloatRange(min=0.01), default=8.0, show_default=True)
+@click.option("--compression", type=click.FloatRange(min=1.0), default=10.0,
+              show_default=True, help="real periods (poll, windows, cold start) divided "
+              "by this")
+@click.option("--cold-start-s", type=click.FloatRange(min=0.0), default=40.0,
+              show_default=True, help="the simulator's cold start, real seconds before "
+              "the compression (set it to the measured worker start x compression)")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "json_out", default=None)
+@click.option("--log-dir", default=None, help="keep the workers' logs here")
+def autoscale_real(workload_path: str, trace_name: str, duration_s: float, peak: float,
+                   compression: float, cold_start_s: float, seed: int,
+                   json_out: str | None, log_dir: str | None) -> None:
+    """One real autoscaled run and the simulator's on the same trace."""
+    from ..bench.autoscaled import run_autoscaled
+    from ..bench.options import BenchOptions
+    from ..sim import traces
+
+    trace = traces.make(trace_name, duration_s, peak, seed, compression=compression)
+    opts = BenchOptions(time_scale=1.0, progress=False, drain_timeout_s=120.0)
+    r = run_autoscaled(load(workload_path), trace, opts, seed=seed,
+                       cold_start_s=cold_start_s, log_dir=log_dir,
+                       echo=lambda m: click.echo(m, err=True))
+    res = r["result"]
+    ends = Counter(j["outcome"] for j in res["per_job"])
+    click.echo(f"{trace_name} {duration_s:g} s, peak {peak:g}/s, x{compression:g}: "
+               f"{r['jobs']} jobs, completed {res['completed']}, refused "
+               f"{ends['rejected']}, shed {ends['shed']}, lost {res['lost']}, failed "
+               f"{res['failed']}, duplicates "
+               f"{res['duplicates']} (starts {res['duplicate_starts']}), stranded "
+               f"{res['stranded']}, dead-lettered {res['dead_lettered']}")
+    added = r["added"]
+    held = sum(1 for a in added.values() if a["hint_resident"])
+    before = sum(1 for a in added.values() if a["before_first_task"])
+    hinted = sum(1 for a in added.values() if a["hint"])
+    click.echo(f"workers added {len(added)} ({hinted} with a hint): hint resident at first "
+               f"sight {held}/{len(added)}, loaded before its first task (log) "
+               f"{before}/{len(added)}; worker-s real {r['worker_s']} sim "
+               f"{r['sim_worker_s']} (ratio {r['ratio']})")
+    if json_out:
+        write_json(r, json_out)

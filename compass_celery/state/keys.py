@@ -81,6 +81,10 @@ CHANGES = "{{{p}}}:changes"
 DEAD_QUEUES = "{{{p}}}:dead-queues"
 # string with PX: the one worker recovering this tick; worker/recovery.py
 RECOVERY_LEADER = "{{{p}}}:recovery-leader"
+# list: preload hints (comma-joined model names) an autoscaler published for the workers it
+# asks for; a worker started with --compass-preload @hint pops one at start
+# (state/hints.py: publish_hints, run by an autoscaler, writes; take_hint reads)
+PRELOAD_HINTS = "{{{p}}}:preload-hints"
 
 # -- broker messages (broker Redis; the state Redis over RabbitMQ) -----------------------
 # list: messages taken from a queue, not yet re-placed; stage.lua / move.lua, run by

@@ -31,6 +31,7 @@ from ..planner.priority import LEVELS
 from ..planner.types import ClusterView
 from ..settings import with_flags
 from ..state.connection import StateUnavailable
+from ..state.hints import HINT, take_hint
 from ..state.keys import forming_member, queued_member
 from ..state.views import cluster_view
 from .batch import BatchRunner, set_current_batcher
@@ -121,8 +122,9 @@ class WorkerRuntime:
             self._serve_metrics(int(self.cfg["metrics_port"]))
         self._say_what_cannot_load()
         self.threads.apply()  # in the thread that runs the preload (and, solo, the tasks)
-        if self.cfg["preload"]:
-            self.cache.preload(self.cfg["preload"])
+        preload = self._preload()
+        if preload:
+            self.cache.preload(preload)
         self.publisher.publish()
         try:
             self._reconcile()
@@ -148,6 +150,21 @@ class WorkerRuntime:
             self._threads.append(t)
         logger.info("compass: worker %s consuming %s on %s (%.0f MB)", self.name, self.queue,
                     self.cache.device, self.cache.total_mb)
+
+    def _preload(self) -> list[str]:
+        """The models to load at start: ``compass_preload``, where ``@hint`` stands for one
+        preload hint an autoscaler published in Redis (:func:`state.hints.take_hint`)."""
+        wanted = list(self.cfg["preload"])
+        if HINT not in wanted:
+            return wanted
+        hint: list[str] = []
+        try:
+            if self.compass.store.client is not None:
+                hint = take_hint(self.compass.store.client, self.cfg["key_prefix"])
+        except (RedisError, OSError) as exc:
+            logger.warning("compass: could not read a preload hint: %s", exc)
+        logger.info("compass: worker %s preloads the hint %s", self.name, hint or "(none)")
+        return [m for m in wanted if m != HINT] + [m for m in hint if m not in wanted]
 
     def _say_what_cannot_load(self) -> None:
         """Name, once at start, the declared models this worker has no loader for."""

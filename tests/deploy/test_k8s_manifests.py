@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from compass_celery.providers import HINT
 from compass_celery.settings import OPTIONS
 from compass_celery.worker.bootstep import WORKER_FLAGS
 
@@ -444,6 +445,9 @@ def test_kustomize_builds_each_overlay_and_refuses_without_secrets(tmp_path: Pat
         if overlay == "keda":  # KEDA owns the count: an apply must not reset it
             assert ("ScaledObject", "compass-gpu-worker") in names
             assert "replicas" not in gpu[0]["spec"]
+            # a new pod pops the autoscaler's preload hint (providers.HINT) at start
+            command = next(containers(gpu[0]))["command"]
+            assert command[-2:] == ["--compass-preload", HINT], command
         else:
             assert ("ScaledObject", "compass-gpu-worker") not in names
 

@@ -64,3 +64,25 @@ def test_scale_out_preloads_and_scale_in_drains_the_chosen_worker(compass_redis_
         assert compass_keys_left(app, [queue]) == {}  # nothing left behind
         wait_live(app, 1, procs())
         assert set(_live(app)) == {kept}
+
+
+def test_a_worker_started_with_the_hint_flag_preloads_the_published_hint(compass_redis_url):
+    """The Kubernetes path's preload: the controller publishes a hint in Redis, a worker
+    run with ``--compass-preload @hint`` pops it and holds those models in its first
+    record; the next worker finds none left and starts with nothing loaded."""
+    from compass_celery.providers import HINT, publish_hints
+
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_JOBAPP_HEARTBEAT_TIMEOUT_S": "1.0"}
+    app = make_app(compass_redis_url, compass_snapshot_ttl_s=0.0,
+                   compass_heartbeat_timeout_s=1.0)
+    client = redis.Redis.from_url(compass_redis_url)
+    publish_hints(client, app.compass.settings["key_prefix"], [("big",)])
+    with LocalProvider("tests.support.jobapp", env=env, prefix="hint", host="k8s",
+                       args=["--compass-emulate-gpu-mb", "4000", "--compass-preload", HINT]
+                       ) as provider:
+        first = provider.add()
+        seen = wait_until(lambda: _live(app).get(first), 60, f"{first} to publish")
+        assert set(seen.resident) == {"big"}, provider.process(first).log()
+        second = provider.add()
+        seen = wait_until(lambda: _live(app).get(second), 60, f"{second} to publish")
+        assert set(seen.resident) == set(), provider.process(second).log()

@@ -1,0 +1,94 @@
+"""The controller loop (providers.Autoscaler) against a recording provider and a cluster
+it describes: it scales out with the rule's hints, records whether a new worker's first
+record held them, drains the worker the rule chose once the down window passed, and bills
+each worker from its add to the end of its drain."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from compass_celery.cli.common import load
+from compass_celery.planner.types import WorkerView
+from compass_celery.providers import Autoscaler
+
+
+class Recording:
+    """A provider that only records; ``live`` is what the cluster snapshot shows."""
+
+    def __init__(self, named: bool = True) -> None:
+        self.named, self.made = named, 0
+        self.up: list[str] = []
+        self.added: list[tuple[str, ...]] = []
+        self.removed: list[str] = []
+
+    def names(self) -> list[str]:
+        return list(self.up)
+
+    def add(self, preload: Sequence[str] = ()) -> str:
+        self.made += 1
+        self.added.append(tuple(preload))
+        name = f"w{self.made}@t"
+        self.up.append(name)
+        return name if self.named else ""
+
+    def remove(self, name: str) -> None:
+        self.up.remove(name)
+        self.removed.append(name)
+
+
+def _view(name: str, resident: Sequence[str], backlog_ms: float = 0.0) -> WorkerView:
+    return WorkerView(name, f"q.{name}", 4000.0, 1000.0, resident=frozenset(resident),
+                      backlog_ms=backlog_ms)
+
+
+def test_scale_out_hints_then_scale_in_drains_the_chosen_worker_and_bills() -> None:
+    workload = load("autoscale-mix")
+    models = sorted(workload.models)
+    provider, now = Recording(), [0.0]
+    live: dict[str, WorkerView] = {}
+    scaler = Autoscaler(provider, workload, lambda: list(live.values()), window_s=10.0,
+                        down_window_s=5.0, horizon_s=2.0, gpu_mb=4000.0,
+                        clock=lambda: now[0])
+    first = scaler.add(models)
+    live[first] = _view(first, models)
+    for i in range(300):  # 30 interactive jobs/s for 10 s: several workers' work
+        scaler.observe("interactive", i / 30.0)
+    now[0] = 10.0
+    d = scaler.tick()
+    assert d.target > 1 and len(provider.up) == d.target
+    assert ("captioner" in provider.added[1]  # the most-asked model gets its copies first
+            and not any(provider.added[-1]))  # the last have nothing missing left to load
+    for name, hint in zip(provider.up[1:], provider.added[1:], strict=True):
+        live[name] = _view(name, hint)  # its first record: the hint resident
+    now[0] = 11.0
+    scaler.tick()
+    assert set(scaler.first_seen) == set(provider.up)  # the first worker too
+    assert all(s["hint_resident"] for s in scaler.first_seen.values())
+
+    # the arrivals stop; only after the down window does the fleet shrink, and the rule
+    # drains the workers whose loss costs least (here: not the one with queued work)
+    live[first] = _view(first, models, backlog_ms=5000.0)
+    now[0] = 14.0  # within the down window of the peak's decision (at 10)
+    assert scaler.tick().remove == ()
+    now[0] = 40.0
+    d = scaler.tick()
+    assert d.remove and first not in d.remove
+    billed = scaler.close()
+    assert provider.removed == list(d.remove)
+    # the first worker from 0, the others from 10, all billed until now (40 s): the
+    # drains end at once here, at the fake clock's 40
+    assert billed == 40.0 + 30.0 * (provider.made - 1)
+
+
+def test_a_provider_that_cannot_name_its_workers_yet_is_driven_all_the_same() -> None:
+    workload = load("autoscale-mix")
+    provider = Recording(named=False)
+    scaler = Autoscaler(provider, workload, lambda: [], window_s=10.0, down_window_s=5.0,
+                        horizon_s=2.0, gpu_mb=4000.0, clock=lambda: 10.0)
+    for i in range(300):
+        scaler.observe("interactive", i / 30.0)
+    d = scaler.tick()
+    assert len(provider.added) == d.target  # starting pods count as capacity coming
+    scaler.tick()
+    assert len(provider.added) == d.target  # and are not asked for twice
+    assert scaler.close() == 0.0  # nothing it could bill
