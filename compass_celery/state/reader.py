@@ -27,9 +27,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Protocol
 
 from ..planner.cost import evolve
+from ..planner.fold import charged as _charge
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
 from .keys import split_member
@@ -249,22 +250,6 @@ class ChargeSource(Protocol):
                      ) -> tuple[Snapshot, dict[tuple[str, str], float]]:
         """``read()`` while no charge is written; returns what was read and every charge
         not written yet, by (counter hash, member)."""
-
-
-def _charge(w: WorkerView, ms: float, pending: bool = False,
-            level: int | None = None, total: bool = True) -> WorkerView:
-    """``w`` with ``ms`` added to its backlog (``pending``: its planned-but-unsent work;
-    ``level``: its queued (or planned) work of that priority, and the total unless
-    ``total`` is off), never below zero, as reads of the store's counters clamp them."""
-    total_field, by_level = ("pending_ms", "pending_queued_ms") if pending \
-        else ("backlog_ms", "queued_ms")
-    changes: dict[str, Any] = \
-        {total_field: max(0.0, getattr(w, total_field) + ms)} if total else {}
-    if level is not None:
-        queued = dict(getattr(w, by_level))
-        queued[level] = max(0.0, queued.get(level, 0.0) + ms)
-        changes[by_level] = queued
-    return evolve(w, **changes)
 
 
 def _count_input(w: WorkerView, batch: str, n: float) -> WorkerView:
