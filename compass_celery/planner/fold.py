@@ -4,16 +4,61 @@ Between two reads of the workers' records a producer plans on the last one it re
 own decisions since are not in those records yet, so it folds them in as it makes them,
 until a fresher record of the worker replaces the row: the router into its reader's
 snapshot (``state.reader``), the simulator into its stale snapshot (``--refresh-ms``),
-both with these rules. :func:`charged` is a backlog charge: without it, every task of a
-burst would see the same backlog and pile onto the worker that looked idle.
+both with these rules.
+
+* :func:`charged` is a backlog charge: without it, every task of a burst would see the
+  same backlog and pile onto the worker that looked idle.
+* :func:`planned_load` is a planned model load. A plan that loads model M on worker W is
+  not in W's record until W starts the load, so a second plan on the same snapshot sees
+  M nowhere: it places its own load elsewhere (a second copy of M, evicting a model
+  another job needs), or counts the memory M will take on W as free. Folded, W shows M
+  loading (``WorkerView.loading``, ending by the task's planned start) with its memory
+  taken, and the models the worker's cache would evict to make room gone. The victims
+  are taken in the order the cache follows (``CacheDecider.rank``, from
+  :func:`~compass_celery.planner.evict.eviction_rank`): lowest rank first, then by
+  name. The producer does not know the worker's queue or its recency, so this is the
+  cache's choice among models no queued task needs; a load that cannot make room
+  (nothing resident to evict) folds nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from .cost import evolve
-from .types import WorkerView
+from .types import ClusterView, Placement, TaskSpec, WorkerView
+
+#: A model with no rank (no demand known) sorts as the lowest tier, as the cache does.
+_NO_RANK = (0.0, 0.0, 0.0)
+
+
+def planned_load(worker: WorkerView, model: str, sizes: Mapping[str, float], now: float,
+                 ends: float, rank: Mapping[str, tuple[float, ...]] | None = None
+                 ) -> WorkerView:
+    """``worker`` once a planned load of ``model`` (``sizes``: MB by model) is under way: loading
+    from ``now`` to ``ends``, its memory taken, and what the cache would evict for it
+    (``rank``: ``eviction_rank``'s order) gone. ``worker`` itself when ``model`` is
+    resident or loading there already, or no room can be made."""
+    if model in worker.resident or model in worker.loading:
+        return worker
+    size_mb = sizes.get(model, 0.0)
+    free = worker.gpu_free_mb
+    gone: list[str] = []
+    if free < size_mb:
+        order = rank or {}
+        victims = sorted(worker.resident, key=lambda m: (order.get(m, _NO_RANK), m))
+        for victim in victims:
+            if free >= size_mb:
+                break
+            gone.append(victim)
+            free += sizes.get(victim, 0.0)
+        if free < size_mb:
+            return worker
+    return evolve(worker, resident=worker.resident.difference(gone) if gone else worker.resident,
+                  gpu_free_mb=free - size_mb,
+                  loading={**worker.loading, model: (now, max(ends, now))})
+
 
 
 def charged(w: WorkerView, ms: float, pending: bool = False,
@@ -31,3 +76,31 @@ def charged(w: WorkerView, ms: float, pending: bool = False,
         queued[level] = max(0.0, queued.get(level, 0.0) + ms)
         changes[by_level] = queued
     return evolve(w, **changes)
+
+
+def fold_plan(cluster: ClusterView, tasks: Mapping[str, TaskSpec],
+              placements: Mapping[str, Placement],
+              rank: Mapping[str, tuple[float, ...]] | None = None,
+              charges: Mapping[str, tuple[float, bool, int | None]] | None = None
+              ) -> dict[int, WorkerView]:
+    """The rows of ``cluster`` a plan's loads change (position -> the worker as
+    :func:`planned_load` leaves it), for each placed task whose model is neither resident
+    nor loading on its worker: loading until the task's planned start. Empty: the plan
+    loads nothing."""
+    rows: dict[int, WorkerView] = {}
+    index = {w.name: i for i, w in enumerate(cluster.workers)}
+    sizes, now = cluster.model_sizes_mb, cluster.now
+    for node, placed in placements.items():
+        i = index.get(placed.worker)
+        if i is None:
+            continue
+        worker = after = rows.get(i, cluster.workers[i])
+        spec = tasks.get(node)
+        if spec is not None and spec.model is not None:
+            after = planned_load(after, spec.model, sizes, now, now + placed.start_ms, rank)
+        if charges and node in charges:
+            ms, pending, level = charges[node]
+            after = charged(after, ms, pending, level)
+        if after is not worker:
+            rows[i] = after
+    return rows

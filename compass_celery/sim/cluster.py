@@ -696,6 +696,23 @@ class SimCluster:
             remember_arrays(seen.view, seen.arrays)
         return seen.view
 
+    def fold(self, rows: Mapping[int, WorkerView]) -> None:
+        """Fold a producer's own planned loads (``planner.residency.fold_plan``'s rows) into
+        the snapshot plans are given until it is rebuilt: the stale view's rows changed as
+        the router's reader changes its own, until a fresher record replaces them."""
+        snap = self._snapshot
+        if snap is None or not rows:
+            return
+        before = {i: snap.workers[i] for i in rows}
+        workers = list(snap.workers)
+        for i, w in rows.items():
+            workers[i] = w
+        arrays = with_rows(worker_arrays(snap), rows, before)
+        self._snapshot = evolve(snap, workers=tuple(workers))
+        remember_arrays(self._snapshot, arrays)
+        for seen in self._levels.values():
+            seen.stale |= rows.keys()
+
     def last_snapshot(self) -> ClusterView:
         """The snapshot the planners saw last (built now if there is none yet)."""
         return self._snapshot if self._snapshot is not None else self.snapshot()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,7 +54,9 @@ from ..planner.admission import (
 from ..planner.compass import plan_job
 from ..planner.cost import MS_PER_S
 from ..planner.demand import DemandTracker
-from ..planner.pending import pending_work
+from ..planner.evict import eviction_rank
+from ..planner.fold import fold_plan
+from ..planner.pending import pending_work, send_charge_ms
 from ..planner.priority import DEFAULT_PRIORITY, for_priority, resolve_priority
 from ..planner.static import NAME as STATIC
 from ..planner.static import (
@@ -63,7 +65,7 @@ from ..planner.static import (
     assign_replicas,
     expected_demand,
 )
-from ..planner.types import ClusterView, DagSpec
+from ..planner.types import ClusterView, DagSpec, Placement
 from ..workload import Workload, job_stream
 from .cluster import SimCluster, SimTask, SimWorker
 from .engine import Engine
@@ -218,11 +220,27 @@ class Simulation:
             job.planned[node] = placement.worker
             job.waiting[node] = len(preds[node])
         job.pending = pending_work(plan.placements, preds)
+        if self.cluster.refresh_ms > 0:  # planned on a stale view: fold the plan into it
+            self._fold(job, plan.placements)
         for worker, ms in job.pending.values():
             self.cluster.by_name[worker].add_pending(ms, job.level)
         for node in dag.nodes:
             if not preds[node]:
                 self._send(job, node, job.planned[node])
+
+    def _fold(self, job: Job, placements: Mapping[str, Placement]) -> None:
+        """Fold a plan made on a stale view (``refresh_ms``) into that view, as the
+        router's reader folds its own decisions (``planner.fold``): each task's charge (a
+        sent source's to its worker's backlog, a waiting successor's to its planned work)
+        and each model load it plans, with what the load evicts. A fresh view needs none:
+        the next plan re-reads the rows the plan changed."""
+        base = self.cluster.last_snapshot()
+        preds = self.preds[job.dag.name]
+        charges = {node: (p.charge_ms if p.charge_ms is not None and not preds[node]
+                          else send_charge_ms(p.run_ms, p.hop_ms), bool(preds[node]), job.level)
+                   for node, p in placements.items()}
+        self.cluster.fold(fold_plan(base, job.dag.nodes, placements, eviction_rank(base),
+                                    charges))
 
     def _admit(self, job: Job, placements: dict[str, Any], snapshot: ClusterView) -> bool:
         """Judge the job's plan as the real submit does (``planner.admission.judge`` on
