@@ -13,14 +13,20 @@ what is charged is what is released.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
+from .planner.cost import MS_PER_S
+from .planner.evict import eviction_rank
+from .planner.fold import load_span
+from .planner.types import SHARED
 from .state.keys import forming_member, queued_member
+from .state.views import cluster_view
 
 if TYPE_CHECKING:
     from .context import CompassContext
     from .placement import Decision
-    from .state.store import StateStore
+    from .state.store import Snapshot, StateStore
 
 #: What a send charges, as (counter hash, member, amount): the hash by its name in
 #: :data:`compass_celery.state.keys.COUNTERS` ("backlog", "queued", "forming"; a plan's
@@ -89,6 +95,21 @@ def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:
     if decision.charge_ms:
         c.reader.note_charge(decision.worker, sign * decision.charge_ms,
                              level=decision.priority, batch=decision.batch)
+
+
+def note_load(c: CompassContext, decision: Decision, snapshot: Snapshot) -> None:
+    """Fold the model load a send plans into this process's snapshot at once
+    (``planner.fold.planned_load``): the model on its way to the worker until the task's
+    planned start, and what the worker's cache would evict for it gone, so the next
+    decision before the next read neither loads it a second time elsewhere nor counts the
+    evicted models as there. Nothing when the model is resident or loading there already.
+    ``snapshot``: the one the decision was planned on (its view ranks the victims)."""
+    if decision.model is None or decision.fallback or decision.worker == SHARED:
+        return
+    sizes = c.model_sizes()
+    span = load_span(time.time(), decision.est_finish_ms, decision.run_ms, MS_PER_S)
+    c.reader.note_load(decision.worker, decision.model, span, sizes,
+                       lambda: eviction_rank(cluster_view(snapshot, sizes)))
 
 
 def charge(c: CompassContext, decision: Decision, sign: int = 1, pipe: Any = None) -> None:

@@ -86,6 +86,7 @@ class CompassRouter:
                                        guessed=needs.exec_source == "default")
                 try:
                     self._charge(decision)
+                    ledger.note_load(c, decision, snapshot)
                 except StateUnavailable as exc:
                     decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:

@@ -23,7 +23,7 @@ both with these rules.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .cost import evolve
@@ -33,12 +33,16 @@ from .types import ClusterView, Placement, TaskSpec, WorkerView
 _NO_RANK = (0.0, 0.0, 0.0)
 
 
+Rank = Mapping[str, tuple[float, ...]]
+
+
 def planned_load(worker: WorkerView, model: str, sizes: Mapping[str, float], now: float,
-                 ends: float, rank: Mapping[str, tuple[float, ...]] | None = None
+                 ends: float, rank: Rank | Callable[[], Rank] | None = None
                  ) -> WorkerView:
     """``worker`` once a planned load of ``model`` (``sizes``: MB by model) is under way: loading
     from ``now`` to ``ends``, its memory taken, and what the cache would evict for it
-    (``rank``: ``eviction_rank``'s order) gone. ``worker`` itself when ``model`` is
+    (``rank``: ``eviction_rank``'s order, or what returns it, asked only when something
+    must go) gone. ``worker`` itself when ``model`` is
     resident or loading there already, or no room can be made."""
     if model in worker.resident or model in worker.loading:
         return worker
@@ -46,7 +50,7 @@ def planned_load(worker: WorkerView, model: str, sizes: Mapping[str, float], now
     free = worker.gpu_free_mb
     gone: list[str] = []
     if free < size_mb:
-        order = rank or {}
+        order = (rank() if callable(rank) else rank) or {}
         victims = sorted(worker.resident, key=lambda m: (order.get(m, _NO_RANK), m))
         for victim in victims:
             if free >= size_mb:
@@ -78,15 +82,24 @@ def charged(w: WorkerView, ms: float, pending: bool = False,
     return evolve(w, **changes)
 
 
+def load_span(now: float, finish_ms: float, run_ms: float, clock_ms: float = 1.0
+              ) -> tuple[float, float]:
+    """The span a planned load is folded in for, on the view's clock (``clock_ms`` ms per
+    unit: 1 in the simulator, 1000 on a wall clock in seconds): from ``now`` until the
+    model is planned to be in (the task's planned finish, ms from now, less its run)."""
+    return now, now + max(finish_ms - run_ms, 0.0) / clock_ms
+
+
 def fold_plan(cluster: ClusterView, tasks: Mapping[str, TaskSpec],
               placements: Mapping[str, Placement],
               rank: Mapping[str, tuple[float, ...]] | None = None,
               charges: Mapping[str, tuple[float, bool, int | None]] | None = None
               ) -> dict[int, WorkerView]:
-    """The rows of ``cluster`` a plan's loads change (position -> the worker as
-    :func:`planned_load` leaves it), for each placed task whose model is neither resident
-    nor loading on its worker: loading until the task's planned start. Empty: the plan
-    loads nothing."""
+    """The rows of ``cluster`` a plan changes (position -> the worker as it leaves it):
+    each placed task's model load where the model is neither resident nor loading
+    (:func:`planned_load`, until its :func:`load_span` ends), and with ``charges`` (node
+    -> (ms, pending, level)) each task's charge (:func:`charged`). Empty: the plan
+    changes nothing there (or every task went to the shared queue)."""
     rows: dict[int, WorkerView] = {}
     index = {w.name: i for i, w in enumerate(cluster.workers)}
     sizes, now = cluster.model_sizes_mb, cluster.now
@@ -97,7 +110,8 @@ def fold_plan(cluster: ClusterView, tasks: Mapping[str, TaskSpec],
         worker = after = rows.get(i, cluster.workers[i])
         spec = tasks.get(node)
         if spec is not None and spec.model is not None:
-            after = planned_load(after, spec.model, sizes, now, now + placed.start_ms, rank)
+            after = planned_load(after, spec.model, sizes,
+                                 *load_span(now, placed.finish_ms, placed.run_ms), rank)
         if charges and node in charges:
             ms, pending, level = charges[node]
             after = charged(after, ms, pending, level)

@@ -25,11 +25,12 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Protocol
 
 from ..planner.cost import evolve
+from ..planner.fold import Rank, planned_load
 from ..planner.fold import charged as _charge
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
@@ -208,6 +209,21 @@ class SnapshotReader:
         """Add ``ms`` to ``worker``'s backlog (``pending``: its planned-but-unsent work; with
         ``level``, queued work of that priority too; with ``batch``, one input more (ms
         > 0) or less waiting under that batch key) in this process's snapshot only."""
+        def change(w: WorkerView) -> WorkerView:
+            w = _charge(w, ms, pending, level)
+            return _count_input(w, batch, 1 if ms > 0 else -1) if batch else w
+        self._fold(worker, change)
+
+    def note_load(self, worker: str, model: str, span: tuple[float, float],
+                  sizes: Mapping[str, float], rank: Rank | Callable[[], Rank] | None = None
+                  ) -> None:
+        """Fold a load of ``model`` this process planned on ``worker`` into its snapshot
+        (``planner.fold.planned_load``: loading over ``span`` on the reader's clock, what
+        the cache would evict for it gone), until the next read replaces the row."""
+        self._fold(worker, lambda w: planned_load(w, model, sizes, *span, rank))
+
+    def _fold(self, worker: str, change: Callable[[WorkerView], WorkerView]) -> None:
+        """Replace ``worker``'s view in this process's snapshot with ``change`` of it."""
         with self._lock:
             snap = self._snap
             if snap is None:
@@ -218,9 +234,9 @@ class SnapshotReader:
             i = self._index.get(worker)
             if i is None:
                 return
-            w = _charge(workers[i], ms, pending, level)
-            if batch:
-                w = _count_input(w, batch, 1 if ms > 0 else -1)
+            w = change(workers[i])
+            if w is workers[i]:
+                return
             workers = (*workers[:i], w, *workers[i + 1:])
             self._indexed = workers
             self._snap = evolve(snap, workers=workers)
