@@ -97,18 +97,20 @@ def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:
                              level=decision.priority, batch=decision.batch)
 
 
-def note_load(c: CompassContext, decision: Decision, snapshot: Snapshot) -> None:
-    """Fold the model load a send plans into this process's snapshot at once
-    (``planner.fold.planned_load``): the model on its way to the worker until the task's
-    planned start, and what the worker's cache would evict for it gone, so the next
-    decision before the next read neither loads it a second time elsewhere nor counts the
-    evicted models as there. Nothing when the model is resident or loading there already.
-    ``snapshot``: the one the decision was planned on (its view ranks the victims)."""
-    if decision.model is None or decision.fallback or decision.worker == SHARED:
+def note_load(c: CompassContext, worker: str, model: str | None, finish_ms: float,
+              run_ms: float, snapshot: Snapshot) -> None:
+    """Fold the load of ``model`` a placement on ``worker`` plans (its planned finish and
+    run, ms) into this process's snapshot at once (``planner.fold.planned_load``): the
+    model on its way there until it is planned to be in, and what the worker's cache
+    would evict for it gone, so the next decision before the next read neither loads it
+    a second time elsewhere nor counts the evicted models as there. Nothing when the
+    model is resident or loading there already. ``snapshot``: the one the placement was
+    planned on (its view ranks the victims, asked only when something must go)."""
+    if model is None or worker == SHARED:
         return
     sizes = c.model_sizes()
-    span = load_span(time.time(), decision.est_finish_ms, decision.run_ms, MS_PER_S)
-    c.reader.note_load(decision.worker, decision.model, span, sizes,
+    span = load_span(time.time(), finish_ms, run_ms, MS_PER_S)
+    c.reader.note_load(worker, model, span, sizes,
                        lambda: eviction_rank(cluster_view(snapshot, sizes)))
 
 

@@ -86,7 +86,8 @@ class CompassRouter:
                                        guessed=needs.exec_source == "default")
                 try:
                     self._charge(decision)
-                    ledger.note_load(c, decision, snapshot)
+                    ledger.note_load(c, decision.worker, decision.model,
+                                     decision.est_finish_ms, decision.run_ms, snapshot)
                 except StateUnavailable as exc:
                     decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:

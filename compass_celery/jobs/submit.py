@@ -132,6 +132,10 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
         ledger.note(c, decision)
     for node, (worker, ms) in pending.items():
         ledger.note_plan(c, worker, ms, nodes[node].get("priority"))
+    if snapshot is not None:  # and the loads it plans, until the next read
+        for node, p in plan.items():
+            ledger.note_load(c, p.worker, spec.nodes[node].model, p.finish_ms, p.run_ms,
+                             snapshot)
     return handle
 
 

@@ -45,3 +45,26 @@ def test_a_planned_load_shows_as_loading_until_the_next_read(compass_redis_url,
         assert placed.load_ms < first.load_ms
     for r in [*results, nxt]:
         assert r.get(timeout=30)["worker"] in ("cap@test", "det@test"), worker_logs(ws)
+
+
+def test_a_dag_submission_folds_the_loads_its_plan_makes(compass_redis_url, compass_workers):
+    from compass_celery import Dag
+
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_HEARTBEAT_TIMEOUT_S": "1.5"}
+    ws = [compass_workers("workers.emulated", "cap@test", *GPU, "--compass-preload",
+                          "captioner", env=env)]
+    app = make_app(compass_redis_url, compass_heartbeat_timeout_s=1.5,
+                   compass_snapshot_ttl_s=30, compass_snapshot_keep_fresh_s=0)
+    live_workers(app, 1, workers=ws)
+    infer, step = app.tasks["emulated.infer"], app.tasks["emulated.step"]
+    dag = Dag(app, "embed-then-ocr")
+    a = dag.node("a", infer.s("embedder", 50.0, 0), model="embedder", exec_ms=50.0)
+    dag.node("b", step.s("ocr", 50.0), after=[a], model="ocr", exec_ms=50.0)
+    handle = dag.apply_async()
+    cap = app.compass.reader.get().workers[0]
+    # both loads are on their way in this producer's view: 1600 - 950 - 420 - 600 < 0, so
+    # the captioner (no demand ranks it) goes to make room for the second
+    assert set(cap.loading) == {"embedder", "ocr"}, cap
+    assert "captioner" not in cap.resident and cap.gpu_free_mb >= 0
+    assert cap.loading["ocr"][1] >= cap.loading["embedder"][1]  # in after the first
+    handle.get(timeout=30)
