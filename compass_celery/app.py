@@ -111,22 +111,22 @@ class Compass:
             conf.task_routes = [self.router, *routes]
 
     @cached_property
-    def settings(self) -> dict[str, Any]:
-        """The typed ``compass_*`` settings, after refusing pickle anywhere in the app."""
+    def settings(self) -> settings_mod.CompassSettings:
+        """The checked ``compass_*`` settings (read by attribute: ``settings.time_scale``),
+        after refusing pickle anywhere in the app."""
         from .broker.amqp import is_amqp
 
         conf = self.app.conf
         settings_mod.refuse_pickle(conf)
-        out = settings_mod.resolve(conf)
-        if out["batch_aware"] and is_amqp(conf.broker_url):
-            # a RabbitMQ worker cannot take waiting messages by content: it runs each input
-            # alone, so there is never a batch to join and each input costs a full run
-            out["batch_aware"] = False
+        # a RabbitMQ worker cannot take waiting messages by content: it runs each input
+        # alone, so there is never a batch to join and each input costs a full run
+        fixed = {"batch_aware": False} if is_amqp(conf.broker_url) else {}
+        out = settings_mod.resolve(conf, **fixed)
         if (conf.broker_url or "").startswith(REDIS_SCHEMES):
             from .broker.fetch import ring_compass_queues
 
             # every push onto a compass queue wakes its idle consumer (the atomic fetch)
-            ring_compass_queues(out["queue_prefix"], out["shared_queue"])
+            ring_compass_queues(out.queue_prefix, out.shared_queue)
         return out
 
     @property
@@ -137,7 +137,7 @@ class Compass:
     @property
     def redis_url(self) -> str | None:
         """The state Redis: ``compass_redis_url``, else a Redis broker URL, else None."""
-        url = self.settings["redis_url"]
+        url = self.settings.redis_url
         if url:
             return url
         broker = self.app.conf.broker_url or ""
@@ -151,12 +151,12 @@ class Compass:
             self._store_eager = self.eager
             url = None if self.eager else self.redis_url
             options = self.app.conf.broker_transport_options or {}
-            master = self.settings["sentinel_master"] or options.get("master_name")
-            self._store = (RedisStateStore(url, self.settings["key_prefix"],
+            master = self.settings.sentinel_master or options.get("master_name")
+            self._store = (RedisStateStore(url, self.settings.key_prefix,
                                            partial(connect, master_name=master,
                                                    sentinel_kwargs=options.get(
                                                        "sentinel_kwargs")),
-                                           queue_prefix=self.settings["queue_prefix"],
+                                           queue_prefix=self.settings.queue_prefix,
                                            beat_sync_s=FULL_READ_S) if url
                            else MemoryStateStore())
         return self._store
@@ -174,14 +174,14 @@ class Compass:
         if is_amqp(broker):
             client = self.store.client
             return None if client is None else AmqpQueues(self.app, client,
-                                                         self.settings["key_prefix"])
+                                                         self.settings.key_prefix)
         if not broker.startswith(REDIS_SCHEMES):
             return None
         options = self.app.conf.broker_transport_options or {}
         client = connect(broker, master_name=options.get("master_name"),
                          sentinel_kwargs=options.get("sentinel_kwargs"))
         return RedisQueues(client, RedisLayout.from_options(options),
-                           self.settings["key_prefix"])
+                           self.settings.key_prefix)
 
     @cached_property
     def reader(self) -> SnapshotReader:
@@ -191,9 +191,9 @@ class Compass:
         are cheap), plus local charges."""
         ahead = self.store.client is not None and self._reads_ahead
         reader = SnapshotReader(
-            self.store, self.settings["snapshot_ttl_s"], self.settings["heartbeat_timeout_s"],
-            refresh_ahead_s=self.settings["snapshot_refresh_ahead_s"] if ahead else 0.0,
-            keep_fresh_s=self.settings["snapshot_keep_fresh_s"] if ahead else 0.0)
+            self.store, self.settings.snapshot_ttl_s, self.settings.heartbeat_timeout_s,
+            refresh_ahead_s=self.settings.snapshot_refresh_ahead_s if ahead else 0.0,
+            keep_fresh_s=self.settings.snapshot_keep_fresh_s if ahead else 0.0)
         if ahead:  # a producer's decisions plan on the view; a worker's rarely need one
             reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
         return reader
@@ -208,12 +208,12 @@ class Compass:
     @cached_property
     def policy(self) -> Policy:
         """The placement policy named by ``compass_policy``, seeded with ``compass_seed``."""
-        return get_policy(self.settings["policy"], seed=self.settings["seed"])
+        return get_policy(self.settings.policy, seed=self.settings.seed)
 
     @property
     def shared_queue(self) -> str:
         """The fallback queue every Compass worker consumes."""
-        return self.settings["shared_queue"]
+        return self.settings.shared_queue
 
     def follow_mode(self, eager: bool | None = None) -> None:
         """Make the store (with this process's reader and queues) anew if it was made for the
@@ -239,7 +239,7 @@ class Compass:
         if self.amqp_broker:
             from .broker.amqp import declare_with_priority
 
-            declare_with_priority(self.app.amqp.queues, self.settings["queue_prefix"],
+            declare_with_priority(self.app.amqp.queues, self.settings.queue_prefix,
                                   self.shared_queue)
 
     def destination(self, queue: str) -> Any:
@@ -258,13 +258,13 @@ class Compass:
 
     def queue_for(self, worker_name: str) -> str:
         """The name of ``worker_name``'s own queue (``compass_queue_prefix`` + name)."""
-        return f"{self.settings['queue_prefix']}{worker_name}"
+        return f"{self.settings.queue_prefix}{worker_name}"
 
     def task_queues(self) -> list[str]:
         """Every compass queue a task may wait in: each worker's own (live, or dead and not
         drained yet) and the shared one; none of them is among Celery's configured queues."""
         self.follow_mode()
-        snap = self.store.snapshot(time.time(), self.settings["heartbeat_timeout_s"])
+        snap = self.store.snapshot(time.time(), self.settings.heartbeat_timeout_s)
         return sorted({w.queue for w in snap.workers} | {queue for _, queue in snap.dead}
                       | {self.shared_queue})
 
@@ -285,7 +285,7 @@ class Compass:
         """Model sizes in MB: the registry's, overridden by ``compass_models``."""
         from .cache.registry import default_registry
 
-        return {**default_registry.sizes_mb(), **self.settings["models"]}
+        return {**default_registry.sizes_mb(), **self.settings.models}
 
     # -- what this process placed ---------------------------------------------------
     def placement(self, task_id: str) -> Decision | None:

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .broker.kombu_redis import BrokerQueues
     from .placement import Decision
     from .planner.base import Policy
+    from .settings import CompassSettings
     from .state.reader import SnapshotReader
     from .state.store import StateStore
 
@@ -28,8 +29,8 @@ class CompassContext(Protocol):
     app: Celery
 
     @property
-    def settings(self) -> dict[str, Any]:
-        """The typed ``compass_*`` settings."""
+    def settings(self) -> CompassSettings:
+        """The checked ``compass_*`` settings, read by attribute (``settings.time_scale``)."""
 
     @property
     def eager(self) -> bool:

@@ -13,10 +13,11 @@ and a kept value that differs is reported, never overwritten.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Union
 
 from .errors import CompassInputError
 from .planner.adjust import DEFAULT_MOVE_FACTOR
@@ -164,6 +165,47 @@ OPTIONS: dict[str, Option] = {
 }
 
 
+class _SettingsBase(Mapping[str, Any]):
+    """What every :class:`CompassSettings` has besides its fields: read by attribute
+    (``s.atomic_fetch``); the read-only mapping view (``s["atomic_fetch"]``) is kept for
+    code and tests not yet converted, and for ``describe``."""
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in OPTIONS:
+            raise KeyError(name)
+        return getattr(self, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(OPTIONS)
+
+    def __len__(self) -> int:
+        return len(OPTIONS)
+
+    def replace(self, **changes: Any) -> CompassSettings:
+        """A copy with ``changes`` (already checked) in place of those fields."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _annotation(t: type | tuple[type, ...]) -> Any:
+    """The field type of a declaration's accepted types: ``(int, float)`` -> ``int | float``."""
+    types = t if isinstance(t, tuple) else (t,)
+    return Union[types] if len(types) > 1 else types[0]  # noqa: UP007
+
+
+#: The ``compass_*`` settings as one frozen object, read by attribute
+#: (``compass.settings.time_scale``). Its fields are made from :data:`OPTIONS`, so each
+#: setting is still declared once: field name = setting name without ``compass_``, field
+#: type = the declared types. Built only by :func:`resolve` and :func:`with_flags`, after
+#: every value is checked; a misspelt attribute is an AttributeError, and assigning one
+#: is refused (frozen).
+CompassSettings: Any = dataclasses.make_dataclass(
+    "CompassSettings", [(name, _annotation(opt.type)) for name, opt in OPTIONS.items()],
+    bases=(_SettingsBase,), frozen=True, eq=True)
+CompassSettings.__module__ = __name__
+CompassSettings.__doc__ = ("The checked ``compass_*`` settings, one field per declaration "
+                           "in :data:`OPTIONS` (generated from it).")
+
+
 def checked(name: str, value: Any, label: str | None = None) -> Any:
     """``value`` for setting ``name`` if its declaration (:data:`OPTIONS`) accepts it;
     else :class:`SettingsError` naming ``label`` (the setting, or the flag it came by),
@@ -183,8 +225,10 @@ def checked(name: str, value: Any, label: str | None = None) -> Any:
     return value
 
 
-def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
-    """Read every ``compass_*`` setting from ``conf``, typed and checked."""
+def resolve(conf: Mapping[str, Any], **fixed: Any) -> CompassSettings:
+    """Read every ``compass_*`` setting from ``conf``, checked, as one
+    :class:`CompassSettings`; ``fixed`` are values the caller decides over the checked
+    ones (``batch_aware=False`` where the broker cannot batch)."""
     out: dict[str, Any] = {}
     for name, opt in OPTIONS.items():
         value = conf.get(f"compass_{name}", None)
@@ -210,10 +254,10 @@ def resolve(conf: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(size, (int, float)) or isinstance(size, bool) or not size > 0:
             raise SettingsError(f"compass_models[{model!r}] must be a size in MB > 0, "
                                 f"got {size!r}")
-    return out
+    return CompassSettings(**{**out, **fixed})
 
 
-def with_flags(values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str, Any]:
+def with_flags(values: Mapping[str, Any], flags: Mapping[str, Any]) -> CompassSettings:
     """Resolved settings with a worker's ``--compass-*`` flags over them, each checked as
     its setting is: a bad one (``--compass-speed 0``) is refused at start, naming the flag,
     rather than published in a record every reader drops."""
@@ -221,7 +265,7 @@ def with_flags(values: Mapping[str, Any], flags: Mapping[str, Any]) -> dict[str,
     for name, value in flags.items():
         out[name] = checked(name, value, f"--compass-{name.replace('_', '-')}")
     _split_preload(out)
-    return out
+    return CompassSettings(**out)
 
 
 def _split_preload(values: dict[str, Any]) -> None:
