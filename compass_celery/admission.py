@@ -39,7 +39,7 @@ def slo_of(c: CompassContext, slo: str | None, deadline_ms: Any = None,
     """The caller's SLO class and deadline as one :class:`Slo` (None: no deadline);
     a bad one raises :class:`SloInputError` naming it."""
     try:
-        return resolve_slo(slo, deadline_ms, c.settings["slo_classes"], on_miss)
+        return resolve_slo(slo, deadline_ms, c.settings.slo_classes, on_miss)
     except SloError as exc:
         raise SloInputError(str(exc)) from None
 
@@ -70,7 +70,7 @@ def task_call(c: CompassContext, task: Any, options: dict[str, Any]) -> dict[str
         slo_of_call(c, call)
     if (call or declared(task)) and "origin" not in options:  # a re-send: the broker's value
         try:
-            resolve_priority(options.get("priority"), c.settings["priority_classes"])
+            resolve_priority(options.get("priority"), c.settings.priority_classes)
         except PriorityError as exc:
             raise TaskDeclarationError(f"task {task.name!r}: {exc}") from None
     return options
@@ -87,15 +87,15 @@ def admit(c: CompassContext, what: str, slo: Slo | None, predicted_ms: float,
     :class:`Rejected` (nothing was written or sent)."""
     cfg = c.settings
     error = (plan_errors or {}).get(slo.name, 0.0) if slo is not None else 0.0
-    verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg["max_queue_ms"],
-                    admission=cfg["admission"], load_ms=load_ms,
-                    headroom=cfg["admission_headroom"], error_ms=error, guessed=guessed,
+    verdict = judge(slo, predicted_ms, wait_ms, max_queue_ms=cfg.max_queue_ms,
+                    admission=cfg.admission, load_ms=load_ms,
+                    headroom=cfg.admission_headroom, error_ms=error, guessed=guessed,
                     missing=missing)
     admission_decided.send(sender=c, what=what, slo=slo, verdict=verdict)
     if not verdict.admitted:
         count_refusal(c, slo, verdict)
         raise Rejected(what, verdict.reason,
-                       retry_after_s=retry_after_s(verdict, cfg["time_scale"]),
+                       retry_after_s=retry_after_s(verdict, cfg.time_scale),
                        predicted_ms=verdict.predicted_ms, deadline_ms=verdict.deadline_ms,
                        miss_ms=verdict.miss_ms, slo=slo.name if slo else "",
                        cause=verdict.cause)
@@ -117,7 +117,7 @@ def due_at(c: CompassContext, slo: Slo | None, now: float | None = None) -> floa
     if slo is None or slo.deadline_ms is None:
         return 0.0
     now = time.time() if now is None else now
-    return now + slo.deadline_ms * c.settings["time_scale"] / 1000.0
+    return now + slo.deadline_ms * c.settings.time_scale / 1000.0
 
 
 def expiry_time(raw: Any) -> datetime | None:

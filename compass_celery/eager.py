@@ -22,11 +22,11 @@ def place_eagerly(c: CompassContext, task: Any, options: dict[str, Any]) -> Deci
     None for a task without compass options; raises PlacementError on bad input."""
     snapshot = c.reader.get()
     needs = resolve_needs(task.name, task, options, snapshot.profiles,
-                            c.settings["default_exec_ms"])
+                            c.settings.default_exec_ms)
     if needs is None:
         return None
     decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                      c.settings["validate"], batch_aware=c.settings["batch_aware"])
+                      c.settings.validate, batch_aware=c.settings.batch_aware)
     ledger.charge(c, decision)
     announce(c, decision)
     return decision

@@ -70,7 +70,7 @@ def tracker(c: CompassContext) -> Refused:
     with _LOCK:
         got = _TRACKERS.get(c)
         if got is None:
-            got = _TRACKERS[c] = Refused(c.settings["time_scale"])
+            got = _TRACKERS[c] = Refused(c.settings.time_scale)
         return got
 
 

@@ -58,7 +58,7 @@ class CompassRouter:
             return None  # an explicit queue (job runtime, the caller) wins; nothing to charge
         task = task if task is not None else c.app.tasks.get(name)
         c.follow_mode(eager=False)  # routers run only when tasks are sent, not run eagerly
-        default_ms = c.settings["default_exec_ms"]
+        default_ms = c.settings.default_exec_ms
         needs = resolve_needs(name, task, options, {}, default_ms)
         if needs is None:
             return None  # not ours: nothing read, nothing started
@@ -75,8 +75,8 @@ class CompassRouter:
             decision = self._fallback(needs, why)
         else:
             decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
-                              c.settings["validate"], priority=level,
-                              batch_aware=c.settings["batch_aware"],
+                              c.settings.validate, priority=level,
+                              batch_aware=c.settings.batch_aware,
                               budget_ms=self._budget(slo, snapshot), refused=refusals.refused(c))
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
@@ -109,7 +109,7 @@ class CompassRouter:
             ledger.charge(c, decision)
             return
         if self.charges is None:
-            self.charges = ChargeBatcher(c.store, c.settings["charge_linger_s"])
+            self.charges = ChargeBatcher(c.store, c.settings.charge_linger_s)
             # this process's charges are in Redis before the reader reads there, and
             # those made while it reads are folded into what it read
             c.reader.charges = self.charges
@@ -141,7 +141,7 @@ class CompassRouter:
         expires = 0.0
         if due and slo.sheds and verdict.sheds:
             tail = max(0.0, decision.est_finish_ms - decision.wait_ms)
-            expires = latest_start(due, tail, c.settings["time_scale"])
+            expires = latest_start(due, tail, c.settings.time_scale)
         return evolve(decision, slo=slo.name, due=due, expires_at=expires,
                       late=verdict.late)
 
@@ -150,7 +150,7 @@ class CompassRouter:
         less admission's reserve); None without a deadline."""
         if slo is None:
             return None
-        return plan_budget_ms(slo, self.compass.settings["admission_headroom"],
+        return plan_budget_ms(slo, self.compass.settings.admission_headroom,
                               snapshot.plan_errors.get(slo.name, 0.0))
 
     def _level(self, options: dict[str, Any], slo: Slo | None = None) -> int:
@@ -162,7 +162,7 @@ class CompassRouter:
             return user_priority(raw, redis=not c.amqp_broker)
         if raw is None and slo is not None:
             raw = slo.priority
-        return resolve_priority(raw, c.settings["priority_classes"])
+        return resolve_priority(raw, c.settings.priority_classes)
 
     def _resent(self, options: dict[str, Any]) -> Decision | None:
         """For a re-send built from a request (``Task.retry``: signature_from_request
@@ -181,7 +181,7 @@ class CompassRouter:
     def _pinned_to_worker(self, options: dict[str, Any]) -> bool:
         queue = options.get("queue")
         name = getattr(queue, "name", queue) or options.get("routing_key") or ""
-        return isinstance(name, str) and name.startswith(self.compass.settings["queue_prefix"])
+        return isinstance(name, str) and name.startswith(self.compass.settings.queue_prefix)
 
     def _fallback(self, needs: Any, why: str) -> Decision:
         self.fallbacks += 1

@@ -93,7 +93,7 @@ class Dag:
         c = self.app.compass
         try:
             needs = resolve_needs(sig.task, task, {"compass": call}, {},
-                                    c.settings["default_exec_ms"])
+                                    c.settings.default_exec_ms)
         except TaskDeclarationError as exc:
             raise DagValidationError(f"DAG {self.name!r}: node {name!r}: {exc}") from None
         known = c.model_sizes()
@@ -103,7 +103,7 @@ class Dag:
                 f"in the model catalogue ({', '.join(sorted(known)) or 'empty'}): "
                 f"{DECLARE_MODEL}")
         node = Node(name, sig, needs.model if needs else None,
-                    needs.exec_ms if needs else c.settings["default_exec_ms"],
+                    needs.exec_ms if needs else c.settings.default_exec_ms,
                     needs.output_kb if needs else 0.0, dag=self.name,
                     learn=needs is None or needs.exec_source == "default",
                     batch=needs.batch if needs else None)
@@ -154,7 +154,7 @@ class Dag:
     def spec(self) -> DagSpec:
         """The planner's view of this DAG (validated)."""
         c = self.app.compass
-        aware = c.settings["batch_aware"]
+        aware = c.settings.batch_aware
         spec = DagSpec(
             nodes={n.name: TaskSpec(n.name, n.model, n.exec_ms, n.output_kb,
                                     batch=n.batch if aware else None)
@@ -162,13 +162,13 @@ class Dag:
             edges=tuple((p, n.name) for n in self.nodes.values() for p in n.preds),
             name=self.name)
         return validate_dag(spec, known_models=c.model_sizes(),
-                            max_nodes=c.settings["max_dag_nodes"])
+                            max_nodes=c.settings.max_dag_nodes)
 
     def records(self, spec: DagSpec, priority: Any = None) -> dict[str, dict[str, Any]]:
         """Each node as plain JSON data (task, arguments, model, estimates, edges, priority
         level): what submission stores and what eager mode runs, so neither needs the Dag
         itself. A node's own ``.set(priority=...)`` wins over the job's ``priority``."""
-        classes = self.app.compass.settings["priority_classes"]
+        classes = self.app.compass.settings.priority_classes
         out = {}
         for name, node in self.nodes.items():
             sig = node.signature

@@ -26,11 +26,11 @@ logger = logging.getLogger("compass_celery.jobs")
 def fail_job(c: CompassContext, job_id: str, error: dict[str, Any]) -> str:
     """Fail the job once (fail.lua), release its planned-but-unsent work, revoke its
     outstanding tasks; returns the job's state (``FAILURE`` only for the first caller)."""
-    keys = JobKeys.of(c.settings["key_prefix"], job_id)
+    keys = JobKeys.of(c.settings.key_prefix, job_id)
     client = c.store.client
     fail = register_script(client, "fail")
     state = fail(keys=[keys.job, keys.done], args=[json.dumps(error),
-                                                     int(c.settings["job_ttl_s"])])
+                                                     int(c.settings.job_ttl_s)])
     state = text(state)
     if state != "FAILURE":
         return state
@@ -59,14 +59,14 @@ def forget_deadline(c: CompassContext, job_id: str, pipe: Any = None) -> None:
     a Redis Cluster no one script may touch both. Lost (the worker dies first), the
     entry is swept at its deadline."""
     (pipe if pipe is not None else c.store.client).zrem(
-        deadlines_key(c.settings["key_prefix"]), job_id)
+        deadlines_key(c.settings.key_prefix), job_id)
 
 
 def sweep_overdue(c: CompassContext, now: float, limit: int = 100) -> int:
     """Fail running jobs past their deadline, waited on or not, and forget ended ones:
     no job outlives its deadline unended, and its keys then expire with the TTL."""
     client = c.store.client
-    key = deadlines_key(c.settings["key_prefix"])
+    key = deadlines_key(c.settings.key_prefix)
     failed = 0
     for raw in client.zrangebyscore(key, "-inf", now, start=0, num=limit):
         job_id = text(raw)

@@ -20,7 +20,7 @@ class JobHandle:
 
     def __init__(self, compass: CompassContext, job_id: str) -> None:
         self.c, self.id = compass, job_id
-        self.keys = JobKeys.of(compass.settings["key_prefix"], job_id)
+        self.keys = JobKeys.of(compass.settings.key_prefix, job_id)
 
     @property
     def client(self) -> Any:

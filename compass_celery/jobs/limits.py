@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kombu.utils import json as kombu_json
 
 from ..dag_validation import DagValidationError
 from ..needs import declared
+
+if TYPE_CHECKING:
+    from ..settings import CompassSettings
 
 #: What to do about data over the limits, said with every refusal.
 PASS_A_REFERENCE = ("pass a reference instead (a URL, an object-store key or a path the "
@@ -46,18 +49,18 @@ def node_input_bytes(dag: str, name: str, node: Mapping[str, Any]) -> int:
             f"dicts, or a reference (a URL, an object-store key or a path)") from None
 
 
-def input_too_large(settings: Mapping[str, Any], what: str, size: int
+def input_too_large(settings: CompassSettings, what: str, size: int
                     ) -> JobInputTooLarge | None:
     """The error for an input of ``size`` bytes over ``compass_max_input_kb`` (``what``
     names whose: a job's node, a task), or None when it fits: one refusal for both."""
-    limit = settings["max_input_kb"]
+    limit = settings.max_input_kb
     if size <= limit * 1024:
         return None
     return JobInputTooLarge(f"{what} is {size / 1024:.0f} KB, over "
                             f"compass_max_input_kb={limit:g}: {PASS_A_REFERENCE}")
 
 
-def check_task_input(settings: Mapping[str, Any], task: Any, args: Any, kwargs: Any,
+def check_task_input(settings: CompassSettings, task: Any, args: Any, kwargs: Any,
                      options: Mapping[str, Any]) -> None:
     """Refuse, before it is sent, a task compass places (declared, or given compass
     options) whose arguments are over ``compass_max_input_kb``, as a job's node is
@@ -74,12 +77,12 @@ def check_task_input(settings: Mapping[str, Any], task: Any, args: Any, kwargs: 
         raise error
 
 
-def check_submission(settings: Mapping[str, Any], dag: str,
+def check_submission(settings: CompassSettings, dag: str,
                      nodes: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse a job, before anything is written or sent, whose node input is over
     ``compass_max_input_kb`` or whose node declares an output over ``compass_max_output_kb``
     (it would fail once run: refused while the size is known for free)."""
-    max_out = settings["max_output_kb"]
+    max_out = settings.max_output_kb
     for name, node in nodes.items():
         error = input_too_large(settings, f"DAG {dag!r}: node {name!r} input "
                                 f"({node['task']} arguments)", node_input_bytes(dag, name, node))
@@ -93,11 +96,11 @@ def check_submission(settings: Mapping[str, Any], dag: str,
                 f"{PASS_A_REFERENCE}")
 
 
-def output_too_large(settings: Mapping[str, Any], task: str | None, task_id: str,
+def output_too_large(settings: CompassSettings, task: str | None, task_id: str,
                      output: str) -> ValueError | None:
     """The error for ``output`` (a node's result as JSON) over ``compass_max_output_kb``,
     naming the task and its id; None when it fits."""
-    limit = settings["max_output_kb"]
+    limit = settings.max_output_kb
     if len(output) <= limit * 1024:
         return None
     return ValueError(f"task {task}[{task_id}] output is {len(output) / 1024:.0f} KB, "

@@ -107,14 +107,14 @@ class JobRuntime:
 
     def __init__(self, compass: CompassContext, worker_name: str) -> None:
         self.c, self.name = compass, worker_name
-        self.outputs = OutputCache(int(compass.settings["output_cache_mb"] * 2**20))
+        self.outputs = OutputCache(int(compass.settings.output_cache_mb * 2**20))
         self._seen_running: OrderedDict[str, float] = OrderedDict()  # job id -> monotonic
         client = compass.store.client
         self._complete = register_script(client, "complete")
 
     def keys(self, job_id: str) -> JobKeys:
         """The Redis keys of job ``job_id`` under this app's key prefix."""
-        return JobKeys.of(self.c.settings["key_prefix"], job_id)
+        return JobKeys.of(self.c.settings.key_prefix, job_id)
 
     def job_state(self, job_id: str) -> str:
         """Job ``job_id``'s state: ``RUNNING`` if this worker completed one of its nodes
@@ -181,7 +181,7 @@ class JobRuntime:
             return []
         info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
                 "planned": job.get("planned"), **timing}
-        result = self._complete(keys=keys.all(), args=[node, output, int(cfg["job_ttl_s"]),
+        result = self._complete(keys=keys.all(), args=[node, output, int(cfg.job_ttl_s),
                                                        json.dumps(info), time.time(), job_id])
         status = text(result[0])
         released = [tuple(text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
@@ -247,7 +247,7 @@ class JobRuntime:
         placement: Any = planned
         moved_from = None
         try:  # read ahead, as producers do: a successor waits for no read (retries do)
-            snapshot = c.reader.get(c.settings["snapshot_refresh_ahead_s"])
+            snapshot = c.reader.get(c.settings.snapshot_refresh_ahead_s)
         except StateUnavailable:
             snapshot = None  # no fresh state to judge by: keep the plan
         better = None
@@ -263,12 +263,12 @@ class JobRuntime:
             better = choose_successor(
                 TaskSpec(succ, node["model"], node["exec_ms"], node["output_kb"],
                          batch=batch_from_record(node.get("batch"))
-                         if c.settings["batch_aware"] else None),
+                         if c.settings.batch_aware else None),
                 planned_worker,
                 lambda: ClusterView.of(workers, c.model_sizes(), snapshot.taken_at,
                                        demand=cluster_demand(workers),
                                        load_ms=learned_loads(snapshot.profiles)),
-                where, factor=c.settings["move_factor"], is_join=len(node["preds"]) > 1,
+                where, factor=c.settings.move_factor, is_join=len(node["preds"]) > 1,
                 adjusts=c.policy.adjusts, planned=record, now=snapshot.taken_at)
         if better is not None:
             moved_from = planned["worker"] if planned else None
@@ -290,7 +290,7 @@ class JobRuntime:
         for succ, _, spec, _, _ in released:
             node = json.loads(spec)
             if node.get("tail_ms") is not None and should_shed(
-                    now, node.get("due"), float(node["tail_ms"]), self.c.settings["time_scale"]):
+                    now, node.get("due"), float(node["tail_ms"]), self.c.settings.time_scale):
                 return succ, float(node["tail_ms"]), node.get("task")
         return None
 
@@ -319,7 +319,7 @@ class JobRuntime:
             task_shed.send(sender=self.c, job_id=job["id"], node=where, task_id=task_id,
                            slo=job.get("slo") or "")
             tail = tail_ms if tail_ms is not None else float(job.get("tail_ms") or 0.0)
-            self._learn_plan_error(job, time.time() + tail * self.c.settings["time_scale"]
+            self._learn_plan_error(job, time.time() + tail * self.c.settings.time_scale
                                    / 1000)
         return state
 
@@ -330,7 +330,7 @@ class JobRuntime:
             return
         from ..signals import job_deadline_outcome
 
-        late_ms = 1000 * (finished - float(job["due"])) / self.c.settings["time_scale"]
+        late_ms = 1000 * (finished - float(job["due"])) / self.c.settings.time_scale
         job_deadline_outcome.send(sender=self.c, job_id=job["id"], slo=job.get("slo") or "",
                                   met=late_ms <= 0, late_ms=late_ms)
         self._learn_plan_error(job, finished)
@@ -342,7 +342,7 @@ class JobRuntime:
         plan_end = float(job.get("plan_end") or 0.0)
         if not plan_end:
             return
-        error_ms = 1000 * (end - plan_end) / self.c.settings["time_scale"]
+        error_ms = 1000 * (end - plan_end) / self.c.settings.time_scale
         with contextlib.suppress(StateUnavailable, RedisError, OSError):
             self.c.store.record_plan_error(job.get("slo") or "", error_ms, ERROR_QUANTILE,
                                            error_step_ms(job.get("deadline_ms")))

@@ -73,7 +73,7 @@ def _expires_at(c: CompassContext, node: dict[str, Any]) -> float:
     planned time to the job's end."""
     if not node.get("due") or node.get("tail_ms") is None:
         return 0.0
-    return latest_start(float(node["due"]), float(node["tail_ms"]), c.settings["time_scale"])
+    return latest_start(float(node["due"]), float(node["tail_ms"]), c.settings.time_scale)
 
 
 def published(c: CompassContext, task_id: str, remember: bool = True) -> Any:

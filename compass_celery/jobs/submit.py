@@ -103,8 +103,8 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     cfg = c.settings
     check_submission(cfg, spec.name, nodes)  # before anything is written or sent
     job_id = uuid.uuid4().hex
-    job = _Submission(c, job_id, JobKeys.of(cfg["key_prefix"], job_id), nodes,
-                      not is_cluster_client(c.store.client), cfg["submit_retry_s"])
+    job = _Submission(c, job_id, JobKeys.of(cfg.key_prefix, job_id), nodes,
+                      not is_cluster_client(c.store.client), cfg.submit_retry_s)
     spec, guessed = _learned(c, spec, nodes)
     plan, snapshot, missing = _plan(
         c, spec, max((v.get("priority") or 0 for v in nodes.values()), default=0), slo)
@@ -117,7 +117,7 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
                       urgent=slo is not None and slo.deadline_ms is not None)
         raise
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
-    timeout = timeout_s if timeout_s is not None else cfg["job_timeout_s"]
+    timeout = timeout_s if timeout_s is not None else cfg.job_timeout_s
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
     try:
         _record(job, spec, plan, pending, timeout, verdict.late)
@@ -162,7 +162,7 @@ def _stamp_deadline(c: CompassContext, nodes: dict[str, dict[str, Any]],
         return
     tails = tails_ms(plan) if slo.sheds and sheds else {}
     end = job_finish_ms(plan)  # when the plan says it ends, to learn how late plans run
-    plan_end = 0.0 if math.isnan(end) else time.time() + end * c.settings["time_scale"] / 1000
+    plan_end = 0.0 if math.isnan(end) else time.time() + end * c.settings.time_scale / 1000
     for name, node in nodes.items():
         node["slo"], node["due"], node["plan_end"] = slo.name, due, plan_end
         node["deadline_ms"] = slo.deadline_ms  # the learned plan error's step
@@ -224,10 +224,10 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
     cluster = ClusterView.of(for_priority(live, level), sizes, snapshot.taken_at,
                              demand=refusals.with_refused(c, cluster_demand(live)),
                              load_ms=learned_loads(snapshot.profiles))
-    budget = plan_budget_ms(slo, c.settings["admission_headroom"],
+    budget = plan_budget_ms(slo, c.settings.admission_headroom,
                             snapshot.plan_errors.get(slo.name, 0.0)) if slo else None
     full = plan_job(c.policy, spec, cluster, budget)
-    if c.settings["validate"]:
+    if c.settings.validate:
         check_plan(full, spec, cluster)
     models = {n: t.model for n, t in spec.nodes.items()}
     return dict(full.placements), snapshot, job_missing(full.placements, models, cluster)
@@ -237,7 +237,7 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
             pending: dict[str, tuple[str, float]], timeout: float, late: bool = False
             ) -> None:
     """Record the job whole, then start its clock and count its planned work (once)."""
-    c, nodes, ttl = job.c, job.nodes, int(job.c.settings["job_ttl_s"])
+    c, nodes, ttl = job.c, job.nodes, int(job.c.settings.job_ttl_s)
     now = time.time()
     # each entry with its node's level: what releasing its planned work takes back
     plan_json = {k: {**placement_json(p), **_level_of(nodes[k])} for k, p in plan.items()}
@@ -260,7 +260,7 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
             pipe.expire(key, ttl)
 
     def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
-        pipe.zadd(deadlines_key(c.settings["key_prefix"]), {job.job_id: now + timeout})
+        pipe.zadd(deadlines_key(c.settings.key_prefix), {job.job_id: now + timeout})
         _add_once(c, pipe, f"{job.job_id}:plan",
                   [x for n, (worker, ms) in pending.items()
                    for x in ledger.planned(worker, ms, nodes[n].get("priority"))])
@@ -314,7 +314,7 @@ def _send_sources(job: _Submission, spec: DagSpec, plan: dict[str, Placement]
 
     def confirm(pipe: Any) -> None:
         pipe.hset(job.keys.tasks, mapping={name: f"{job_id}.{name}" for name in sent})
-        pipe.expire(job.keys.tasks, int(c.settings["job_ttl_s"]))
+        pipe.expire(job.keys.tasks, int(c.settings.job_ttl_s))
 
     def charge(pipe: Any) -> None:
         _add_once(c, pipe, f"{job_id}:sources", [x for d in charged for x in ledger.sent(d)])
@@ -347,9 +347,9 @@ def _add_once(c: CompassContext, client: Any, token: str,
     ``token`` (once.lua), on ``client`` or a pipeline; nothing to add writes nothing."""
     if not changes:
         return
-    ttl = int(c.settings["submit_retry_s"]) + 60  # outlasts every retry of this submission
+    ttl = int(c.settings.submit_retry_s) + 60  # outlasts every retry of this submission
     once = register_script(c.store.client, "changelog", "once")
     args: list[Any] = [ttl, epoch_candidate(), CHANGE_LOG_SIZE]
     for table, member, amount in changes:
         args += [COUNTERS[table][1], member, amount]
-    once(keys=once_keys(c.settings["key_prefix"], token), args=args, client=client)
+    once(keys=once_keys(c.settings.key_prefix, token), args=args, client=client)

@@ -3,16 +3,15 @@ and planned on with what the workers served (compass_celery.refused)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from compass_celery import refused
 from compass_celery.planner.types import ModelDemand
+from compass_celery.settings import CompassSettings, resolve
 
 
 class _Context:
     """The one setting the tracker reads."""
 
-    settings: dict[str, Any] = {"time_scale": 1.0}
+    settings: CompassSettings = resolve({"compass_time_scale": 1.0})
 
 
 def test_refusals_are_demand_with_their_class_once_the_tracker_is_of_age() -> None:

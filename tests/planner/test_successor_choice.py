@@ -17,7 +17,7 @@ from compass_celery.jobs import runtime as job_runtime
 from compass_celery.jobs.runtime import JobRuntime
 from compass_celery.planner.adjust import DEFAULT_MOVE_FACTOR, choose_successor, reassign
 from compass_celery.planner.types import ClusterView, TaskSpec, WorkerView
-from compass_celery.settings import OPTIONS
+from compass_celery.settings import OPTIONS, resolve
 from compass_celery.sim.runner import MOVE_FACTOR, Job, Simulation
 from compass_celery.workload import parse_workload
 
@@ -73,8 +73,8 @@ def runtime_choice(sim: Simulation, job: Job, node: str, factor: float,
         reader=SimpleNamespace(get=lambda ahead_s=None: SimpleNamespace(
             workers=list(snap.workers), taken_at=snap.now, profiles={})),
         model_sizes=lambda: dict(snap.model_sizes_mb),
-        settings={"move_factor": factor, "snapshot_refresh_ahead_s": 0.05,
-                  "batch_aware": True},
+        settings=resolve({"compass_move_factor": factor,
+                          "compass_snapshot_refresh_ahead_s": 0.05, "compass_batch_aware": True}),
         policy=SimpleNamespace(adjusts=True),
     )
     rt = JobRuntime.__new__(JobRuntime)  # no Redis: only the adjustment path runs
