@@ -47,6 +47,7 @@ from .timescale import wall_s, workload_ms
 if TYPE_CHECKING:
     from ..context import CompassContext
     from ..jobs.runtime import JobRuntime
+    from ..settings import CompassSettings
     from .leases import Leases
     from .task_path import TaskPath
 
@@ -124,7 +125,7 @@ def expired(headers: dict[str, Any], now: float) -> bool:
 class BatchRunner:
     """Claims a batch's members, runs the body once, settles each member."""
 
-    def __init__(self, compass: CompassContext, queue: str, cfg: dict[str, Any],
+    def __init__(self, compass: CompassContext, queue: str, cfg: CompassSettings,
                  tasks: TaskPath, jobs: JobRuntime | None, leases: Leases) -> None:
         self.compass, self.queue, self.cfg = compass, queue, cfg
         self.tasks, self.jobs, self.leases = tasks, jobs, leases
@@ -158,7 +159,7 @@ class BatchRunner:
         """Claim what waits now; while :func:`~compass_celery.planner.batch.hold_until_ms`
         (the simulator's rule) says hold, block until more arrive, then claim again."""
         queues = self.compass.queues
-        if not self.cfg["batching"] or queues is None:
+        if not self.cfg.batching or queues is None:
             return []
         model = leader.model if leader else None
         members = self._claim(task, model, opts.max_size - 1)
@@ -186,7 +187,7 @@ class BatchRunner:
         decisions = [d for d in (leader, *(m.decision for m in members)) if d is not None]
         first = min([now, *(d.queued_at for d in decisions if d.queued_at > 0)])
         latest = [d.expires_at for d in decisions if d.expires_at > 0]
-        scale = self.cfg["time_scale"]
+        scale = self.cfg.time_scale
         until_ms = hold_until_ms(
             workload_ms(first - now, scale), opts, waiting=len(members) + 1,
             others_ready=others_ready,
@@ -275,7 +276,7 @@ class BatchRunner:
 
         try:
             retry_transient(f"storing the result of {m.id}", store,
-                            give_up_s=self.cfg["submit_retry_s"],
+                            give_up_s=self.cfg.submit_retry_s,
                             errors=(RedisError, OSError, StateUnavailable))
         except Exception as exc:
             logger.error("compass: result of batched task %s not stored: %s", m.id, exc)
@@ -284,7 +285,7 @@ class BatchRunner:
         queues = self.compass.queues
         try:
             retry_transient(f"acking {m.id}", lambda: queues.ack([m.tag]),
-                            give_up_s=self.cfg["submit_retry_s"],
+                            give_up_s=self.cfg.submit_retry_s,
                             errors=(RedisError, OSError))
         except Exception as exc:  # left in flight: recovery re-places it (at least once)
             logger.error("compass: batched task %s not acked: %s", m.id, exc)

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..planner.types import WorkerView
 from ..state.connection import StateUnavailable
@@ -21,6 +21,7 @@ from ..state.connection import StateUnavailable
 if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
+    from ..settings import CompassSettings
     from .hop import DispatchHop
     from .overhead import HandlerCpu
     from .served import RankFollower, ServedDemand
@@ -31,7 +32,7 @@ logger = logging.getLogger("compass_celery.worker")
 class RecordPublisher:
     """Publishes one worker's record: when woken by a change, and every refresh interval."""
 
-    def __init__(self, compass: CompassContext, name: str, queue: str, cfg: dict[str, Any],
+    def __init__(self, compass: CompassContext, name: str, queue: str, cfg: CompassSettings,
                  cache: ModelCache, served: ServedDemand, rank: RankFollower | None,
                  stopping: threading.Event, hop: DispatchHop, cpu: HandlerCpu) -> None:
         self.compass, self.name, self.queue, self.cfg = compass, name, queue, cfg
@@ -56,11 +57,11 @@ class RecordPublisher:
             name=self.name, queue=self.queue, device=c.device,
             gpu_total_mb=c.total_mb, gpu_free_mb=max(0.0, c.free_mb),
             resident=frozenset(c.resident()), host_resident=frozenset(c.host_resident()),
-            speed=self.cfg["speed"], load_mb_per_s=self.cfg["load_mb_per_s"],
-            host_load_mb_per_s=self.cfg["host_load_mb_per_s"],
+            speed=self.cfg.speed, load_mb_per_s=self.cfg.load_mb_per_s,
+            host_load_mb_per_s=self.cfg.host_load_mb_per_s,
             # liveness is the beat Redis stamps on every publish; the record's own time
             # stays fixed, so an unchanged record is byte-identical and readers reuse it
-            net_mb_per_s=self.cfg["net_mb_per_s"], heartbeat=self._born,
+            net_mb_per_s=self.cfg.net_mb_per_s, heartbeat=self._born,
             served=self.served.published(),
             hop_ms=self.hop.ms(), loading=c.in_flight(), running=self.running())
 
@@ -69,7 +70,7 @@ class RecordPublisher:
         ``if_changed``: only a changed record, or the beat when its interval is up."""
         c, view = self.cache, self.view()
         if if_changed and view == self._published and not self._state_down and \
-                time.monotonic() - self._last_publish_ok < self.cfg["state_refresh_s"]:
+                time.monotonic() - self._last_publish_ok < self.cfg.state_refresh_s:
             return True
         try:
             cpu_ms, tasks = self.cpu.totals()
@@ -93,7 +94,7 @@ class RecordPublisher:
     def may_judge_peers(self) -> bool:
         """Only a worker that has reached Redis without a break for a whole heartbeat
         timeout judges others: after an outage, live peers re-publish first."""
-        timeout = self.cfg["heartbeat_timeout_s"]
+        timeout = self.cfg.heartbeat_timeout_s
         now = time.monotonic()
         return (self._publish_ok_since is not None
                 and now - self._publish_ok_since >= timeout
@@ -102,7 +103,7 @@ class RecordPublisher:
     def loop(self) -> None:
         """Publish when woken (only a changed record) and at every refresh interval."""
         while not self._stopping.is_set():
-            woken = self.wake.wait(self.cfg["state_refresh_s"])
+            woken = self.wake.wait(self.cfg.state_refresh_s)
             self.wake.clear()
             if not self._stopping.is_set():
                 self.publish(if_changed=woken)

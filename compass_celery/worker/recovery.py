@@ -58,18 +58,18 @@ _reported: set[str] = set()  # skipped-record reasons already logged by this pro
 def mark_dead(c: CompassContext, queue: str) -> None:
     """Put ``queue`` in the dead-queue set: the leader drains it until it stays empty."""
     client = c.store.client
-    dead = keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"])
+    dead = keys.key(keys.DEAD_QUEUES, c.settings.key_prefix)
     client.zadd(dead, {queue: redis_time(client)}, nx=True)
 
 
 def mark_alive(c: CompassContext, queue: str) -> None:
     """A worker (re)starting under a name found dead takes its queue back."""
-    c.store.client.zrem(keys.key(keys.DEAD_QUEUES, c.settings["key_prefix"]), queue)
+    c.store.client.zrem(keys.key(keys.DEAD_QUEUES, c.settings.key_prefix), queue)
 
 
 def lease_timeout_s(c: CompassContext) -> float:
     """A lease not renewed for this long is lapsed (renewed every third of it)."""
-    return float(c.settings["heartbeat_timeout_s"])
+    return float(c.settings.heartbeat_timeout_s)
 
 
 def recover(c: CompassContext, me: str, interval_s: float) -> int:
@@ -79,7 +79,7 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
         return 0
     cfg = c.settings
     client = c.store.client
-    prefix = cfg["key_prefix"]
+    prefix = cfg.key_prefix
     leader = keys.key(keys.RECOVERY_LEADER, prefix)
     if not client.set(leader, me, nx=True, px=max(100, int(interval_s * 1000 * 0.9))):
         return 0
@@ -87,7 +87,7 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
     swept = sweep_overdue(c, time.time())
     if swept:
         logger.warning("compass: failed %d job(s) past their deadline", swept)
-    timeout = cfg["heartbeat_timeout_s"]
+    timeout = cfg.heartbeat_timeout_s
     # liveness, like every reader's, from the snapshot: beats on Redis's clock, and
     # records naming a queue other than their own refused (never drained)
     snapshot = c.store.snapshot(time.time(), timeout)
@@ -114,8 +114,8 @@ def recover(c: CompassContext, me: str, interval_s: float) -> int:
     live = {w.name for w in snapshot.workers}
     todo = []
     for queue in marked:
-        name = queue[len(cfg["queue_prefix"]):]
-        if not queue.startswith(cfg["queue_prefix"]):
+        name = queue[len(cfg.queue_prefix):]
+        if not queue.startswith(cfg.queue_prefix):
             client.zrem(dead_key, queue)  # never drain a queue compass does not own
         elif name in live:
             client.zrem(dead_key, queue)  # the worker came back under the same name

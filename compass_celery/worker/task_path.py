@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from ..cache import ModelCache
     from ..context import CompassContext
     from ..jobs.runtime import JobRuntime
+    from ..settings import CompassSettings
     from .hop import DispatchHop
     from .leases import Leases
     from .overhead import HandlerCpu
@@ -50,7 +51,7 @@ COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
 class TaskPath:
     """What this worker does around each task it runs, and what it runs now."""
 
-    def __init__(self, compass: CompassContext, name: str, cfg: dict[str, Any],
+    def __init__(self, compass: CompassContext, name: str, cfg: CompassSettings,
                  cache: ModelCache, served: ServedDemand, jobs: JobRuntime | None,
                  leases: Leases, queued: Callable[[int], list[Decision]],
                  wake: threading.Event, stopping: threading.Event,
@@ -190,7 +191,7 @@ class TaskPath:
         with self._lock:
             if charge:
                 self._spans[request.id] = (
-                    began, began + wall_s(charge, self.cfg["time_scale"]), charge)
+                    began, began + wall_s(charge, self.cfg.time_scale), charge)
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
@@ -254,7 +255,7 @@ class TaskPath:
             ledger.ended(store, decision, pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
         if started is not None and state == "SUCCESS":  # learned in speed-1.0 ms (exec_ms)
-            self._learn_run(task, model, size, run_ms * self.cfg["speed"], pipe)
+            self._learn_run(task, model, size, run_ms * self.cfg.speed, pipe)
         job = getattr(request, JOB_HEADER, None)
         if isinstance(job, dict) and self.jobs is not None:
             # never skipped; a completed node's sends are confirmed on the same pipeline
@@ -276,7 +277,7 @@ class TaskPath:
         the curve stored once a whole pass is in."""
         store, key = self.compass.store, profile_key(task.name, model)
         if getattr(task, "compass_batch", None) is None:
-            store.record_run(key, run_ms / size, self.cfg["ewma_alpha"], pipe=pipe)
+            store.record_run(key, run_ms / size, self.cfg.ewma_alpha, pipe=pipe)
             return
         with self._lock:
             learner = self._curves.setdefault(key, CurveLearner())
@@ -343,7 +344,7 @@ class TaskPath:
         """
         try:
             retry_transient(f"recording {job.get('id')}/{job.get('node')}", step,
-                            give_up_s=self.cfg["job_timeout_s"],
+                            give_up_s=self.cfg.job_timeout_s,
                             errors=(RedisError, OSError, StateUnavailable),
                             delay_s=COMPLETION_BACKOFF_S, max_delay_s=COMPLETION_BACKOFF_CAP_S)
         except RetriesExhausted as exc:
@@ -360,7 +361,7 @@ class TaskPath:
     def _queued_models(self) -> list[str | None]:
         """The models of the next messages in this worker's queue (advisory: [] on error)."""
         try:
-            return [d.model for d in self._queued(self.cfg["prefetch_depth"])]
+            return [d.model for d in self._queued(self.cfg.prefetch_depth)]
         except Exception:  # queue peek is advisory
             return []
 
@@ -372,7 +373,7 @@ class TaskPath:
         so a task routed here mid-run has its model loaded during its wait, as the
         planner and the simulator assume; a peek that finds the models of the last one
         asks the cache for nothing."""
-        poll = float(self.cfg.get("prefetch_poll_s") or 0.0)
+        poll = float(self.cfg.prefetch_poll_s or 0.0)
         last: list[str | None] | None = None
         while not self._stopping.is_set():
             polling = poll > 0 and self.running() > 0
@@ -396,7 +397,7 @@ class TaskPath:
 
     def _ms(self, seconds: float) -> float:
         """Real seconds as workload milliseconds."""
-        return workload_ms(seconds, self.cfg["time_scale"])
+        return workload_ms(seconds, self.cfg.time_scale)
 
 
 def drop_traceback(retval: Any) -> None:

@@ -10,6 +10,7 @@ import time
 from types import SimpleNamespace
 
 from compass_celery.local import wait_until
+from compass_celery.settings import resolve
 from compass_celery.worker.task_path import TaskPath
 
 
@@ -17,7 +18,7 @@ def _path(poll_s: float, queued: list[str]) -> tuple[TaskPath, list[list[str]], 
     asked: list[list[str]] = []
     peeks: list[int] = []
     path = TaskPath.__new__(TaskPath)  # only what the loop touches
-    path.cfg = {"prefetch_poll_s": poll_s, "prefetch_depth": 3}
+    path.cfg = resolve({"compass_prefetch_poll_s": poll_s, "compass_prefetch_depth": 3})
     path._stopping, path._prefetch_due, path._lock = (threading.Event(), threading.Event(),
                                                       threading.Lock())
     path._running = {"t1": (None, "small", True, 0.0)}  # one task runs all along
