@@ -164,7 +164,7 @@ def count_execution(task: Any, template: str) -> None:
     if client is None or not task_id:
         return
     try:
-        client.hincrby(keys.key(template, task.app.conf.compass_key_prefix), task_id, 1)
+        client.hincrby(keys.key(template, task.app.compass.settings.key_prefix), task_id, 1)
     except Exception as exc:  # the ledger is bookkeeping, never the task's outcome
         logger.warning("bench ledger unavailable, execution of %s not counted: %s",
                        task_id, exc)
@@ -286,7 +286,7 @@ def record_batch(task: Any, size: int, hold_ms: float) -> None:
     if client is None:
         return
     try:
-        client.rpush(keys.key(BENCH_BATCHES, task.app.conf.compass_key_prefix),
+        client.rpush(keys.key(BENCH_BATCHES, task.app.compass.settings.key_prefix),
                      json.dumps([size, round(hold_ms, 3)]))
     except Exception as exc:  # bookkeeping, never the tasks' outcome
         logger.warning("bench ledger unavailable, batch of %d not recorded: %s", size, exc)

@@ -303,8 +303,8 @@ def register_app_state_collector(app: Any, registry: Any = None) -> bool:
     compass = getattr(app, "compass", None)
     if compass is None or not compass.redis_url:
         return False
-    register_state_collector(compass.redis_url, prefix=compass.settings["key_prefix"],
-                             heartbeat_timeout_s=compass.settings["heartbeat_timeout_s"],
+    register_state_collector(compass.redis_url, prefix=compass.settings.key_prefix,
+                             heartbeat_timeout_s=compass.settings.heartbeat_timeout_s,
                              registry=registry, model_sizes_mb=compass.model_sizes(),
-                             slo_classes=compass.settings["slo_classes"])
+                             slo_classes=compass.settings.slo_classes)
     return True

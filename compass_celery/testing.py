@@ -42,9 +42,9 @@ def add_worker(app: Any, name: str, *, gpu_mb: float = 16000.0, resident: Iterab
         name=name, queue=c.queue_for(name), gpu_total_mb=gpu_mb,
         gpu_free_mb=max(0.0, gpu_mb - used) if free_mb is None else free_mb,
         resident=resident, speed=speed, heartbeat=time.time(),
-        load_mb_per_s=load_mb_per_s or c.settings["load_mb_per_s"],
-        host_load_mb_per_s=c.settings["host_load_mb_per_s"],
-        net_mb_per_s=c.settings["net_mb_per_s"], device="emulated")
+        load_mb_per_s=load_mb_per_s or c.settings.load_mb_per_s,
+        host_load_mb_per_s=c.settings.host_load_mb_per_s,
+        net_mb_per_s=c.settings.net_mb_per_s, device="emulated")
     c.store.publish(view)
     c.store.set_backlog(name, backlog_ms)
     c.reader.invalidate()
@@ -156,7 +156,7 @@ def compass_cluster(compass_workers: Callable[..., WorkerProcess],
         cluster = Cluster(app, [compass_workers(module, f"w{i}@{tag}", *args, env=env)
                                 for i in range(n)])
         clusters.append(cluster)
-        timeout = app.compass.settings["heartbeat_timeout_s"]
+        timeout = app.compass.settings.heartbeat_timeout_s
         deadline = time.monotonic() + timeout_s
         while len({w.name for w in app.compass.store.snapshot(time.time(), timeout).workers}
                    & set(cluster.names)) < n:

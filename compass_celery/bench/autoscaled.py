@@ -138,7 +138,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         provider = stack.enter_context(LocalProvider(
             kind.module, args=kind.worker_args(spec, opts.time_scale), env=env,
             prefix="as", host="compass", stop_timeout_s=120.0, log_dir=log_dir))
-        hb = app.compass.settings["heartbeat_timeout_s"]
+        hb = app.compass.settings.heartbeat_timeout_s
         t0 = [time.monotonic()]
         scaler = Autoscaler(
             provider, workload, lambda: app.compass.reader.store.snapshot(time.time(), hb).workers,

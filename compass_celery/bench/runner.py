@@ -179,7 +179,7 @@ def run_policy(workload: Workload, policy: str, redis_url: str, opts: BenchOptio
         result["batching"] = read_batches(ledger, keys.key(BENCH_BATCHES, prefix))
     result["faults"] = faults
     result["admission"] = admission_on(opts, policy)
-    result["admission_headroom"] = app.compass.settings.get("admission_headroom")
+    result["admission_headroom"] = app.compass.settings.admission_headroom
     return result
 
 

@@ -84,7 +84,7 @@ def expiring_dag(dag_cls: type, deadline_ms: Callable[[str], float | None]) -> t
             ms = deadline_ms(self.name)
             if ms is None:
                 return out
-            due = time.time() + ms * self.app.compass.settings["time_scale"] / 1000.0
+            due = time.time() + ms * self.app.compass.settings.time_scale / 1000.0
             for node in out.values():
                 node["due"], node["tail_ms"] = due, 0.0
             return out

@@ -440,7 +440,7 @@ def run(opts: SoakOptions) -> dict[str, Any]:
         stop = threading.Event()
         t0 = time.monotonic()
         run_s = opts.minutes * 60
-        fill = fill_s(opts.job_ttl_s, app.compass.settings["submit_retry_s"])
+        fill = fill_s(opts.job_ttl_s, app.compass.settings.submit_retry_s)
 
         def sampler() -> None:
             k = 1

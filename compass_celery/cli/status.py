@@ -36,9 +36,9 @@ def status(ctx: click.Context, app_path: str | None, redis_url: str | None, pref
         redis_url = app.compass.redis_url
     if redis_url is None:
         raise click.UsageError("no state Redis: give --redis URL or --app with Compass(app)")
-    store = RedisStateStore(redis_url, prefix or values["key_prefix"])
+    store = RedisStateStore(redis_url, prefix or values.key_prefix)
     try:
-        snap = store.snapshot(time.time(), values["heartbeat_timeout_s"])
+        snap = store.snapshot(time.time(), values.heartbeat_timeout_s)
         refused = store.refusals()
     except StateUnavailable as exc:
         raise click.ClickException(str(exc)) from None
@@ -70,7 +70,8 @@ def _models(w: Any) -> str:
     return f"{text} (loading {','.join(sorted(w.loading))})" if w.loading else text
 
 
-def _status_json(snap: Any, redis_url: str, values: dict[str, Any]) -> dict[str, Any]:
+def _status_json(snap: Any, redis_url: str,
+                 values: settings_mod.CompassSettings) -> dict[str, Any]:
     """``compass status --json``: what the table shows, as numbers and lists."""
     workers = [{"name": w.name, "queue": w.queue, "device": w.device,
                 "gpu_free_mb": w.gpu_free_mb, "gpu_total_mb": w.gpu_total_mb,

@@ -14,6 +14,7 @@ from compass_celery.bench.slo import apply_record, expiring_dag, read_records, s
 from compass_celery.errors import Rejected
 from compass_celery.planner.admission import Slo
 from compass_celery.results import JobOutcome, policy_result
+from compass_celery.settings import resolve
 
 INTERACTIVE = Slo("interactive", 400.0, "reject", "interactive")
 
@@ -117,7 +118,8 @@ def test_refused_and_shed_jobs_are_neither_failed_nor_lost() -> None:
 class FakeBaseDag:
     def __init__(self, name: str) -> None:
         self.name = name
-        self.app = SimpleNamespace(compass=SimpleNamespace(settings={"time_scale": 0.5}))
+        settings = resolve({"compass_time_scale": 0.5})
+        self.app = SimpleNamespace(compass=SimpleNamespace(settings=settings))
 
     def records(self, spec: Any, priority: Any = None) -> dict[str, dict[str, Any]]:
         return {"detect": {"preds": []}, "caption": {"preds": ["detect"]}}
