@@ -64,11 +64,11 @@ class WorkerRuntime:
         self.cfg = with_flags(compass.settings, overrides or {})
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
-        served = ServedDemand(self.cfg["speed"], self.cfg["time_scale"])
-        hop = DispatchHop(self.cfg["ewma_alpha"], self.cfg["time_scale"])
+        served = ServedDemand(self.cfg.speed, self.cfg.time_scale)
+        hop = DispatchHop(self.cfg.ewma_alpha, self.cfg.time_scale)
         cpu = HandlerCpu()  # timed by the task path, published with the counters
         self.cache = self._make_cache()
-        self.threads = CpuThreads(name, self.cache.device, self.cfg["torch_threads"],
+        self.threads = CpuThreads(name, self.cache.device, self.cfg.torch_threads,
                                   concurrency)
         self.publisher = RecordPublisher(compass, name, queue, self.cfg, self.cache, served,
                                          RankFollower(self.cache, self._cluster),
@@ -86,26 +86,26 @@ class WorkerRuntime:
                             for t in compass.app.tasks.values()
                             if getattr(t, "compass_batch", None) is not None}
         self.watchdog = Watchdog(compass, name, self.publisher,
-                                 self.cfg["heartbeat_timeout_s"], self._stopping)
+                                 self.cfg.heartbeat_timeout_s, self._stopping)
 
     # -- construction -----------------------------------------------------------
     def _make_cache(self) -> ModelCache:
         cfg, sizes = self.cfg, self.compass.model_sizes()
-        if cfg["emulate_gpu_mb"]:
-            backend: Any = EmulatedBackend(cfg["emulate_gpu_mb"], cfg["load_mb_per_s"],
-                                           cfg["host_load_mb_per_s"], cfg["time_scale"],
-                                           host_capacity_mb=cfg["emulate_host_mb"],
-                                           speed=cfg["speed"])
-        elif (device := cfg["gpu"] or _default_device()) is None:
+        if cfg.emulate_gpu_mb:
+            backend: Any = EmulatedBackend(cfg.emulate_gpu_mb, cfg.load_mb_per_s,
+                                           cfg.host_load_mb_per_s, cfg.time_scale,
+                                           host_capacity_mb=cfg.emulate_host_mb,
+                                           speed=cfg.speed)
+        elif (device := cfg.gpu or _default_device()) is None:
             logger.warning("compass: torch is not installed; worker %s can only run tasks "
                            "that need no model (pip install 'compass-celery[torch]')", self.name)
             backend = EmulatedBackend(1.0, time_scale=0.0, device="cpu-no-torch")
         else:
-            backend = TorchBackend(device, capacity_mb=cfg["device_mb"])
+            backend = TorchBackend(device, capacity_mb=cfg.device_mb)
             if not device.startswith("cuda"):
                 logger.warning("compass: worker %s has no GPU; running models on cpu",
                                self.name)
-        return ModelCache(backend, policy=cfg["cache_policy"], lookahead=cfg["prefetch_depth"],
+        return ModelCache(backend, policy=cfg.cache_policy, lookahead=cfg.prefetch_depth,
                           sizes=sizes, on_change=self._changed,
                           on_event=self._on_cache_event)
 
@@ -118,8 +118,8 @@ class WorkerRuntime:
         """Preload, publish, take back what a previous run left in flight, start the loops."""
         set_current_cache(self.cache)
         set_current_batcher(self.batches)
-        if self.cfg["metrics_port"]:  # first, so the preload's model loads are counted
-            self._serve_metrics(int(self.cfg["metrics_port"]))
+        if self.cfg.metrics_port:  # first, so the preload's model loads are counted
+            self._serve_metrics(int(self.cfg.metrics_port))
         self._say_what_cannot_load()
         self.threads.apply()  # in the thread that runs the preload (and, solo, the tasks)
         preload = self._preload()
@@ -133,7 +133,7 @@ class WorkerRuntime:
         if self.jobs is not None:
             self._take_back()
         self._connect_signals()
-        collector = FullCollector(float(self.cfg["gc_interval_s"]), self.tasks.running,
+        collector = FullCollector(float(self.cfg.gc_interval_s), self.tasks.running,
                                   self._stopping)
         loops = [(self.publisher.loop, "publisher"), (self._reconcile_loop, "reconciler"),
                  (self.tasks.prefetch_loop, "prefetch"), (collector.loop, "gc")]
@@ -154,13 +154,13 @@ class WorkerRuntime:
     def _preload(self) -> list[str]:
         """The models to load at start: ``compass_preload``, where ``@hint`` stands for one
         preload hint an autoscaler published in Redis (:func:`state.hints.take_hint`)."""
-        wanted = list(self.cfg["preload"])
+        wanted = list(self.cfg.preload)
         if HINT not in wanted:
             return wanted
         hint: list[str] = []
         try:
             if self.compass.store.client is not None:
-                hint = take_hint(self.compass.store.client, self.cfg["key_prefix"])
+                hint = take_hint(self.compass.store.client, self.cfg.key_prefix)
         except (RedisError, OSError) as exc:
             logger.warning("compass: could not read a preload hint: %s", exc)
         logger.info("compass: worker %s preloads the hint %s", self.name, hint or "(none)")
@@ -254,14 +254,14 @@ class WorkerRuntime:
         the store, not through the reader: a snapshot taken here every few seconds would
         otherwise be the one a retry or a successor is placed on, up to its TTL later."""
         try:
-            snapshot = self.compass.store.snapshot(time.time(), self.cfg["heartbeat_timeout_s"])
+            snapshot = self.compass.store.snapshot(time.time(), self.cfg.heartbeat_timeout_s)
             self.threads.observe(snapshot.workers)  # CPU workers beside this one, recounted
             return cluster_view(snapshot, self.compass.model_sizes())
         except (StateUnavailable, RedisError):
             return None
 
     def _reconcile_loop(self) -> None:
-        while not self._stopping.wait(self.cfg["reconcile_s"]):
+        while not self._stopping.wait(self.cfg.reconcile_s):
             try:
                 self._reconcile()
             except (StateUnavailable, RedisError, OSError):
@@ -274,8 +274,8 @@ class WorkerRuntime:
         level) from what runs and waits. A broker that cannot be peeked (AMQP) leaves the
         charges as they are while its queue holds messages."""
         queues = self.compass.queues
-        if queues is not None and self.cfg["priority_age_s"]:
-            queues.age(self.queue, time.time(), self.cfg["priority_age_s"])
+        if queues is not None and self.cfg.priority_age_s:
+            queues.age(self.queue, time.time(), self.cfg.priority_age_s)
         if queues is not None and not queues.peekable and queues.waiting(self.queue):
             return
         store = self.compass.store
@@ -356,7 +356,7 @@ class WorkerRuntime:
     def _connect_signals(self) -> None:
         if self.compass.queues is not None:
             self.compass.queues.guard_consumer(self._dead_letter)
-            if self.cfg["atomic_fetch"]:  # before the consumer starts
+            if self.cfg.atomic_fetch:  # before the consumer starts
                 self.compass.queues.fetch_atomically(self.queue)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
@@ -387,9 +387,9 @@ class WorkerRuntime:
         module and warms it up, which no bandwidth says)."""
         try:
             self.compass.store.record_run(f"{LOAD_PROFILE}|{model}",
-                                          real_ms / self.cfg["time_scale"] if
-                                          self.cfg["time_scale"] else real_ms,
-                                          self.cfg["ewma_alpha"])
+                                          real_ms / self.cfg.time_scale if
+                                          self.cfg.time_scale else real_ms,
+                                          self.cfg.ewma_alpha)
         except (StateUnavailable, RedisError, OSError) as exc:
             logger.warning("compass: load time of %s not learned: %s", model, exc)
 
