@@ -2,7 +2,9 @@
 
 ``Compass(app)`` reads settings only through :func:`resolve`, so each name,
 default, unit and meaning lives here and nowhere else; ``compass status``
-prints the table.
+prints the table. What it returns is one frozen :data:`CompassSettings` whose
+fields are made from the table, and the code reads it by attribute
+(``compass.settings.time_scale``).
 
 The Celery settings compass recommends live here too (:data:`CELERY_RECOMMENDED`).
 They are decided by the pure function :func:`recommend`: the user's Celery
@@ -168,7 +170,8 @@ OPTIONS: dict[str, Option] = {
 class _SettingsBase(Mapping[str, Any]):
     """What every :class:`CompassSettings` has besides its fields: read by attribute
     (``s.atomic_fetch``); the read-only mapping view (``s["atomic_fetch"]``) is kept for
-    code and tests not yet converted, and for ``describe``."""
+    users' code, tests and ``describe``, while the package itself reads by attribute only
+    (tests/test_settings_keys.py)."""
 
     def __getitem__(self, name: str) -> Any:
         if name not in OPTIONS:

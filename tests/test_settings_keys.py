@@ -33,8 +33,9 @@ def _const(node: ast.expr) -> str | None:
         else None
 
 
-def keys_read(source: str) -> list[tuple[int, str]]:
-    """(line, name) of each setting read by a constant name or an attribute in ``source``."""
+def keys_read(source: str, attributes: bool = True) -> list[tuple[int, str]]:
+    """(line, name) of each setting read by a constant name (or, with ``attributes``, as an
+    attribute) in ``source``."""
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Subscript) and _holder(node.value) and _const(node.slice):
@@ -43,7 +44,7 @@ def keys_read(source: str) -> list[tuple[int, str]]:
                 and node.func.attr == "get" and _holder(node.func.value) and node.args \
                 and _const(node.args[0]):
             found.append((node.lineno, _const(node.args[0])))
-        elif isinstance(node, ast.Attribute) and _holder(node.value) \
+        elif attributes and isinstance(node, ast.Attribute) and _holder(node.value) \
                 and node.attr not in METHODS:
             found.append((node.lineno, node.attr))
     return [(line, key) for line, key in found if key is not None]
@@ -56,6 +57,15 @@ def test_every_setting_read_by_name_is_declared() -> None:
     assert undeclared == [], "not in settings.OPTIONS: " + ", ".join(undeclared)
 
 
+def test_the_package_reads_settings_by_attribute_only() -> None:
+    """The mapping view (``settings["x"]``) is kept for users' code; the package's own reads
+    are attribute reads, whose names the dataclass and the scan above both check."""
+    by_key = [f"{path.relative_to(PACKAGE.parent)}:{line}: settings[{key!r}]"
+              for path in sorted(PACKAGE.rglob("*.py"))
+              for line, key in keys_read(path.read_text(), attributes=False)]
+    assert by_key == [], "read by attribute instead: " + ", ".join(by_key)
+
+
 def test_the_scan_sees_each_form() -> None:
     source = ("def f(c, cfg):\n"
               "    return c.settings['speed'], cfg['sped'], c.settings.get('seed'), x['no']\n"
@@ -63,6 +73,8 @@ def test_the_scan_sees_each_form() -> None:
               "    return c.settings.tim_scale, cfg.get, c.settings.replace(seed=1), y.z\n")
     assert sorted(keys_read(source)) == [(2, "seed"), (2, "sped"), (2, "speed"),
                                          (4, "tim_scale")]
+    assert sorted(keys_read(source, attributes=False)) == [(2, "seed"), (2, "sped"),
+                                                           (2, "speed")]
 
 
 def test_the_typed_settings_have_one_field_per_declaration() -> None:
