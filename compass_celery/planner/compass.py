@@ -25,7 +25,6 @@ import numpy as np
 from .base import Policy
 from .choose import choose
 from .evict import EvictionPricer
-from .rank import upward_rank
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Estimate, Walk
 
@@ -137,7 +136,7 @@ def copy_worker(est: Estimate, score: np.ndarray, avail: np.ndarray, best: int,
 
 def _tails(walk: Walk) -> dict[str, float]:
     """Per task, the critical path after it (ms): its upward rank less its own run."""
-    rank = upward_rank(walk.dag, walk.arr, walk.topo, walk.succs)
+    rank = walk.upward_rank()  # the rank its order is made by, worked out once
     inv_speed = walk.arr.mean("speed", inverse=True)
     return {n: r - walk.dag.nodes[n].exec_ms * inv_speed for n, r in rank.items()}
 

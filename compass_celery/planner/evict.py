@@ -80,6 +80,7 @@ class EvictionPricer:
         self._owned = False  # resident and copies are still the shared ones
         # per model column: the victim order and the sizes and worths in it (until a mark)
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._ranks: tuple[np.ndarray, np.ndarray] | None = None  # (tier, worth) till a mark
 
     def mark(self, i: int, model: str) -> None:
         """Worker ``i`` will hold ``model`` (a placement loaded it there)."""
@@ -89,8 +90,10 @@ class EvictionPricer:
                 self.resident, self.copies = self.resident.copy(), self.copies.copy()
                 self._owned = True
             self.resident[i, j] = True
+            if self.copies[j] == self.target[j]:  # its copies stop being kept: the
+                self._orders.clear()  # victim orders change (nothing else in them does)
+                self._ranks = None
             self.copies[j] += 1
-            self._orders.clear()
 
     def wants_copy(self, model: str) -> bool:
         """Whether ``model`` has fewer copies than its replica target: its demand (served
@@ -155,11 +158,11 @@ class EvictionPricer:
         if not len(rows):
             return out
         order, sizes, worth = self._order(self.arr.models[model])
-        held = self.resident[rows][:, order]
-        mb = held * sizes
-        before = np.cumsum(mb, axis=1) - mb
-        victim = held & (before < need[rows, None])
-        cost_mb = (victim * mb * worth).sum(axis=1)
+        mb = self.resident[rows[:, None], order] * sizes  # 0 where not held
+        before = np.add.accumulate(mb, axis=1)  # np.cumsum, without its wrapper
+        before -= mb
+        # a victim: held and needed; where not held, mb is 0 and adds nothing
+        cost_mb = np.add.reduce((before < need[rows, None]) * mb * worth, axis=1)
         out[rows] = cost_mb * self.arr.ms_per_mb[rows]
         return out
 
@@ -168,13 +171,29 @@ class EvictionPricer:
         worths in that order (``j``'s own worth 0: it is what is being loaded)."""
         got = self._orders.get(j)
         if got is None:
-            tier = self.tier() if self.batch else self.kept()
-            worth = self.worth()
+            tier, worth = self._victim_terms()
+            worth = worth.copy()
             worth[j] = 0.0
             # victims: spare copies first (worth 0), then kept ones least likely needed
             # first (a batch plan's protected ones last); among equals the larger first
             order = np.lexsort((-self.sizes, worth, tier))
             got = self._orders[j] = (order, self.sizes[order], worth[order])
+        return got
+
+    def _victim_terms(self) -> tuple[np.ndarray, np.ndarray]:
+        """(tier, worth) of :meth:`_order`, per model, worked out once until a mark: for
+        a batch plan ``tier()`` and ``worth()``; the protected tier and weight are left
+        out when no copy is protected (the same order and worths, fewer passes)."""
+        got = self._ranks
+        if got is None:
+            kept = self.copies <= self.target
+            tier, worth = kept, self.chance * np.where(kept, KEPT_WEIGHT, SPARE_WEIGHT)
+            if self.batch:
+                protected = kept & self.urgent
+                if protected.any():
+                    tier = kept.astype(float) + protected
+                    worth = worth * np.where(protected, PROTECT_WEIGHT, 1.0)
+            got = self._ranks = (tier, worth)
         return got
 
 

@@ -51,6 +51,10 @@ def rank_order(
     with_transfer: bool = True,
 ) -> list[str]:
     """Tasks by decreasing upward rank, ties by topological position."""
+    return by_rank(topo, upward_rank(dag, arrays, topo, succs, with_transfer=with_transfer))
+
+
+def by_rank(topo: list[str], rank: dict[str, float]) -> list[str]:
+    """``topo``'s tasks by decreasing ``rank`` (:func:`upward_rank`), ties by position."""
     pos = {n: i for i, n in enumerate(topo)}
-    rank = upward_rank(dag, arrays, topo, succs, with_transfer=with_transfer)
     return sorted(topo, key=lambda n: (-rank[n], pos[n]))

@@ -16,7 +16,7 @@ import numpy as np
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
 from .cost import WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
-from .rank import rank_order, successors, topo_order
+from .rank import by_rank, successors, topo_order, upward_rank
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
 
@@ -79,10 +79,19 @@ class Walk:
         self._flight: dict[str, tuple[tuple[int, float], ...]] = {}  # loads under way
         self._masks: dict[float, tuple[np.ndarray, np.ndarray | None]] = {}
         self._zeros = np.zeros(len(self.arr))
+        self._ranks: dict[bool, dict[str, float]] = {}  # with_transfer -> upward rank
 
     def rank_order(self, *, with_transfer: bool = True) -> list[str]:
         """The plan's tasks by upward rank, critical path first (HEFT's order)."""
-        return rank_order(self.dag, self.arr, self.topo, self.succs, with_transfer=with_transfer)
+        return by_rank(self.topo, self.upward_rank(with_transfer=with_transfer))
+
+    def upward_rank(self, *, with_transfer: bool = True) -> dict[str, float]:
+        """Each task's upward rank (``rank.upward_rank``), worked out once per plan."""
+        got = self._ranks.get(with_transfer)
+        if got is None:
+            got = self._ranks[with_transfer] = upward_rank(
+                self.dag, self.arr, self.topo, self.succs, with_transfer=with_transfer)
+        return got
 
     def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
         """(load ms if it fits, load ms if it must evict), 0 where resident in this plan."""
