@@ -370,7 +370,7 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
     if changes.keys() & {"backlog_ms", "run_charge"}:
-        changes["_left"] = {}  # backlog_left_ms reads these
+        changes["_left"] = _rates_kept(arrays, changes)  # backlog_left_ms reads these
     if arrays.loading or any(w.loading for w in rows.values()):
         loading = {i: on for i, on in arrays.loading.items() if i not in rows}
         loading.update((i, w.loading) for i, w in rows.items() if w.loading)
@@ -381,6 +381,14 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
     if arrays._means:
         changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
     return evolve(arrays, **changes)
+
+
+def _rates_kept(arrays: WorkerArrays, changes: Mapping[str, Any]
+                ) -> dict[float | None, np.ndarray]:
+    """A new ``_left`` memo for ``arrays`` evolved with ``changes``: the backlogs left
+    dropped, the running tasks' rates kept while the run columns are the same ones."""
+    rate = arrays._left.get(None)
+    return {} if rate is None or "run_charge" in changes else {None: rate}
 
 
 #: The fields a producer's own charges change (``state.reader.note_charge``): of the
@@ -412,7 +420,7 @@ def _charged_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
     if not changes:
         return arrays
     if "backlog_ms" in changes:
-        changes["_left"] = {}  # backlog_left_ms reads it
+        changes["_left"] = _rates_kept(arrays, changes)  # backlog_left_ms reads it
     if arrays._means:
         changes["_means"] = {k: v for k, v in arrays._means.items() if k[0] not in changes}
     return evolve(arrays, **changes)

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays
+from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, run_rate
 from ..planner.types import WorkerView
 
 
@@ -50,6 +50,12 @@ class LiveColumns:
         self.loading: dict[int, Mapping[str, tuple[float, float]]] = {}  # rows loading now
         # what each row runs now (a simulated worker runs one task, or one batched pass)
         self.run = np.zeros((3, n, 1))  # began, ends, charge
+        self._spans: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n  # as in run
+        self._busy: set[int] = set()  # rows with a charge running
+        self._idle = tuple(np.zeros((3, n, 0)))  # the run columns while nothing runs
+        # the frozen run columns the last ``arrays`` handed out and their rates
+        # (``planner.cost.run_rate``), shared until a row's span changes
+        self._ran: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
         # each row's sets as last written, and the frozen copies of the matrices (and
         # host_models) the last ``arrays`` handed out, shared until a set changes
         self._sets: list[tuple[frozenset[str], frozenset[str]] | None] = [None] * n
@@ -80,7 +86,16 @@ class LiveColumns:
             self.loading.pop(i, None)
         assert len(view.running) <= 1, "a simulated worker runs one task at a time"
         span = view.running[0] if view.running else (0.0, 0.0, 0.0)
-        self.run[:, i, 0] = span if span[2] > 0 else (0.0, 0.0, 0.0)
+        if span[2] <= 0:
+            span = (0.0, 0.0, 0.0)
+        if span != self._spans[i]:  # most updates change the backlog, not what runs
+            self._spans[i] = span
+            self.run[:, i, 0] = span
+            self._ran = None
+            if span[2] > 0:
+                self._busy.add(i)
+            else:
+                self._busy.discard(i)
 
     def _members(self, row: np.ndarray, names: frozenset[str]) -> None:
         row[:] = False
@@ -100,6 +115,7 @@ class LiveColumns:
             self._frozen = (resident, host, host.any(axis=0).tolist())
             self._fetch = {}
         resident, host, host_models = self._frozen
+        began, ends, charge, left = self._run_columns()
         return WorkerArrays(
             names=self.names, queues=self.queues, index=self.index,
             backlog_ms=self.backlog_ms.copy(), pending_ms=self.pending_ms.copy(),
@@ -111,10 +127,24 @@ class LiveColumns:
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=resident, host_resident=host, host_models=host_models,
             loading=dict(self.loading), _fetch=self._fetch, _fits=self._fits,
-            _means=self._means,
-            **dict(zip(("run_began", "run_ends", "run_charge"),
-                       self.run.copy() if self.run[2].any() else np.zeros((3, len(self.names), 0)),
-                       strict=True)))
+            _means=self._means, run_began=began, run_ends=ends, run_charge=charge,
+            _left=left)
+
+    def _run_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                    dict[float | None, np.ndarray]]:
+        """The run columns for a snapshot and a new ``_left`` memo holding their rates:
+        frozen copies shared by the snapshots until a row's span changes (most differ by
+        backlog charges), so the rates are worked out once per change of what runs."""
+        if not self._busy:
+            return (*self._idle, {})
+        if self._ran is None:
+            began, ends, charge = self.run.copy()
+            rate = run_rate(began, ends, charge)
+            for col in (began, ends, charge, rate):
+                col.flags.writeable = False
+            self._ran = (began, ends, charge, rate)
+        began, ends, charge, rate = self._ran
+        return began, ends, charge, {None: rate}
 
 
 #: The columns of :class:`LiveColumns` fixed for a worker's lifetime (and ``WorkerArrays``'

@@ -16,9 +16,11 @@ from compass_celery.planner.adjust import choose_successor
 from compass_celery.planner.admission import Slo, job_finish_ms, judge
 from compass_celery.planner.cost import (
     backlog_left_ms,
+    build_worker_arrays,
     ran_ms,
     run_rate,
     settled,
+    with_rows,
     worker_arrays,
 )
 from compass_celery.planner.walk import Walk
@@ -82,3 +84,22 @@ def test_numpy_backlog_left_equals_scalar_reference(cluster: ClusterView, now: f
     walk = Walk(DagSpec.single(TASK), cluster)  # a plan starts from them, at its snapshot
     ref = [backlog_left_ms(w, cluster.now) + w.pending_ms for w in cluster.workers]
     assert walk.avail.tolist() == pytest.approx(ref, abs=1e-9)
+
+
+def test_a_charge_keeps_the_running_rates_and_a_new_task_does_not() -> None:
+    """with_rows carries the running tasks' rates over while what runs is the same: a
+    producer's own charge (backlog only) reads the same left backlog as a full build;
+    a row whose running task changed has its rates worked out again."""
+    cluster = ClusterView((BUSY, IDLE_ISH), {})
+    arrays = worker_arrays(cluster)
+    arrays.backlog_left_ms(10.4)  # works out and memoises the rates
+    charged = replace(BUSY, backlog_ms=1300.0)
+    got = with_rows(arrays, {0: charged}, {0: BUSY})
+    assert got._left.get(None) is arrays._left.get(None) is not None
+    full = build_worker_arrays(replace(cluster, workers=(charged, IDLE_ISH)))
+    assert got.backlog_left_ms(10.4).tolist() == full.backlog_left_ms(10.4).tolist()
+    assert got.backlog_left_ms(10.4).tolist() == pytest.approx([900.0, 650.0])
+    moved = replace(BUSY, running=((10.2, 10.4, 200.0),))  # another task, half its rate
+    again = with_rows(arrays, {0: moved}, {0: BUSY})
+    assert None not in again._left
+    assert again.backlog_left_ms(10.3).tolist() == pytest.approx([900.0, 650.0])
