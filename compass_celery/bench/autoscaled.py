@@ -110,6 +110,18 @@ def _dags(app: Any, workload: Workload, kind: Any, batched_nodes: dict[Any, Any]
             for name, s in workload.dags.items()}
 
 
+def exited_workers(provider: LocalProvider) -> dict[str, int | None]:
+    """The workers the provider still runs whose process has already exited (name -> exit
+    code): nobody drained them, so what they held and what went to the shared queue
+    since (no live worker known) waits for a worker that is gone."""
+    out: dict[str, int | None] = {}
+    for name in provider.names():
+        proc = provider.process(name)
+        if not proc.alive():
+            out[name] = proc.proc.returncode if proc.proc is not None else None
+    return out
+
+
 def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed: int = 0,
                    cold_start_s: float = scaling.COLD_START_S,
                    poll_s: float = scaling.KEDA_POLL_S, log_dir: str | None = None,
@@ -170,6 +182,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         worker_s = scaler.close()
         time.sleep(opts.settle_s)
         stranded = stranded_messages(client, PREFIX, provider.names())
+        exited = exited_workers(provider)
         result = _measured(sent, workload, stream, opts, (0, 0, 0))
         provider.close()
         result.update(_delivery_counts(client, client, PREFIX, stranded))
@@ -180,6 +193,6 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
             "compression": c, "seed": seed, "jobs": len(stream),
             "worker_s": round(worker_s, 1), "sim_worker_s": sim["worker_s"],
             "ratio": round(worker_s / sim["worker_s"], 3) if sim["worker_s"] else None,
-            "added": scaler.first_seen, "initial": initial,
+            "added": scaler.first_seen, "initial": initial, "exited": exited,
             "decisions": scaler.decisions, "sim_timeline": sim["timeline"],
             "sim_slo": sim["slo"]["all"], "result": result}
