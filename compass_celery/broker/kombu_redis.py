@@ -126,8 +126,9 @@ def guard_undecodable(on_garbage: Callable[[str, str], None]) -> None:
     """Make kombu's Redis consumer survive a non-JSON entry in a queue it reads.
 
     kombu decodes an entry right after BRPOP took it; a decode error escapes its
-    consumer loop, kills the worker and loses the entry, and a JSON object that
-    is not a kombu message is dropped as if the connection had failed. With this
+    consumer loop, kills the worker and loses the entry, a JSON scalar kills it
+    too (kombu's Message indexes it), and a JSON object that is not a kombu message
+    is dropped as if the connection had failed. With this
     guard, such an entry goes to ``on_garbage(raw, why)`` and the read counts as
     empty: the worker keeps consuming. Lists (kombu's unacked entries) pass.
     Installed by the compass worker step (idempotent).
@@ -148,6 +149,13 @@ def guard_undecodable(on_garbage: Callable[[str, str], None]) -> None:
                                             and "delivery_tag" in value["properties"]):
             # kombu would fail on it as if the connection were lost, and drop it
             on_garbage(s, "not a kombu message (no properties.delivery_tag)")
+            raise kredis.Empty()
+        if not isinstance(value, (dict, list)):
+            # a JSON scalar (a bell's token "1", a stray string): kombu's Message would
+            # raise a TypeError that escapes the consumer and stops the worker, which
+            # hands its queue to the shared one and leaves nobody to consume that
+            on_garbage(s if isinstance(s, str) else repr(s),
+                       f"not a kombu message (a JSON {type(value).__name__})")
             raise kredis.Empty()
         return value
 
