@@ -102,15 +102,7 @@ class WorkerArrays:
         if not spans:
             return ()
         whole = self.load_columns(model, size_mb)[0]
-        if len(spans) <= FEW_LOADS:
-            return tuple((i, float(whole[i]) * left_share(*span, now)) for i, span in spans)
-        at = [i for i, _ in spans]  # many (a producer's folded loads): left_share on arrays
-        began, ends = np.fromiter(chain.from_iterable(span for _, span in spans), dtype=float,
-                                  count=2 * len(spans)).reshape(-1, 2).T
-        share = np.minimum(np.maximum((ends - now) / np.where(ends > began, ends - began, 1.0),
-                                      0.0), 1.0)
-        share[ends <= began] = 0.0
-        return tuple(zip(at, (whole[at] * share).tolist(), strict=True))
+        return tuple((i, float(whole[i]) * left_share(*span, now)) for i, span in spans)
 
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
@@ -220,11 +212,6 @@ def settled(worker: WorkerView, charge_ms: float) -> WorkerView:
             break
     return evolve(worker, backlog_ms=max(0.0, worker.backlog_ms - charge_ms),
                   running=tuple(running))
-
-
-#: Up to this many loads under way of one model are worked out one by one; more (a
-#: producer's snapshot with its own planned loads folded in) on arrays, the same numbers.
-FEW_LOADS = 4
 
 
 def left_share(began: float, ends: float, now: float) -> float:
@@ -544,12 +531,6 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
     hidden = hidden_load_ms(ready, start, load, fits, loader_free)
-    if len(in_flight) > FEW_LOADS:  # as the loop below, on arrays
-        at = [i for i, _ in in_flight]
-        left = np.fromiter((ms for _, ms in in_flight), dtype=float, count=len(in_flight))
-        load[at] = np.maximum(left - start[at], 0.0)
-        hidden[at] = 0.0
-        return load, hidden
     for i, left in in_flight:
         load[i] = max(left - float(start[i]), 0.0)
         hidden[i] = 0.0

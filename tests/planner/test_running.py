@@ -15,11 +15,8 @@ from compass_celery.planner import ClusterView, DagSpec, TaskSpec, get_policy
 from compass_celery.planner.adjust import choose_successor
 from compass_celery.planner.admission import Slo, job_finish_ms, judge
 from compass_celery.planner.cost import (
-    FEW_LOADS,
     backlog_left_ms,
     build_worker_arrays,
-    left_share,
-    load_terms,
     ran_ms,
     run_rate,
     settled,
@@ -106,26 +103,3 @@ def test_a_charge_keeps_the_running_rates_and_a_new_task_does_not() -> None:
     again = with_rows(arrays, {0: moved}, {0: BUSY})
     assert None not in again._left
     assert again.backlog_left_ms(10.3).tolist() == pytest.approx([900.0, 650.0])
-
-
-@settings(max_examples=40, deadline=None)
-@given(spans=st.lists(st.tuples(st.floats(0.0, 20.0), st.sampled_from((-1.0, 0.0, 0.5, 3.0))),
-                      min_size=FEW_LOADS + 1, max_size=12),
-       now=st.floats(0.0, 25.0))
-def test_many_loads_under_way_take_the_scalar_rule(spans: list[tuple[float, float]],
-                                                   now: float) -> None:
-    """A snapshot with many loads of one model under way (a producer's folded loads,
-    more than FEW_LOADS) has them worked out on arrays: the same shares and load terms
-    as the scalar rule gives one by one."""
-    views = tuple(worker(f"w{k}", loading={"m": (b, b + d)}) for k, (b, d) in enumerate(spans))
-    arr = worker_arrays(ClusterView(views, {"m": 1000.0}))
-    whole = arr.load_columns("m", 1000.0)[0]
-    got = arr.in_flight("m", 1000.0, now)
-    want = tuple((k, float(whole[k]) * left_share(b, b + d, now))
-                 for k, (b, d) in enumerate(spans))
-    assert got == want
-    start = np.linspace(0.0, 900.0, len(views))
-    load, hidden = load_terms(arr.load_columns("m", 1000.0), 1000.0, arr.gpu_free_mb, 0.0,
-                              start, in_flight=got)
-    assert load.tolist() == [max(ms - float(start[k]), 0.0) for k, ms in got]
-    assert not hidden.any()
