@@ -16,6 +16,7 @@ from compass_celery.emulated import make_app
 from compass_celery.errors import Rejected
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_live
 
 pytestmark = pytest.mark.redis
 BATCH, BATCH2, FIRST, SECOND = "bm", "bm2", "ia", "ib"
@@ -39,11 +40,7 @@ def two(compass_redis_url, compass_workers):
           for name in ("mix@one", "mix@two")]
     app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
                    compass_models=MODELS)
-    try:
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 2,
-                   40, "two live workers")
-    except TimeoutError:
-        raise AssertionError(worker_logs(ws)) from None
+    wait_live(app, 2, ws, 40)
     app.workers = ws
     yield app
     app.compass.close()

@@ -12,6 +12,7 @@ from compass_celery.emulated import make_app
 from compass_celery.errors import Rejected
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
+from tests.support.cluster import wait_live
 
 pytestmark = pytest.mark.redis
 M = "captioner"
@@ -24,11 +25,7 @@ def one(compass_redis_url, compass_workers):
     ws = [compass_workers("compass_celery.emulated_app", "left@one",
                           "--compass-emulate-gpu-mb", "1600", "--compass-preload", M, env=env)]
     app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0)
-    try:
-        wait_until(lambda: len(app.compass.store.snapshot(time.time(), 3.0).workers) == 1,
-                   40, "a live worker")
-    except TimeoutError:
-        raise AssertionError(worker_logs(ws)) from None
+    wait_live(app, 1, ws, 40)
     app.workers = ws
     yield app
     app.compass.close()
