@@ -17,6 +17,8 @@ ring) costs at most kombu's own BRPOP timeout; a stale one, an empty look.
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import json
 import logging
 import time
@@ -56,7 +58,7 @@ def rings(queue: str) -> bool:
 
 def ring_compass_queues(queue_prefix: str, shared_queue: str) -> None:
     """Make every kombu Redis publish (and restore) onto a compass queue named by
-    ``queue_prefix`` or ``shared_queue`` ring the queue's bell in the same transaction.
+    ``queue_prefix`` or ``shared_queue`` ring the queue's bell in the same step (push.lua).
     Called wherever a compass app's settings are read (producers and workers alike);
     idempotent."""
     import kombu.transport.redis as kredis
@@ -98,8 +100,9 @@ class _Commands:
 
 
 def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any) -> None:
-    """kombu's ``_put`` of ``message`` onto ``queue`` and a token on its bell, in one
-    transaction (in kombu's publish batch when it sends one)."""
+    """kombu's ``_put`` of ``message`` onto ``queue`` and a token on its bell, in one step:
+    push.lua by EVALSHA (in kombu's publish batch when it sends one, as kombu's own
+    commands; in a MULTI/EXEC when kombu's push is not the one push.lua knows)."""
     bell = bell_name(queue, channel.sep)
     batch = kwargs.get("_publish_batch")
     if batch is not None:
@@ -108,11 +111,61 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
         return
     commands = _Commands()
     put(channel, queue, message, **{**kwargs, "_publish_batch": commands})
-    with channel.conn_or_acquire() as client, client.pipeline() as pipe:
-        for name, args in commands.commands:  # none on a kombu without publish batches:
-            getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
-        ring(pipe, bell)
-        pipe.execute()
+    push = _as_push(commands.commands)
+    with channel.conn_or_acquire() as client:
+        if push is not None:
+            pre = channel.global_keyprefix or ""
+            key, body, expiring, expiry = push
+            run_script(client, "push", [pre + key, pre + bell, *(pre + k for k in expiring)],
+                       [body, BELL_TTL_MS, *([expiry] if expiring else [])])
+            return
+        with client.pipeline() as pipe:
+            for name, args in commands.commands:  # none on a kombu without publish batches:
+                getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
+            ring(pipe, bell)
+            pipe.execute()
+
+
+def _as_push(commands: list[tuple[str, tuple[Any, ...]]]
+             ) -> tuple[str, Any, list[str], Any] | None:
+    """kombu's commands for one message as push.lua's (list, message, lists to expire,
+    their expiry): one LPUSH, then PEXPIREs of one expiry; None for anything else."""
+    if not commands or commands[0][0] != "lpush" or len(commands[0][1]) != 2:
+        return None
+    (key, body), rest = commands[0][1], commands[1:]
+    if any(name != "pexpire" or len(args) != 2 for name, args in rest):
+        return None
+    expiries = {args[1] for _, args in rest}
+    if len(expiries) > 1:
+        return None
+    return key, body, [args[0] for _, args in rest], next(iter(expiries), None)
+
+
+@functools.cache
+def _sha(name: str) -> str:
+    """The SHA1 Redis knows script ``name`` by (EVALSHA)."""
+    return hashlib.sha1(_source(name).encode()).hexdigest()
+
+
+def _source(name: str) -> str:
+    """A script's whole source: fetch.lua with inflight.lua's helper in front."""
+    return script("inflight") + script("fetch") if name == "fetch" else script(name)
+
+
+def run_script(client: Any, name: str, keys: list[str], args: list[Any]) -> Any:
+    """Run script ``name`` on ``client`` by EVALSHA, sending it whole (EVAL, which also
+    loads it) only when Redis does not have it (NOSCRIPT: nothing ran). ``keys`` are
+    passed as given: a kombu client with a ``global_keyprefix`` would prefix only the
+    first, so its prefixing is stepped over (the caller prefixes them all)."""
+    from redis import Redis
+    from redis.exceptions import NoScriptError
+
+    execute = functools.partial(Redis.execute_command, client) \
+        if getattr(client, "global_keyprefix", None) else client.execute_command
+    try:
+        return execute("EVALSHA", _sha(name), len(keys), *keys, *args)
+    except NoScriptError:
+        return execute("EVAL", _source(name), len(keys), *keys, *args)
 
 
 def ring(pipe: Any, bell: str, add: bool = False) -> None:
@@ -187,7 +240,12 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     channel._compass_leases = _FETCH[own]
     bells = [pre + bell_name(q, channel.sep) for q in queues if rings(q)]
     lists = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps for q in queues]
-    look = ("EVAL", _fetch_script(), 3 + len(lists) + len(bells), pre + channel.unacked_key,
+    # by EVALSHA: a NOSCRIPT reply (a Redis restarted or flushed) ran nothing, and the
+    # next look sends the script whole (EVAL, which loads it)
+    how = ("EVAL", _fetch_script()) if getattr(channel, "_compass_load", False) \
+        else ("EVALSHA", _sha("fetch"))
+    channel._compass_load = False
+    look = (*how, 3 + len(lists) + len(bells), pre + channel.unacked_key,
             pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, repr(time.time()),
             len(lists))
     if not getattr(channel, "_compass_idle", False):
@@ -206,6 +264,7 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
     """Read the reply (or, after a wait, both replies) :func:`_fetch_start` asked for;
     deliver a message as kombu does."""
     import kombu.transport.redis as kredis
+    from redis.exceptions import NoScriptError
 
     cmd, client = channel._compass_cmd, channel.client
     channel._compass_idle = False  # after an error: look at every list first
@@ -213,7 +272,10 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
         try:
             woke = client.parse_response(client.connection, "BRPOP", **options) \
                 if cmd == "WAKE" else None
-            got = client.parse_response(client.connection, "EVAL", **options)
+            try:
+                got = client.parse_response(client.connection, "EVAL", **options)
+            except NoScriptError:  # the look ran nothing: it is sent whole next round
+                got, channel._compass_load = None, True
         except channel.connection_errors:
             client.connection.disconnect()  # the next round reconnects
             raise
@@ -222,7 +284,8 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
             logger.warning("compass: Redis refused the atomic fetch (%s); this worker "
                            "consumes with kombu's BRPOP", exc)
             raise kredis.Empty() from None
-        channel._compass_idle = not got and not woke
+        # a look that did not run (NOSCRIPT) found nothing: the next round looks again
+        channel._compass_idle = not (got or woke or getattr(channel, "_compass_load", False))
         other = _other_message(channel, woke)
         if other is not None:  # kombu's BRPOP of a queue compass does not ring
             if got:
@@ -296,5 +359,5 @@ def _put_back(channel: Any, got: Any) -> None:
 
 
 def _fetch_script() -> str:
-    """fetch.lua's source (sent whole: EVAL needs no reload after a Redis restart)."""
-    return script("inflight") + script("fetch")
+    """fetch.lua's source, with inflight.lua's helper in front (what EVALSHA names)."""
+    return _source("fetch")

@@ -128,3 +128,69 @@ def test_a_look_put_back_is_taken_next_and_rings(compass_redis_url):
     assert client.llen(layout.bell(QUEUE)) == 1
     assert json.loads(_fetch(client, queues, layout.lists(QUEUE))[1])["headers"]["id"] == "back"
     assert client.eval(script("unfetch"), 5, *args[:5], "gone", raw, BELL_TTL_MS) == 0
+
+
+def test_a_publish_onto_a_compass_queue_is_one_script_that_survives_a_script_flush(
+        compass_redis_url):
+    """push.lua (by EVALSHA) keeps kombu's push exactly: the priority list, the global key
+    prefix, a queue's x-expires on each of its lists; the bell rings in the same step.
+    A Redis that lost its scripts (SCRIPT FLUSH, a restart) still gets every message."""
+    from kombu import Connection
+
+    ring_compass_queues("compass.w.", SHARED)
+    client = redis.Redis.from_url(compass_redis_url)
+    layout = RedisLayout(keyprefix="pfx:")
+    queue = "compass.w.push"
+    client.delete(layout.bell(queue), *layout.lists(queue))
+    with Connection(compass_redis_url, transport_options={"global_keyprefix": "pfx:"}) as conn, \
+            conn.SimpleQueue(queue, queue_opts={"expires": 60.0}) as q:
+        q.put({"n": 0}, priority=9)  # declares the queue; its script loaded
+        client.delete(layout.bell(queue), *layout.lists(queue))
+        client.config_resetstat()
+        q.put({"n": 1}, priority=9)
+        client.script_flush()
+        q.put({"n": 2}, priority=0)
+        stats = client.info("commandstats")
+    assert client.llen(layout.list_for(queue, 9)) == 1 == client.llen(layout.list_for(queue, 0))
+    assert client.llen(layout.bell(queue)) == 2
+    assert 0 < client.pttl(layout.bell(queue)) <= BELL_TTL_MS
+    assert 0 < client.pttl(layout.list_for(queue, 9)) <= 60_000  # kombu's x-expires
+    body = json.loads(client.lindex(layout.list_for(queue, 0), 0))
+    assert body["properties"]["delivery_info"]["routing_key"] == queue
+    assert stats.get("cmdstat_evalsha", {}).get("calls") == 2  # the second: NOSCRIPT
+    assert stats.get("cmdstat_eval", {}).get("calls") == 1  # ... so sent whole, once
+    assert "cmdstat_exec" not in stats  # no MULTI/EXEC on the way
+    client.delete(layout.bell(queue), *layout.lists(queue))
+
+
+def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
+        compass_redis_url):
+    """The worker's look runs fetch.lua by EVALSHA; after Redis lost its scripts the look
+    that found none ran nothing, and the next one sends it whole: still atomic (each
+    message in flight with a lease), nothing lost, no fallback to kombu's BRPOP."""
+    from kombu import Connection
+
+    from compass_celery.broker.fetch import install_atomic_fetch
+
+    queue = "compass.w.sha"
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    client.delete(*layout.lists(queue), layout.bell(queue), queues.leases_key)
+    ring_compass_queues("compass.w.", SHARED)
+    install_atomic_fetch(queue, queues.leases_key)
+    client.config_resetstat()
+    with Connection(compass_redis_url) as conn, conn.SimpleQueue(queue) as q:
+        for n in range(4):
+            if n == 2:
+                client.script_flush()
+            q.put({"n": n})
+            message = q.get(timeout=5)
+            assert message.payload == {"n": n}
+            tag = message.delivery_tag
+            assert client.hexists("unacked", tag)  # taken into flight by fetch.lua ...
+            assert client.zscore(queues.leases_key, tag) is not None  # ... with a lease
+            message.ack()
+            assert not client.hexists("unacked", tag)
+    assert client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) >= 4
+    assert client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) >= 1
+    assert not client.llen(queue)
