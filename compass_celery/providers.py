@@ -31,8 +31,9 @@ from typing import Any, Protocol
 from .local import WorkerProcess
 from .state.hints import HINT, publish_hints, take_hint
 
-__all__ = ["HINT", "Autoscaler", "KubernetesProvider", "LocalProvider", "Provider",
-           "deletion_cost_body", "publish_hints", "scale_body", "take_hint"]
+__all__ = ["DELETION_COST", "DELETION_COST_KINDS", "HINT", "Autoscaler", "KubernetesProvider",
+           "LocalProvider", "Provider", "deletion_cost_body", "publish_hints", "scale_body",
+           "take_hint"]
 
 
 class Provider(Protocol):
@@ -203,6 +204,9 @@ class Autoscaler:
 
 #: The annotation a ReplicaSet reads to choose which pod a scale-in deletes (lowest first).
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: The workload kinds whose scale-in reads it (a Deployment scales through its
+#: ReplicaSet); a StatefulSet always deletes its highest ordinal.
+DELETION_COST_KINDS = frozenset({"Deployment", "ReplicaSet"})
 
 
 class KubernetesProvider:
