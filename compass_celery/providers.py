@@ -31,8 +31,9 @@ from typing import Any, Protocol
 from .local import WorkerProcess
 from .state.hints import HINT, publish_hints, take_hint
 
-__all__ = ["HINT", "Autoscaler", "KubernetesProvider", "LocalProvider", "Provider",
-           "deletion_cost_body", "publish_hints", "scale_body", "take_hint"]
+__all__ = ["DELETION_COST", "DELETION_COST_KINDS", "HINT", "Autoscaler", "KubernetesProvider",
+           "LocalProvider", "Provider", "deletion_cost_body", "publish_hints", "scale_body",
+           "take_hint"]
 
 
 class Provider(Protocol):
@@ -109,8 +110,11 @@ class Autoscaler:
     """The controller loop: each :meth:`tick` reads the live workers, calls the pure rule
     (:func:`compass_celery.planner.scaling.decide`) and has the provider carry it out.
 
-    It is fed arrivals (:meth:`observe`, class and time) by whoever submits; the classes'
-    planned work, critical path and deadline come from the workload
+    It learns arrivals from what the producers count in Redis (``arrivals``, an
+    :class:`~compass_celery.state.arrivals.ArrivalCounter` read at each tick: every
+    process that submits counts its jobs there, so the controller may run anywhere), or
+    is fed them (:meth:`observe`, class and time) by a caller that sees every submission;
+    the classes' planned work, critical path and deadline come from the workload
     (:func:`compass_celery.sim.scaling.loads_at`, the function the simulator's
     compass-plan calls, so both run one rule on the same inputs). ``read_workers`` returns
     the live workers' records (``WorkerView``: the cluster snapshot). A worker being
@@ -121,10 +125,15 @@ class Autoscaler:
 
     def __init__(self, provider: Provider, workload: Any, read_workers: Callable[[], Any], *,
                  window_s: float, down_window_s: float, horizon_s: float,
-                 gpu_mb: float, clock: Callable[[], float] = time.monotonic) -> None:
+                 gpu_mb: float, clock: Callable[[], float] = time.monotonic,
+                 arrivals: Any = None, time_scale: float = 1.0) -> None:
         from .planner.scaling import Damper, RateWindow
 
         self.provider, self.workload, self.read_workers = provider, workload, read_workers
+        #: Where the producers count arrivals (None: fed by observe); its ages are wall
+        #: seconds, the clock's are ``time_scale`` times longer.
+        self.arrivals, self.time_scale = arrivals, time_scale
+        self.counted: dict[str, int] = {}  # arrivals read from Redis, per class
         self.horizon_s, self.gpu_mb, self.clock = horizon_s, gpu_mb, clock
         self.window, self.damper = RateWindow(window_s), Damper(down_window_s)
         self.hints: dict[str, tuple[str, ...]] = {}  # added, not yet seen live
@@ -135,9 +144,18 @@ class Autoscaler:
         self._draining: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
-    def observe(self, cls: str, t_s: float) -> None:
-        """One arrival of SLO class ``cls`` at ``t_s`` (the clock's seconds)."""
-        self.window.observe(cls, t_s)
+    def observe(self, cls: str, t_s: float, count: int = 1) -> None:
+        """``count`` arrivals of SLO class ``cls`` at ``t_s`` (the clock's seconds)."""
+        self.window.observe(cls, t_s, count)
+
+    def read_arrivals(self) -> None:
+        """Take in what the producers counted since the last read (with ``arrivals``)."""
+        if self.arrivals is None:
+            return
+        now = self.clock()
+        for cls, age_s, n in self.arrivals.poll():
+            self.observe(cls, now - age_s / self.time_scale, n)
+            self.counted[cls] = self.counted.get(cls, 0) + n
 
     def add(self, preload: Sequence[str] = ()) -> str:
         """Start a worker through the provider (billed from now)."""
@@ -178,6 +196,7 @@ class Autoscaler:
         from .planner.scaling import decide
         from .sim.scaling import loads_at
 
+        self.read_arrivals()
         now = self.clock()
         members = self.members()
         d = decide(loads_at(self.workload, self.window.rates(now)), members,
@@ -203,6 +222,9 @@ class Autoscaler:
 
 #: The annotation a ReplicaSet reads to choose which pod a scale-in deletes (lowest first).
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
+#: The workload kinds whose scale-in reads it (a Deployment scales through its
+#: ReplicaSet); a StatefulSet always deletes its highest ordinal.
+DELETION_COST_KINDS = frozenset({"Deployment", "ReplicaSet"})
 
 
 class KubernetesProvider:

@@ -3,7 +3,10 @@ while the trace's jobs arrive, and the simulator replays the same trace and arri
 
 The controller (:class:`compass_celery.providers.Autoscaler`) ticks every ``poll_s``
 real seconds over the compression, as the simulator's compass-plan does, with the same
-rate window, down window and horizon; it is fed each job's arrival as it is submitted.
+rate window, down window and horizon; it learns the arrivals from what the submitting
+side counted in Redis (``compass_count_arrivals``, :mod:`compass_celery.state.arrivals`),
+as a controller in another process would, not from the benchmark's own stream; the
+result says how many it counted against how many were sent.
 The run is audited as the fault benchmark is (:mod:`compass_celery.bench.audit`):
 executions per task id from the ledger (nothing run twice), messages left in any queue,
 staging list or unacked hash (nothing lost), and every job's end; and, per worker it
@@ -28,6 +31,7 @@ from ..planner.scaling import Member, preload_hints, workers_needed
 from ..providers import Autoscaler, LocalProvider
 from ..sim import scaling
 from ..sim.traces import Trace
+from ..state.arrivals import ArrivalCounter
 from ..workload import Workload
 from .audit import stranded_messages
 from .options import BenchOptions
@@ -56,21 +60,15 @@ def _initial(scaler: Autoscaler, workload: Workload, rate: float, gpu_mb: float)
         scaler.add(hint)
 
 
-def _ticker(scaler: Autoscaler, stream: list[tuple[float, str]], classes: dict[str, str],
-            period_s: float, end_s: float, stop: threading.Event) -> threading.Thread:
-    """Every ``period_s`` (real seconds) until ``end_s`` (the scaler's clock): the
-    arrivals so far observed, one decision."""
-    seen = [0]
+def _ticker(scaler: Autoscaler, period_s: float, end_s: float, stop: threading.Event
+            ) -> threading.Thread:
+    """Every ``period_s`` (real seconds) until ``end_s`` (the scaler's clock): one
+    decision (the tick reads the arrivals the producers counted in Redis)."""
 
     def run() -> None:
         while not stop.wait(period_s):
-            now = scaler.clock()
-            if now >= end_s:
+            if scaler.clock() >= end_s:
                 return
-            while seen[0] < len(stream) and stream[seen[0]][0] <= now * 1000.0:
-                t, name = stream[seen[0]]
-                scaler.observe(classes[name], t / 1000.0)
-                seen[0] += 1
             scaler.tick()
 
     thread = threading.Thread(target=run, name="compass-autoscaler", daemon=True)
@@ -134,8 +132,6 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
     c, kind = trace.compression, worker_kind(opts)
     spec = workload.cluster.workers[0]
     stream = scaling._stream(workload, trace.times_ms(seed), seed)
-    classes = {n: (s.name if (s := workload.slo(n)) is not None else "none")
-               for n in workload.dags}
     with contextlib.ExitStack() as stack:
         if log_dir is None:
             log_dir = stack.enter_context(tempfile.TemporaryDirectory(prefix="compass-as-"))
@@ -156,7 +152,8 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
             provider, workload, lambda: app.compass.reader.store.snapshot(time.time(), hb).workers,
             window_s=scaling.PLAN_WINDOW_S / c, down_window_s=scaling.KEDA_DOWN_S / c,
             horizon_s=scaling.PLAN_HORIZON_S / c, gpu_mb=spec.gpu_mem_mb,
-            clock=lambda: (time.monotonic() - t0[0]) / opts.time_scale)
+            clock=lambda: (time.monotonic() - t0[0]) / opts.time_scale,
+            arrivals=ArrivalCounter(client, PREFIX), time_scale=opts.time_scale)
         _initial(scaler, workload, trace.rate(0.0), spec.gpu_mem_mb)
         first = provider.names()
         wait_until(lambda: len(scaler.members()) == len(first) and not scaler.hints, 120,
@@ -170,8 +167,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         waiter.start()
         stack.callback(waiter.stopping.set)
         stop = threading.Event()
-        ticker = _ticker(scaler, stream, classes, poll_s / c * opts.time_scale,
-                         trace.duration_s, stop)
+        ticker = _ticker(scaler, poll_s / c * opts.time_scale, trace.duration_s, stop)
         sent = _send_stream(stream, dags, t0[0], clock, waiter, opts, "autoscale", echo,
                             lambda: 0, workload)
         _wait_for_jobs(sent, waiter, clock, opts, "autoscale", echo)
@@ -180,6 +176,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         # billed to the trace's end at least, as the simulator bills
         time.sleep(max(trace.duration_s - scaler.clock(), 0.0) * opts.time_scale)
         worker_s = scaler.close()
+        scaler.read_arrivals()  # the last ones, for the count against what was sent
         time.sleep(opts.settle_s)
         stranded = stranded_messages(client, PREFIX, provider.names())
         exited = exited_workers(provider)
@@ -193,6 +190,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
             "compression": c, "seed": seed, "jobs": len(stream),
             "worker_s": round(worker_s, 1), "sim_worker_s": sim["worker_s"],
             "ratio": round(worker_s / sim["worker_s"], 3) if sim["worker_s"] else None,
+            "arrivals_counted": dict(sorted(scaler.counted.items())),
             "added": scaler.first_seen, "initial": initial, "exited": exited,
             "decisions": scaler.decisions, "sim_timeline": sim["timeline"],
             "sim_slo": sim["slo"]["all"], "result": result}

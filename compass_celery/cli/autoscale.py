@@ -126,6 +126,10 @@ def autoscale_real(workload_path: str, trace_name: str, duration_s: float, peak:
                f"sight {held}/{len(added)}, loaded before its first task (log) "
                f"{before}/{len(added)}; worker-s real {r['worker_s']} sim "
                f"{r['sim_worker_s']} (ratio {r['ratio']})")
+    counted = r["arrivals_counted"]
+    click.echo(f"arrivals the controller read from Redis: {sum(counted.values())} of "
+               f"{r['jobs']} jobs sent (" + ", ".join(f"{k} {v}" for k, v in counted.items())
+               + ")")
     for name, code in sorted(r["exited"].items()):
         click.echo(f"worker {name} had exited (code {code}) before the audit: not drained; "
                    "its log says why", err=True)

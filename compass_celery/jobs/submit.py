@@ -17,6 +17,7 @@ with its keys; its counters, backlog or pending, are never left charged for it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -26,9 +27,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from redis import RedisError
+
 from .. import ledger
 from .. import refused as refusals
-from ..admission import admit, due_at
+from ..admission import NO_CLASS, admit, due_at
 from ..dag_validation import DagValidationError
 from ..errors import Rejected, RetriesExhausted, SendFailed
 from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
@@ -49,6 +52,7 @@ from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
 from ..planner.priority import for_priority
 from ..planner.types import ClusterView, DagSpec, Placement
+from ..state import arrivals
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
 from ..state.keys import COUNTERS
@@ -115,12 +119,13 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
     except Rejected:  # demand all the same: a model refused often wants copies
         refusals.note(c, [(t.model, t.exec_ms) for t in spec.nodes.values()],
                       urgent=slo is not None and slo.deadline_ms is not None)
+        _count_refused_arrival(c, slo)
         raise
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
     timeout = timeout_s if timeout_s is not None else cfg.job_timeout_s
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
     try:
-        _record(job, spec, plan, pending, timeout, verdict.late)
+        _record(job, spec, plan, pending, timeout, verdict.late, _arrival_class(slo))
     except RetriesExhausted as exc:  # nothing sent: the caller may send it again
         raise not_sent(c, spec.name, f"could not be reached for {job.retry_s:g} s: "
                                      f"{exc.__cause__ or exc}") from exc
@@ -233,10 +238,27 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
     return dict(full.placements), snapshot, job_missing(full.placements, models, cluster)
 
 
+def _arrival_class(slo: Slo | None) -> str:
+    """The class an arrival is counted under (the autoscaler's classes: no SLO, "none")."""
+    return slo.name if slo is not None and slo.name else NO_CLASS
+
+
+def _count_refused_arrival(c: CompassContext, slo: Slo | None) -> None:
+    """Count a refused job's arrival (the rate a fleet must serve includes what it
+    refused); best effort, as the refusal's own count: never waits for, or fails on,
+    Redis."""
+    if not c.settings.count_arrivals or c.store.client is None:
+        return
+    with contextlib.suppress(StateUnavailable, OSError, RedisError):
+        arrivals.count_refused_arrival(c.store.client, c.settings.key_prefix,
+                                       _arrival_class(slo))
+
+
 def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
-            pending: dict[str, tuple[str, float]], timeout: float, late: bool = False
-            ) -> None:
-    """Record the job whole, then start its clock and count its planned work (once)."""
+            pending: dict[str, tuple[str, float]], timeout: float, late: bool = False,
+            arrival: str | None = None) -> None:
+    """Record the job whole, then start its clock, count its planned work (once) and its
+    arrival under class ``arrival`` (with ``count_arrivals``)."""
     c, nodes, ttl = job.c, job.nodes, int(job.c.settings.job_ttl_s)
     now = time.time()
     # each entry with its node's level: what releasing its planned work takes back
@@ -261,6 +283,8 @@ def _record(job: _Submission, spec: DagSpec, plan: dict[str, Placement],
 
     def start(pipe: Any) -> None:  # its deadline, and planned work not sent yet counts (once)
         pipe.zadd(deadlines_key(c.settings.key_prefix), {job.job_id: now + timeout})
+        if arrival is not None and c.settings.count_arrivals:  # same slot as the deadline
+            arrivals.count_arrival(pipe, c.settings.key_prefix, arrival, now)
         _add_once(c, pipe, f"{job.job_id}:plan",
                   [x for n, (worker, ms) in pending.items()
                    for x in ledger.planned(worker, ms, nodes[n].get("priority"))])

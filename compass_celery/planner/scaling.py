@@ -51,6 +51,8 @@ DEFAULT_HORIZON_S = 30.0
 DEFAULT_DOWN_WINDOW_S = 300.0
 #: Seconds of arrivals the rate is measured over.
 DEFAULT_RATE_WINDOW_S = 30.0
+#: The work term's factor (1: each class at its utilisation bound).
+DEFAULT_HEADROOM = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,24 +115,29 @@ def _model_demand(classes: Sequence[ClassLoad], speed: float, ahead_s: float
 
 
 def _work_workers(classes: Sequence[ClassLoad], speed: float, ahead_s: float,
-                  max_util: float) -> float:
-    """Workers the classes' work needs at their utilisation bounds (step 1)."""
+                  max_util: float, headroom: float = 1.0) -> float:
+    """Workers the classes' work needs at their utilisation bounds (step 1), times
+    ``headroom``."""
     total = 0.0
     for c in classes:
         rate = max(0.0, c.rate_per_s + c.trend_per_s2 * ahead_s)
         work = rate * sum(c.work_ms.values()) / speed
         util = target_utilisation(c.path_ms / speed, c.deadline_ms, max_util)
         total += work / (1000.0 * util)
-    return total
+    return total * headroom
 
 
 def workers_needed(classes: Sequence[ClassLoad], members: Sequence[Member],
                    sizes_mb: Mapping[str, float], *, horizon_s: float = DEFAULT_HORIZON_S,
                    max_util: float = DEFAULT_MAX_UTIL, busy: float = REPLICA_BUSY,
-                   min_workers: int = 1) -> Need:
-    """Workers needed now and over ``horizon_s`` (steps 1 to 3 of the module's rule)."""
+                   min_workers: int = 1, headroom: float = DEFAULT_HEADROOM) -> Need:
+    """Workers needed now and over ``horizon_s`` (steps 1 to 3 of the module's rule);
+    ``headroom`` scales the work term (below 1 plans the workers busier than the M/M/1
+    bound, which is conservative for a fleet: M/M/c waits less at the same busy share)."""
     if not horizon_s > 0:
         raise ValueError(f"horizon_s must be > 0, got {horizon_s!r}")
+    if not headroom > 0:
+        raise ValueError(f"headroom must be > 0, got {headroom!r}")
     if not 0 < max_util <= 1:
         raise ValueError(f"max_util must be in (0, 1], got {max_util!r}")
     speed = sum(m.speed for m in members) / len(members) if members else 1.0
@@ -143,7 +150,7 @@ def workers_needed(classes: Sequence[ClassLoad], members: Sequence[Member],
         targets = replica_targets(_model_demand(classes, speed, ahead_s), busy=busy)
         replica_mb = sum(n * float(sizes_mb.get(m, 0.0)) for m, n in targets.items())
         by_memory = math.ceil(replica_mb / gpu_mb - 1e-9) if gpu_mb > 0 else 0
-        work = _work_workers(classes, speed, ahead_s, max_util)
+        work = _work_workers(classes, speed, ahead_s, max_util, headroom)
         n = max(math.ceil(work + backlog - 1e-9), by_memory,
                 max(targets.values(), default=0), min_workers)
         return n, work, by_memory, targets
@@ -190,9 +197,10 @@ class RateWindow:
         self.window_s = window_s
         self._times: dict[str, deque[float]] = {}
 
-    def observe(self, name: str, t_s: float) -> None:
-        """One arrival of class ``name`` at ``t_s``."""
-        self._times.setdefault(name, deque()).append(t_s)
+    def observe(self, name: str, t_s: float, count: int = 1) -> None:
+        """``count`` arrivals of class ``name`` at ``t_s`` (a bucket counted elsewhere);
+        arrivals come in time order."""
+        self._times.setdefault(name, deque()).extend([t_s] * count)
 
     def rates(self, now_s: float) -> dict[str, tuple[float, float]]:
         """Class -> (jobs per second over the window, trend in jobs per second per
@@ -300,11 +308,11 @@ def decide(classes: Sequence[ClassLoad], members: Sequence[Member],
            sizes_mb: Mapping[str, float], damper: Damper, now_s: float, *,
            horizon_s: float = DEFAULT_HORIZON_S, max_util: float = DEFAULT_MAX_UTIL,
            min_workers: int = 1, max_workers: int | None = None,
-           gpu_mb: float | None = None) -> Decision:
+           gpu_mb: float | None = None, headroom: float = DEFAULT_HEADROOM) -> Decision:
     """The whole rule: the need, damped, and the workers to add (with their preloads)
     or drain. ``members`` are the workers alive and starting (not those draining)."""
     need = workers_needed(classes, members, sizes_mb, horizon_s=horizon_s,
-                          max_util=max_util, min_workers=min_workers)
+                          max_util=max_util, min_workers=min_workers, headroom=headroom)
     wanted = max(need.now, need.horizon)
     if max_workers is not None:
         wanted = min(wanted, max_workers)

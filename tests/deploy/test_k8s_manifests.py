@@ -1,6 +1,7 @@
 """The Kubernetes manifests: valid against the Kubernetes schemas (offline), and true to
-what the workers need: a GPU each, time to hand back, names that survive restarts, no
-committed password, and commands that name modules and flags that exist."""
+what the workers need: a GPU each, time to hand back, a name per pod, a scale-in that
+removes the pod the autoscaler marked, no committed password, and commands that name
+modules and flags that exist."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from compass_celery.providers import HINT
+from compass_celery.providers import DELETION_COST, DELETION_COST_KINDS, HINT
 from compass_celery.settings import OPTIONS
 from compass_celery.worker.bootstep import WORKER_FLAGS
 
@@ -188,7 +189,8 @@ def secret_problems(manifests: Manifests) -> list[str]:
 
 def worker_problems(manifests: Manifests) -> list[str]:
     """Every worker: solo pool, a name per pod, grace for hand-back, a liveness ping,
-    known flags; GPU workers: a StatefulSet with one GPU each, cuda:0."""
+    known flags; GPU workers: one GPU each, cuda:0, in a workload whose scale-in honours
+    the pod-deletion cost the autoscaler sets (a Deployment)."""
     out, kinds = [], {"gpu": 0, "emulated": 0}
     for path, docs in manifests.items():
         for doc in docs:
@@ -222,8 +224,10 @@ def worker_problems(manifests: Manifests) -> list[str]:
                 gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu")
                 if "--compass-gpu" in cmd:
                     kinds["gpu"] += 1
-                    if doc["kind"] != "StatefulSet":
-                        out.append(f"{where}: GPU workers need stable names (StatefulSet)")
+                    if doc["kind"] not in DELETION_COST_KINDS:
+                        out.append(f"{where}: a {doc['kind']} ignores {DELETION_COST}: "
+                                   f"GPU workers must be a Deployment to scale in the "
+                                   f"chosen pod")
                     if str(gpus) != "1":
                         out.append(f"{where}: limits nvidia.com/gpu is {gpus!r}, not 1")
                     if arg_after(cmd, "--compass-gpu") != "cuda:0":
@@ -294,10 +298,53 @@ def reference_problems(manifests: Manifests) -> list[str]:
     return out
 
 
-def problems(manifests: Manifests) -> list[str]:
-    """Every invariant broken by ``manifests``."""
+def workload_of(manifests: Manifests, kind: str, name: str) -> dict[str, Any] | None:
+    """The workload ``kind``/``name`` among the manifests (None: not there)."""
+    return next((d for docs in manifests.values() for d in docs
+                 if d.get("kind") == kind and d["metadata"]["name"] == name), None)
+
+
+def scaling_problems(manifests: Manifests, keda: dict[str, Any] | None = None) -> list[str]:
+    """What KEDA scales is what the autoscaler's provider can steer: every ScaledObject's
+    target is a workload in the manifests whose scale-in reads the pod-deletion cost
+    (:data:`DELETION_COST_KINDS`: a StatefulSet removes its highest ordinal whatever the
+    annotation says), running GPU workers; and the keda overlay's patch (which drops the
+    replicas and adds the preload hint) targets that same workload."""
+    out = []
+    keda = keda if keda is not None else yaml.safe_load((K8S / "keda" /
+                                                         "kustomization.yaml").read_text())
+    scaled = [(path, d) for path, docs in manifests.items() for d in docs
+              if d.get("kind") == "ScaledObject"]
+    if not scaled:
+        out.append("no ScaledObject in the manifests")
+    for path, obj in scaled:
+        ref = obj["spec"]["scaleTargetRef"]
+        kind, name = ref.get("kind", "Deployment"), ref["name"]  # KEDA's default kind
+        where = f"{path}: ScaledObject {obj['metadata']['name']} -> {kind} {name}"
+        if kind not in DELETION_COST_KINDS:
+            out.append(f"{where}: a {kind} ignores {DELETION_COST}, so the scale-in "
+                       f"cannot remove the pod the autoscaler marked")
+        target = workload_of(manifests, kind, name)
+        if target is None:
+            out.append(f"{where}: no such workload in the manifests")
+            continue
+        if ref.get("apiVersion", "apps/v1") != target["apiVersion"]:
+            out.append(f"{where}: apiVersion {ref.get('apiVersion')} is not the target's")
+        if not any("--compass-gpu" in command_text(c) for c in containers(target)):
+            out.append(f"{where}: the target runs no GPU worker")
+        patched = {(p["target"].get("kind"), p["target"].get("name"))
+                   for p in keda.get("patches", [])}
+        if (kind, name) not in patched:
+            out.append(f"{where}: the keda overlay patches {sorted(patched)}, not the "
+                       f"scaled target (its replicas would fight KEDA, its pods get no "
+                       f"preload hint)")
+    return out
+
+
+def problems(manifests: Manifests, keda: dict[str, Any] | None = None) -> list[str]:
+    """Every invariant broken by ``manifests`` (and the keda overlay's kustomization)."""
     return secret_problems(manifests) + worker_problems(manifests) + \
-        reference_problems(manifests)
+        reference_problems(manifests) + scaling_problems(manifests, keda)
 
 
 # -- tests --------------------------------------------------------------------------
@@ -352,7 +399,7 @@ def test_every_manifest_is_in_a_kustomization_and_secrets_stay_out_of_git() -> N
 
 
 def _gpu_worker(m: Manifests) -> dict[str, Any]:
-    return next(d for d in m["gpu/gpu-workers.yaml"] if d["kind"] == "StatefulSet")
+    return next(d for d in m["gpu/gpu-workers.yaml"] if d["kind"] == "Deployment")
 
 
 def _gpu_container(m: Manifests) -> dict[str, Any]:
@@ -376,7 +423,14 @@ BREAKAGES = {
         terminationGracePeriodSeconds=30), "terminationGracePeriodSeconds"),
     "name from the host": (lambda m: _replace_arg(m, "gpu@$(POD_NAME)", "gpu@%h"),
                            "worker name"),
-    "a Deployment": (lambda m: _gpu_worker(m).update(kind="Deployment"), "StatefulSet"),
+    "GPU workers as a StatefulSet": (lambda m: _gpu_worker(m).update(kind="StatefulSet"),
+                                     "ignores " + DELETION_COST),
+    "KEDA scales a StatefulSet": (
+        lambda m: m[SCALED_OBJECT][0]["spec"]["scaleTargetRef"].update(kind="StatefulSet"),
+        "cannot remove the pod the autoscaler marked"),
+    "KEDA scales what is not there": (
+        lambda m: m[SCALED_OBJECT][0]["spec"]["scaleTargetRef"].update(name="gpu-workers"),
+        "no such workload"),
     "prefork pool": (lambda m: _replace_arg(m, "solo", "prefork"), "solo"),
     "literal password in a URL": (
         lambda m: _set_env(m, "COMPASS_BROKER_URL", "redis://:hunter2@compass-redis:6379/0"),
@@ -440,10 +494,13 @@ def test_kustomize_builds_each_overlay_and_refuses_without_secrets(tmp_path: Pat
         for doc in docs:
             if not is_custom(doc):
                 utils.validate(doc, schema_versions(utils)[0], strict=True)
-        gpu = [d for d in docs if d["kind"] == "StatefulSet"
+        gpu = [d for d in docs if d["kind"] == "Deployment"
                and d["metadata"]["name"] == "compass-gpu-worker"]
+        assert ("StatefulSet", "compass-gpu-worker") not in names
         if overlay == "keda":  # KEDA owns the count: an apply must not reset it
             assert ("ScaledObject", "compass-gpu-worker") in names
+            # what it scales is built, and is a kind whose scale-in reads the mark
+            assert scaling_problems({"built": docs}) == []
             assert "replicas" not in gpu[0]["spec"]
             # a new pod pops the autoscaler's preload hint (providers.HINT) at start
             command = next(containers(gpu[0]))["command"]
@@ -452,8 +509,37 @@ def test_kustomize_builds_each_overlay_and_refuses_without_secrets(tmp_path: Pat
             assert ("ScaledObject", "compass-gpu-worker") not in names
 
 
+def test_the_keda_overlay_patching_another_workload_is_caught() -> None:
+    keda = yaml.safe_load((K8S / "keda" / "kustomization.yaml").read_text())
+    assert scaling_problems(load(), keda) == []
+    keda["patches"][0]["target"]["kind"] = "StatefulSet"  # the target before it moved
+    found = scaling_problems(load(), keda)
+    assert any("not the scaled target" in p for p in found), found
+
+
+def test_the_guide_marks_pods_of_the_workload_keda_scales() -> None:
+    """The provider the autoscaling guide builds lists the pods of the scaled Deployment
+    (its label selector matches the pod template's labels) and names workers as the pods
+    do (``-n gpu@$(POD_NAME)``), so the pod it marks is one KEDA's scale-in picks from."""
+    text = (ROOT / "docs" / "guides" / "autoscaling.md").read_text()
+    call = re.search(r'KubernetesProvider\("([\w-]+)", "[\w-]+",\s*"([^"]+)"', text)
+    assert call is not None, "the guide builds no KubernetesProvider"
+    name, selector = call.groups()
+    (obj,) = load()[SCALED_OBJECT]
+    ref = obj["spec"]["scaleTargetRef"]
+    assert (ref["kind"], ref["name"]) == ("Deployment", name)
+    target = workload_of(load(), "Deployment", name)
+    assert target is not None
+    labels = target["spec"]["template"]["metadata"]["labels"]
+    wanted = dict(term.split("=", 1) for term in selector.split(","))
+    assert wanted.items() <= labels.items(), (wanted, labels)
+    assert wanted.items() <= target["spec"]["selector"]["matchLabels"].items()
+    cmd = next(containers(target))["command"]
+    assert arg_after(cmd, "-n") == "gpu@$(POD_NAME)"  # the provider's worker_prefix "gpu"
+
+
 def test_the_scaled_object_scales_the_gpu_workers_on_the_capacity_signal() -> None:
-    """KEDA's ScaledObject targets the GPU worker StatefulSet and asks Prometheus for
+    """KEDA's ScaledObject targets the GPU worker Deployment and asks Prometheus for
     compass_workers_needed, a gauge the state collector exports, one pod per unit."""
     (obj,) = load()[SCALED_OBJECT]
     assert (obj["apiVersion"], obj["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")

@@ -1,0 +1,144 @@
+"""Arrivals counted in Redis by the submitting side and read by an autoscaler controller
+(state/arrivals.py): each job counted once under its SLO class, admitted or refused, in
+the transaction that records it; read back once each, late writes included; and the
+controller's rate is what the producers submitted, not what its own process saw."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+
+from compass_celery import Dag
+from compass_celery.cli.common import load
+from compass_celery.emulated import make_app
+from compass_celery.errors import Rejected
+from compass_celery.planner.types import WorkerView
+from compass_celery.providers import Autoscaler
+from compass_celery.state import keys
+from compass_celery.state.arrivals import (
+    ARRIVAL_TTL_S,
+    ArrivalCounter,
+    arrivals_key,
+    bucket_of,
+    count_arrival,
+)
+
+pytestmark = pytest.mark.redis
+M = "captioner"
+
+
+def _totals(polls: list[tuple[str, float, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for cls, _, n in polls:
+        out[cls] = out.get(cls, 0) + n
+    return out
+
+
+def test_each_arrival_is_read_once_late_writes_included(compass_redis_url: str) -> None:
+    r = redis.Redis.from_url(compass_redis_url)
+    now = [1_000_000.25]
+    counter = ArrivalCounter(r, "arr", wall=lambda: now[0])
+    for _ in range(3):
+        count_arrival(r, "arr", "interactive", now[0])
+    count_arrival(r, "arr", "standard", now[0])
+    first = counter.poll()
+    assert _totals(first) == {"interactive": 3, "standard": 1}
+    assert all(0.0 <= age <= 1.0 for _, age, _ in first)
+    assert counter.poll() == []  # nothing new: nothing handed out twice
+    now[0] += 2.0
+    count_arrival(r, "arr", "interactive", now[0])
+    count_arrival(r, "arr", "interactive", now[0] - 2.0)  # late, into a bucket already read
+    again = counter.poll()
+    assert _totals(again) == {"interactive": 2}
+    # each at its bucket's middle (the current one's is not past yet: age 0)
+    assert sorted(round(age, 2) for _, age, _ in again) == [0.0, 1.75]
+    ttl = r.ttl(arrivals_key("arr", bucket_of(now[0])))
+    assert 0 < ttl <= ARRIVAL_TTL_S  # buckets expire on their own
+
+
+def test_a_new_controller_reads_back_its_window(compass_redis_url: str) -> None:
+    r = redis.Redis.from_url(compass_redis_url)
+    now = 2_000_000.0
+    for s in range(60):
+        count_arrival(r, "arr", "interactive", now - s - 0.5)
+    restarted = ArrivalCounter(r, "arr", backfill_s=30.0, wall=lambda: now)
+    assert _totals(restarted.poll()) == {"interactive": 30}  # the last 30 s
+    assert _totals(ArrivalCounter(r, "arr", wall=lambda: now).poll()) == {}
+
+
+@pytest.fixture
+def producer(compass_redis_url: str) -> Iterator[Any]:
+    """A producing app and one worker record (nothing consumes: the jobs wait queued)."""
+    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
+                   compass_key_prefix="arrp", compass_heartbeat_timeout_s=3600.0)
+    c = app.compass
+    c.store.publish(WorkerView(name="x@arr", queue=c.queue_for("x@arr"), gpu_total_mb=4000,
+                               gpu_free_mb=1000, resident=frozenset({M}),
+                               heartbeat=time.time()))
+    yield app
+    c.close()
+
+
+def _job(app: Any, name: str) -> Dag:
+    dag = Dag(app, name)
+    dag.node("a", app.tasks["emulated.infer"].s(M, 200.0, 0), model=M, exec_ms=200.0)
+    return dag
+
+
+def test_submitted_jobs_are_counted_per_class_admitted_or_refused(producer: Any) -> None:
+    r = redis.Redis.from_url(producer.conf.broker_url)
+    counter = ArrivalCounter(r, "arrp", backfill_s=60.0)
+    for i in range(4):
+        _job(producer, f"ok{i}").apply_async(slo="interactive", deadline_ms=60_000)
+    _job(producer, "plain").apply_async()
+    for i in range(2):
+        with pytest.raises(Rejected):  # 200 ms of work cannot end within 5 ms
+            _job(producer, f"late{i}").apply_async(slo="interactive", deadline_ms=5)
+    assert _totals(counter.poll()) == {"interactive": 6, "none": 1}
+    # admitted jobs were counted beside their deadline: 5 jobs in the deadline set
+    assert r.zcard(keys.key(keys.JOB_DEADLINES, "arrp")) == 5
+
+
+def test_counting_can_be_turned_off(compass_redis_url: str) -> None:
+    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
+                   compass_key_prefix="arroff", compass_count_arrivals=False)
+    try:
+        _job(app, "quiet").apply_async(slo="interactive", deadline_ms=60_000)
+        r = redis.Redis.from_url(compass_redis_url)
+        assert list(r.scan_iter(match="{arroff}:arrivals:*")) == []
+    finally:
+        app.compass.close()
+
+
+class _Nobody:
+    """A provider with no workers to start (the test watches the rate, not the fleet)."""
+
+    def names(self) -> list[str]:
+        return []
+
+    def add(self, preload: Any = ()) -> str:
+        return ""
+
+    def remove(self, name: str) -> None:
+        pass
+
+
+def test_the_controller_sizes_from_what_producers_submitted(producer: Any) -> None:
+    """Jobs submitted by a producer the controller never hears from directly: its tick
+    reads their count from Redis, and asks for the workers that rate needs."""
+    r = redis.Redis.from_url(producer.conf.broker_url)
+    workload = load("autoscale-mix")
+    scaler = Autoscaler(_Nobody(), workload, lambda: [], window_s=10.0, down_window_s=5.0,
+                        horizon_s=2.0, gpu_mb=4000.0, clock=time.monotonic,
+                        arrivals=ArrivalCounter(r, "arrp", backfill_s=10.0))
+    idle = scaler.tick()
+    for i in range(40):
+        _job(producer, f"j{i}").apply_async(slo="interactive", deadline_ms=60_000)
+    busy = scaler.tick()
+    assert scaler.counted == {"interactive": 40}
+    rate, _ = scaler.window.rates(scaler.clock())["interactive"]
+    assert rate > 0 and busy.need.work_workers > idle.need.work_workers
