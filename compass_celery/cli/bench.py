@@ -282,10 +282,15 @@ def slo_table(folder: str) -> None:
               "measured, instead of reading the saved ones")
 @click.option("--no-delays", is_flag=True,
               help="with --resimulate: without the measured delays of sends and answers")
+@click.option("--draws", "draws_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="simulated draws made elsewhere (JSON: run name -> "
+              "variant -> draw_means_ms and draw_loads), e.g. on the simulator that made "
+              "the runs; they replace the saved ones")
+@click.option("--variant", default=None, help="with --draws: which variant")
 @click.option("--json", "json_out", default=None,
               help="write each group's verdict and each run's simulated spread here")
 def realsim_table(folder: str, workloads_dir: str, resimulate: bool, no_delays: bool,
-                  json_out: str | None) -> None:
+                  draws_path: str | None, variant: str | None, json_out: str | None) -> None:
     """Judge every group of reruns in FOLDER and print the table."""
     import json
     from dataclasses import asdict
@@ -302,6 +307,9 @@ def realsim_table(folder: str, workloads_dir: str, resimulate: bool, no_delays: 
         except WorkloadError:
             continue
         known.setdefault(w.name, w)
+    if (draws_path is None) != (variant is None) or (draws_path and resimulate):
+        raise click.UsageError("--draws takes --variant (and not --resimulate)")
+    draws = json.loads(Path(draws_path).read_text()) if draws_path else {}
     groups: dict[tuple[str, float], list[Any]] = {}
     spreads: dict[str, Any] = {}
     for path in sorted(Path(folder).glob("*.json")):
@@ -315,6 +323,12 @@ def realsim_table(folder: str, workloads_dir: str, resimulate: bool, no_delays: 
         if resimulate:
             result["simulated_drawn_spread"] = again(result, workload, not no_delays)
             click.echo(f"  {path.name}: simulated again", err=True)
+        elif draws:
+            made = draws.get(path.stem, {}).get(variant)
+            if made is None:
+                raise click.ClickException(f"{draws_path}: no {variant!r} draws of {path.stem}")
+            for s in result["simulated_drawn_spread"].values():
+                s.update(made)
         spreads[path.stem] = result["simulated_drawn_spread"]
         sizes = {name: len(spec.nodes) for name, spec in workload.dags.items()}
         groups.setdefault((workload.name, float(result["time_scale"])), []).append(

@@ -4,6 +4,7 @@ within 1.3x or 0.5% of the tasks; and the table command over saved runs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -135,3 +136,36 @@ def test_the_table_command_judges_each_workload_and_time_scale(tmp_path):
         path.unlink()
     result = CliRunner().invoke(compass_command, ["bench", "realsim-table", str(tmp_path)])
     assert result.exit_code != 0 and "3 reruns or more" in result.output
+
+
+def test_draws_made_elsewhere_replace_the_saved_ones(tmp_path):
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for seed in (1, 2, 3):
+        (runs / f"ev-s{seed}.json").write_text(json.dumps(_saved(150.0, [105.0, 112.0], seed)))
+    made = {
+        f"ev-s{seed}": {"late": {"draw_means_ms": [140.0, 160.0], "draw_loads": [0, 0]}}
+        for seed in (1, 2, 3)
+    }
+    (tmp_path / "draws.json").write_text(json.dumps(made))
+    args = ["bench", "realsim-table", str(runs), "--draws", str(tmp_path / "draws.json")]
+    assert CliRunner().invoke(compass_command, [*args[:3]]).exit_code == 1  # as saved: fails
+    result = CliRunner().invoke(compass_command, [*args, "--variant", "late"])
+    assert result.exit_code == 0, result.output
+    assert "| 150.0 | 140.0-160.0 |" in result.output
+    missing = CliRunner().invoke(compass_command, [*args, "--variant", "other"])
+    assert missing.exit_code != 0 and "no 'other' draws of ev-s1" in missing.output
+
+
+def test_a_saved_run_simulated_again_with_its_delays_runs_later():
+    from compass_celery.cli.compare import resimulate
+    from compass_celery.workload import load_workload
+
+    saved = json.loads(Path("docs/results/realsim/edge-vision-1.0.json").read_text())
+    saved["policies"]["compass"]["jobs"] = 60  # what it measured, on fewer jobs
+    workload = load_workload("dags/edge-vision.json")
+    plain = resimulate(saved, workload, delays=False)["compass"]
+    delayed = resimulate(saved, workload)["compass"]
+    assert plain["draws"] == delayed["draws"] == 9 and len(delayed["draw_means_ms"]) == 9
+    # each job's sends and answer wait their measured delays (a few ms each)
+    assert delayed["mean_ms"]["median"] > plain["mean_ms"]["median"] + 3.0
