@@ -205,3 +205,68 @@ def load_outcomes(rows: Iterable[Mapping[str, Any]], real_ms: float = 100.0
         out["when_waited_for"] = _stats(np.array([r["pred_load"] for r in both]),
                                         np.array([r["meas_load"] for r in both]))
     return out
+
+
+def job_segments(rows: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]],
+                 nodes_of: Mapping[str, Iterable[str]]) -> list[list[Mapping[str, Any]]]:
+    """The node rows of each job in ``jobs`` (the completed ones after warm-up, in the
+    order the rows were taken; ``nodes_of``: each template's node names). Rows that carry
+    their job's index are grouped by it; older runs' rows, kept job after job in its
+    template's node order, are split where that order goes back or leaves the
+    template."""
+    if rows and all("job" in r for r in rows):
+        by: dict[int, list[Mapping[str, Any]]] = {}
+        for r in rows:
+            by.setdefault(int(r["job"]), []).append(r)
+        return [by.get(int(j["i"]), []) for j in jobs]
+    out: list[list[Mapping[str, Any]]] = []
+    k = 0
+    for j in jobs:
+        place = {n: i for i, n in enumerate(nodes_of[j["dag"]])}
+        seg: list[Mapping[str, Any]] = []
+        last = -1
+        while k < len(rows) and place.get(rows[k]["node"], -1) > last:
+            last = place[rows[k]["node"]]
+            seg.append(rows[k])
+            k += 1
+        out.append(seg)
+    if k != len(rows):
+        raise ValueError(f"{len(rows) - k} node rows left over: rows and jobs do not match")
+    return out
+
+
+def release_delays(rows: Sequence[Mapping[str, Any]], jobs: Sequence[Mapping[str, Any]],
+                   preds_of: Mapping[str, Mapping[str, Sequence[str]]]
+                   ) -> tuple[list[float], list[float]]:
+    """What a job's path paid that no task's own terms cover (workload ms), per send and
+    per job, for the simulator to draw (``sim.hops``):
+
+    - a node's *release*: from its last input's recorded end to its own send (the
+      finishing worker's completion: result stored, join counted, successor placed and
+      sent); a source's from its job's record. A node's send is its end less its run,
+      start-up and queue wait. Negative ones (a node whose recorded terms overlap its
+      input's end, e.g. a re-delivered input) are left out.
+    - a job's *answer*: its latency as its sender saw it less its last node's end after
+      the record: the plan before the record and the answer's delivery. Only jobs whose
+      every node ran where planned (all rows present) count.
+
+    ``jobs``: the run's completed jobs after warm-up, in row order (``per_job``);
+    ``preds_of``: per template, each node's inputs."""
+    releases: list[float] = []
+    answers: list[float] = []
+    for job, seg in zip(jobs, job_segments(rows, jobs, preds_of), strict=True):
+        preds = preds_of[job["dag"]]
+        by = {r["node"]: r for r in seg}
+        for name, r in by.items():
+            ins = preds.get(name, ())
+            if any(p not in by for p in ins):
+                continue
+            sent = (float(r["meas_finish"]) - float(r["meas_run"]) - float(r["meas_load"])
+                    - float(r["meas_wait"]))
+            gap = sent - max((float(by[p]["meas_finish"]) for p in ins), default=0.0)
+            if gap >= 0.0:
+                releases.append(gap)
+        if seg and len(by) == len(preds) and job.get("latency_ms") is not None:
+            answers.append(max(0.0, float(job["latency_ms"])
+                               - max(float(r["meas_finish"]) for r in seg)))
+    return releases, answers

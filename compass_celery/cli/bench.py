@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import click
 
@@ -262,3 +263,81 @@ def slo_table(folder: str) -> None:
     from ..bench.slo import markdown_tables
 
     click.echo(markdown_tables(folder))
+
+
+@bench.command(name="realsim-table",
+               help="The criterion the simulator meets against the real cluster, per "
+               "workload and time scale over the runs saved in DIR by bench cluster "
+               "--compare-sim (three or more reruns on fresh arrivals each): the real "
+               "mean pooled over the reruns within the pooled simulated means' range over "
+               "the draws, and the loads after warm-up within 1.3x or 0.5% of the tasks. "
+               "Exits 1 when one fails.")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False),
+                default="docs/results/realsim")
+@click.option("--workloads", "workloads_dir", type=click.Path(exists=True, file_okay=False),
+              default="dags", show_default=True,
+              help="where the runs' workload files are (found by name)")
+@click.option("--resimulate", is_flag=True,
+              help="make the drawn simulations again on this simulator from what each run "
+              "measured, instead of reading the saved ones")
+@click.option("--no-delays", is_flag=True,
+              help="with --resimulate: without the measured delays of sends and answers")
+@click.option("--draws", "draws_path", type=click.Path(exists=True, dir_okay=False),
+              default=None, help="simulated draws made elsewhere (JSON: run name -> "
+              "variant -> draw_means_ms and draw_loads), e.g. on the simulator that made "
+              "the runs; they replace the saved ones")
+@click.option("--variant", default=None, help="with --draws: which variant")
+@click.option("--json", "json_out", default=None,
+              help="write each group's verdict and each run's simulated spread here")
+def realsim_table(folder: str, workloads_dir: str, resimulate: bool, no_delays: bool,
+                  draws_path: str | None, variant: str | None, json_out: str | None) -> None:
+    """Judge every group of reruns in FOLDER and print the table."""
+    import json
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from ..bench.realsim import MIN_RERUNS, judge, rerun_of, table
+    from ..workload import WorkloadError, load_workload
+    from .compare import resimulate as again
+
+    known: dict[str, Any] = {}
+    for path in sorted(Path(workloads_dir).glob("*.json")):
+        try:
+            w = load_workload(str(path))
+        except WorkloadError:
+            continue
+        known.setdefault(w.name, w)
+    if (draws_path is None) != (variant is None) or (draws_path and resimulate):
+        raise click.UsageError("--draws takes --variant (and not --resimulate)")
+    draws = json.loads(Path(draws_path).read_text()) if draws_path else {}
+    groups: dict[tuple[str, float], list[Any]] = {}
+    spreads: dict[str, Any] = {}
+    for path in sorted(Path(folder).glob("*.json")):
+        result = json.loads(path.read_text())
+        if "simulated_drawn_spread" not in result:
+            continue
+        workload = known.get(result.get("workload", ""))
+        if workload is None:
+            raise click.ClickException(f"{path}: workload {result.get('workload')!r} is not "
+                                       f"in {workloads_dir}")
+        if resimulate:
+            result["simulated_drawn_spread"] = again(result, workload, not no_delays)
+            click.echo(f"  {path.name}: simulated again", err=True)
+        elif draws:
+            made = draws.get(path.stem, {}).get(variant)
+            if made is None:
+                raise click.ClickException(f"{draws_path}: no {variant!r} draws of {path.stem}")
+            for s in result["simulated_drawn_spread"].values():
+                s.update(made)
+        spreads[path.stem] = result["simulated_drawn_spread"]
+        sizes = {name: len(spec.nodes) for name, spec in workload.dags.items()}
+        groups.setdefault((workload.name, float(result["time_scale"])), []).append(
+            rerun_of(result, sizes))
+    judged = [(name, scale, runs) for (name, scale), runs in sorted(groups.items())
+              if len(runs) >= MIN_RERUNS]
+    if not judged:
+        raise click.ClickException(f"no workload in {folder} has {MIN_RERUNS} reruns or more")
+    click.echo(table(judged))
+    verdicts = {f"{name}@{scale:g}": asdict(judge(runs)) for name, scale, runs in judged}
+    write_json({"verdicts": verdicts, "spreads": spreads}, json_out)
+    sys.exit(0 if all(v["passed"] for v in verdicts.values()) else 1)

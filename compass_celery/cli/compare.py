@@ -14,15 +14,17 @@ if TYPE_CHECKING:
 
 
 
-def per_task_cost(result: dict[str, Any], real: bool
-                   ) -> tuple[float, str, MeasuredHops | None]:
+def per_task_cost(result: dict[str, Any], real: bool, workload: Any = None,
+                  warmup_frac: float = 0.1) -> tuple[float, str, MeasuredHops | None]:
     """What each task cost the real workers beyond its run, for the simulator's hop (ms;
     the median over policies) and how it is made up: the mean hop (the busy time the
     hops took), the median start-up of a task on a resident model (its inputs and
     bookkeeping before the run) and, on emulated GPUs, the median overshoot of a run
     over its declared time (a real-compute run feeds the simulator measured run times
     instead). Last, that policy's measured hops and per-task overshoots themselves, to
-    draw task by task (``None`` where the run kept no hops)."""
+    draw task by task (``None`` where the run kept no hops), with, given the
+    ``workload`` the run ran, the delays of its sends and answers
+    (:func:`~compass_celery.bench.terms.release_delays`)."""
     from ..bench.terms import run_overshoot_ms, startup_ms, task_overshoots
     from ..sim.hops import MeasuredHops
 
@@ -34,13 +36,34 @@ def per_task_cost(result: dict[str, Any], real: bool
             parts.append((hop, startup_ms(rows),
                           0.0 if real else max(0.0, run_overshoot_ms(rows)),
                           MeasuredHops.of(r.get("hop_gaps_ms") or [],
-                                          task_overshoots(rows, real))))
+                                          task_overshoots(rows, real),
+                                          *_delays(r, workload, warmup_frac))))
     if not parts:
         return 0.0, "", None
     hop, start, over, measured = sorted(parts, key=lambda p: sum(p[:3]))[len(parts) // 2]
     why = f"mean hop {hop:g} ms" + (f" + start-up {start:g} ms" if start else "") + (
         f" + run overshoot {over:g} ms" if over else "")
     return round(hop + start + over, 1), why, measured
+
+
+def _delays(run: dict[str, Any], workload: Any, warmup_frac: float
+            ) -> tuple[list[float], list[float]]:
+    """A policy's measured send and answer delays (none without its workload's
+    templates, or where its rows do not match its jobs)."""
+    from ..bench.terms import release_delays
+
+    if workload is None:
+        return [], []
+    per_job = run.get("per_job") or []
+    skip = int(len(per_job) * warmup_frac)
+    jobs = [j for j in per_job if j["i"] >= skip and j.get("latency_ms") is not None
+            and j.get("outcome") in ("met", "late")]
+    preds = {name: {n: spec.preds(n) for n in spec.nodes}
+             for name, spec in workload.dags.items()}
+    try:
+        return release_delays(run.get("prediction_rows") or [], jobs, preds)
+    except (KeyError, ValueError):
+        return [], []
 
 
 #: How many independent draws of the measured per-task costs ``--compare-sim`` simulates:
@@ -65,14 +88,16 @@ def compare_with_sim(result: dict[str, Any], workload: Any, real: bool,
                 for row in r.get("prediction_rows", [])]
         workload = measured_workload(workload, rows)
         result["simulated_workload"] = workload.description
-    hop, why, measured = per_task_cost(result, real)
+    hop, why, measured = per_task_cost(result, real, workload, cluster.warmup_frac)
     result["simulated_hop_ms"] = hop
     runs = [("zero hop overhead", "", 0.0, None)]
     if hop:
         runs.append((f"the measured per-task cost, {hop} ms ({why})", "_hop", hop, None))
     if hop and measured is not None:
         plus = (", each plus a start-up" + ("" if real else " and a run overshoot")
-                if measured.overshoots_ms else "")
+                if measured.overshoots_ms else "") + (
+            f"; {len(measured.releases_ms)} sends' and {len(measured.answers_ms)} answers' "
+            "delays" if measured.releases_ms else "")
         runs.append((f"the measured per-task costs drawn task by task "
                      f"({len(measured.hops_ms)} hops{plus}), the median of {SIM_DRAWS} "
                      "draws", "_drawn", hop, measured))
@@ -144,3 +169,29 @@ def real_over_sim(real: dict[str, Any], simulated: dict[str, Any]) -> dict[str, 
 
 def _pct(fraction: float | None) -> str:
     return "-" if fraction is None else f"{fraction:.1%}"
+
+
+def resimulate(result: dict[str, Any], workload: Any, delays: bool = True,
+               warmup_frac: float = 0.1) -> dict[str, Any]:
+    """A saved ``--compare-sim`` result's drawn simulations made again on this simulator,
+    from what the run measured (its hops, start-ups and overshoots and, with ``delays``,
+    its sends' and answers' delays) on the same arrivals (``workload`` reseeded with the
+    run's seed): the new ``simulated_drawn_spread``. ``SIM_DRAWS`` draws."""
+    from dataclasses import replace
+
+    from ..sim.options import SimOptions
+    from ..sim.runner import simulate_draws
+
+    hop, _, measured = per_task_cost(result, False, workload, warmup_frac)
+    if measured is None:
+        raise ValueError("the run kept no hops to draw from")
+    if not delays:
+        measured = replace(measured, releases_ms=(), answers_ms=())
+    first = next(iter(result["policies"].values()))
+    opts = SimOptions(rate=result.get("rate_per_s"), jobs=first["jobs"],
+                      warmup_frac=warmup_frac)
+    spread = simulate_draws(workload.reseeded(int(result["seed"])), list(result["policies"]),
+                            measured, SIM_DRAWS, opts, hop_ms=hop)
+    for s in spread.values():
+        s.pop("run")
+    return spread

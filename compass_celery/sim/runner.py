@@ -177,6 +177,10 @@ class Simulation:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:
             self.cluster.warm(replicas.by_worker())
+        # the measured delays of a send and of a job's answer (hops.py), drawn per
+        # send and per job; none measured: successors go at their predecessor's end
+        delays = o.measured_hops.delays(workload.seed) if o.measured_hops else None
+        self.release_ms, self.answer_ms = delays or (None, None)
         self.preds = {n: {t: d.preds(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.succs = {n: {t: d.succs(t) for t in d.nodes} for n, d in workload.dags.items()}
         self.jobs: list[Job] = []
@@ -226,7 +230,21 @@ class Simulation:
             self.cluster.by_name[worker].add_pending(ms, job.level)
         for node in dag.nodes:
             if not preds[node]:
-                self._send(job, node, job.planned[node])
+                self._release(job, node, job.planned[node])
+
+    def _release(self, job: Job, node: str, target: str | None = None) -> None:
+        """Send a node whose inputs are done, after the measured delay of a send when
+        one is drawn (the sender's completion, its placement and the send); ``target``
+        None: its worker is decided when it goes (``_target``)."""
+        if self.release_ms is None:
+            self._send(job, node, target if target is not None else self._target(job, node))
+            return
+        self.engine.after(self.release_ms(), self._released, job, node, target)
+
+    def _released(self, job: Job, node: str, target: str | None) -> None:
+        if job.shed or job.failed:  # ended while the send was under way: nothing goes
+            return
+        self._send(job, node, target if target is not None else self._target(job, node))
 
     def _fold(self, job: Job, placements: Mapping[str, Placement]) -> None:
         """Fold a plan made on a stale view (``refresh_ms``) into that view, as the
@@ -301,7 +319,8 @@ class Simulation:
         if job.failed or job.shed:
             return
         if len(job.finish) == len(job.dag.nodes):
-            job.end = now
+            # its sender has the answer once it is delivered (a measured delay, if drawn)
+            job.end = now + (self.answer_ms() if self.answer_ms is not None else 0.0)
             self._learn(job, now)
         released = []
         for succ in self.succs[job.dag.name][task.node]:
@@ -316,7 +335,7 @@ class Simulation:
             self._shed(job, max(job.tails.get(s, 0.0) for s in released))
             return
         for succ in released:
-            self._send(job, succ, self._target(job, succ))
+            self._release(job, succ)
 
     def _target(self, job: Job, node: str) -> str:
         """The worker a released successor goes to: the runtime's adjustment decision."""

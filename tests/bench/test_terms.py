@@ -138,3 +138,48 @@ def test_a_load_planned_as_a_prefetch_counts_as_planned_and_is_checked():
     assert (out["predicted_and_waited_for"], out["done_by_prefetch_first"]) == (2, 1)
     assert node_rows({"a": {**PLAN["a"], "prefetch_ms": 60.0}}, INFO, 100.0,
                      NODES)[0]["pred_prefetch"] == 60.0
+
+
+def _row(node: str, finish: float, run: float, load: float, wait: float,
+         **extra: object) -> dict[str, object]:
+    return {"node": node, "meas_finish": finish, "meas_run": run, "meas_load": load,
+            "meas_wait": wait, **extra}
+
+
+PREDS = {"chain": {"a": [], "b": ["a"]}, "join": {"x": [], "y": [], "z": ["x", "y"]}}
+
+
+def test_release_delays_read_each_send_and_answer_off_the_rows():
+    from compass_celery.bench.terms import release_delays
+
+    jobs = [{"i": 3, "dag": "chain", "latency_ms": 60.0},
+            {"i": 4, "dag": "join", "latency_ms": 100.0}]
+    rows = [_row("a", 20.0, 10.0, 1.0, 6.0),   # sent 3.0 after the record
+            _row("b", 50.0, 20.0, 1.0, 5.0),   # sent 24.0: 4.0 after a's end
+            _row("x", 30.0, 25.0, 0.0, 3.0),   # sent 2.0
+            _row("y", 90.0, 80.0, 0.0, 8.0),   # sent 2.0
+            _row("z", 96.0, 3.0, 0.5, 0.0)]    # sent 92.5: 2.5 after y, the later input
+    releases, answers = release_delays(rows, jobs, PREDS)
+    assert releases == pytest.approx([3.0, 4.0, 2.0, 2.0, 2.5])
+    assert answers == pytest.approx([10.0, 4.0])  # latency less the last node's end
+    # the same with each row's job index, in any order
+    tagged = [{**r, "job": 3 if r["node"] in "ab" else 4} for r in rows]
+    again = release_delays(tagged[::-1], jobs, PREDS)
+    assert sorted(again[0]) == pytest.approx([2.0, 2.0, 2.5, 3.0, 4.0])
+    assert again[1] == pytest.approx([10.0, 4.0])
+
+
+def test_release_delays_skip_what_they_cannot_read():
+    from compass_celery.bench.terms import release_delays
+
+    jobs = [{"i": 0, "dag": "chain", "latency_ms": 60.0},
+            {"i": 1, "dag": "chain", "latency_ms": 50.0}]
+    # job 0's source moved (no row): its successor's release cannot be read, nor its
+    # answer; job 1's successor overlaps its input's end (a re-delivery): left out
+    rows = [_row("b", 50.0, 20.0, 1.0, 5.0),
+            _row("a", 20.0, 10.0, 1.0, 6.0), _row("b", 40.0, 20.0, 1.0, 5.0)]
+    releases, answers = release_delays(rows, jobs, PREDS)
+    assert releases == pytest.approx([3.0])
+    assert answers == pytest.approx([10.0])
+    with pytest.raises(ValueError, match="left over"):  # rows of a job not given
+        release_delays(rows + [_row("x", 1.0, 1.0, 0.0, 0.0)], jobs, PREDS)

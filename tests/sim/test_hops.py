@@ -5,8 +5,9 @@ from dataclasses import replace
 import pytest
 
 from compass_celery.sim.hops import MeasuredHops
-from compass_celery.sim.runner import simulate, simulate_draws
-from compass_celery.workload import load_workload
+from compass_celery.sim.options import SimOptions
+from compass_celery.sim.runner import Simulation, simulate, simulate_draws
+from compass_celery.workload import job_stream, load_workload
 
 
 def test_draws_are_seeded_within_what_was_measured_and_never_negative():
@@ -69,3 +70,37 @@ def test_the_spread_over_draws_brackets_its_median_run():
         "mean"] <= spread["compass"]["mean_ms"]["max"]
     with pytest.raises(ValueError, match="draws must be at least 1"):
         simulate_draws(w, ["compass"], measured, 0, jobs=10)
+
+
+def _latencies(measured: MeasuredHops | None) -> list[float]:
+    w = load_workload("dags/caption-translate.json")  # chains of two and three nodes
+    sim = Simulation(w, "compass", job_stream(w, rate=0.05, jobs=30),  # idle between jobs
+                     SimOptions(measured_hops=measured))
+    return [j.end - j.arrival for j in sim.run()]
+
+
+def test_measured_sends_and_answers_delay_each_job_by_its_path_and_nothing_else():
+    w = load_workload("dags/caption-translate.json")
+    stream_nodes = [len(w.dags[name].nodes) for _, name in job_stream(w, rate=0.05, jobs=30)]
+    assert MeasuredHops.of([3.0]).delays(1) is None  # none measured: none drawn
+    base = _latencies(MeasuredHops.of([3.0]))
+    sent = _latencies(MeasuredHops.of([3.0], releases_ms=[5.0]))
+    answered = _latencies(MeasuredHops.of([3.0], answers_ms=[7.0]))
+    # each node's send waits 5 ms after its input's end (a source's after its record)
+    assert [round(s - b, 6) for s, b in zip(sent, base, strict=True)] == \
+        [5.0 * n for n in stream_nodes]
+    # the answer reaches its sender 7 ms after the last node's end; the cluster is unchanged
+    assert [round(a - b, 6) for a, b in zip(answered, base, strict=True)] == [7.0] * 30
+
+
+def test_delays_draw_from_their_own_stream_and_leave_the_hops_drawn_alone():
+    plain = MeasuredHops.of([1.0, 2.0, 3.0, 50.0])
+    delayed = MeasuredHops.of([1.0, 2.0, 3.0, 50.0], releases_ms=[1.0, 9.0, -4.0],
+                              answers_ms=[2.0])
+    a, b = plain.sampler(7), delayed.sampler(7)
+    assert [a() for _ in range(40)] == [b() for _ in range(40)]
+    pair = delayed.delays(7)
+    assert pair is not None
+    release, answer = pair
+    assert {release() for _ in range(200)} == {0.0, 1.0, 9.0}  # floored at 0
+    assert answer() == 2.0
