@@ -34,7 +34,11 @@ def freeze_startup_heap() -> int:
     """Collect once, then move every object alive now (the imported libraries, the app,
     the worker's own machinery) into the permanent generation, out of every later
     collection's walk; -> how many objects were frozen. Called before any model loads,
-    so that a model's objects, evicted later, are collected like any other."""
+    so that a model's objects, evicted later, are collected like any other. Off the main
+    thread it does nothing (-> 0): a worker started inside another program (Celery's
+    ``start_worker`` in a test suite runs it in a thread) leaves that program's heap be."""
+    if threading.current_thread() is not threading.main_thread():
+        return 0
     gc.collect()  # start-up's own garbage is freed, not frozen
     gc.freeze()
     return gc.get_freeze_count()

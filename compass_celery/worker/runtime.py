@@ -124,7 +124,9 @@ class WorkerRuntime:
         self.threads.apply()  # in the thread that runs the preload (and, solo, the tasks)
         if float(self.cfg.gc_interval_s) > 0:  # compass manages collections (memory.py)
             frozen = freeze_startup_heap()  # before the preload: models stay collectable
-            logger.debug("compass: %d start-up objects out of the collector's walk", frozen)
+            if frozen:
+                logger.debug("compass: %d start-up objects out of the collector's walk",
+                             frozen)
         preload = self._preload()
         if preload:
             self.cache.preload(preload)

@@ -86,10 +86,14 @@ def test_the_start_up_heap_is_frozen_and_what_comes_after_is_still_collected():
     import sys
 
     code = """
-import gc, weakref
+import gc, threading, weakref
 from compass_celery.worker.memory import freeze_startup_heap
 class Model:
     pass
+embedded = []  # a worker run in a thread of another program leaves its heap be
+t = threading.Thread(target=lambda: embedded.append(freeze_startup_heap()))
+t.start(); t.join()
+assert embedded == [0] and gc.get_freeze_count() == 0, embedded
 frozen = freeze_startup_heap()
 assert frozen > 1000 and gc.get_freeze_count() == frozen, frozen
 m = Model(); m.self = m  # a cycle, as a model's modules may hold
