@@ -117,8 +117,9 @@ OPTIONS: dict[str, Option] = {
     "cache_policy": Option("lookahead", str, "eviction policy: lookahead, lru or fifo"),
     "prefetch_depth": Option(3, int, "queued tasks to look ahead when prefetching", "", 0),
     "gc_interval_s": Option(60.0, (int, float), "how often a worker runs a full garbage "
-                            "collection, between tasks, so its memory stays flat (0: "
-                            "never; Python's own rare full collections only)", "s", 0.0),
+                            "collection, between tasks, so its memory stays flat; its "
+                            "start-up heap is frozen out of every collection's walk (0: "
+                            "neither; Python's own full collections only)", "s", 0.0),
     "prefetch_poll_s": Option(0.05, (int, float), "while a task runs, how often the worker "
                               "peeks its queue for models to load behind it (0: only when a "
                               "task starts)", "s", 0.0),

@@ -38,7 +38,7 @@ from .batch import BatchRunner, set_current_batcher
 from .core import queued_by_level
 from .hop import DispatchHop
 from .leases import Leases
-from .memory import FullCollector
+from .memory import FullCollector, freeze_startup_heap
 from .overhead import HandlerCpu
 from .publisher import RecordPublisher
 from .recovery import hand_back, mark_alive, mark_dead, take_back
@@ -122,6 +122,11 @@ class WorkerRuntime:
             self._serve_metrics(int(self.cfg.metrics_port))
         self._say_what_cannot_load()
         self.threads.apply()  # in the thread that runs the preload (and, solo, the tasks)
+        if float(self.cfg.gc_interval_s) > 0:  # compass manages collections (memory.py)
+            frozen = freeze_startup_heap()  # before the preload: models stay collectable
+            if frozen:
+                logger.debug("compass: %d start-up objects out of the collector's walk",
+                             frozen)
         preload = self._preload()
         if preload:
             self.cache.preload(preload)
