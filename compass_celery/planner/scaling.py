@@ -55,9 +55,9 @@ DEFAULT_RATE_WINDOW_S = 30.0
 DEFAULT_HEADROOM = 1.0
 #: Sigmas of Poisson noise a change between the window's halves must pass to count as a
 #: trend. Each tick tests it afresh, so noise passes 2 sigma every few dozen ticks and the
-#: down window holds the worker it added; 3 sigma measured 1.5-2% fewer GPU-hours on the
-#: simulator's traces but 0.3-0.9 points less attainment over all jobs on the diurnal and
-#: step days (docs/results/autoscale-sim.txt): the rises those workers met were real.
+#: down window holds the worker it added; 3 sigma measured 2% fewer GPU-hours on the
+#: simulator's traces, with all-jobs attainment within the seeds' spread on the diurnal
+#: day but 0.7 points lower on the step day (docs/results/autoscale-sim.txt), so 2 stays.
 DEFAULT_TREND_SIGMA = 2.0
 
 
