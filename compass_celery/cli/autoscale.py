@@ -20,7 +20,9 @@ DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue
                "starts. keda-queue:N and ray-ongoing:N set their per-worker target, fixed-peak:N "
                "the fixed fleet; "
                "compass-plan:no-hints and compass-plan:newest leave out its preload hints or "
-               "its choice of the worker to drain.")
+               "its choice of the worker to drain, and compass-plan:KEY=VALUE[+KEY=VALUE] "
+               "sets its sizing knobs (headroom, max_util, window, horizon, down, "
+               "trend_sigma; periods in real seconds).")
 @click.option("--workload", "workload_path", default="autoscale-mix", show_default=True)
 @click.option("--traces", "trace_names", default="diurnal,bursty,step", show_default=True)
 @click.option("--autoscalers", default=",".join(DEFAULT_AUTOSCALERS), show_default=True)

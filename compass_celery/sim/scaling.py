@@ -39,8 +39,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..planner.capacity import DEFAULT_MAX_UTIL
 from ..planner.cost import MS_PER_S
 from ..planner.scaling import (
+    DEFAULT_TREND_SIGMA,
     ClassLoad,
     Damper,
     Member,
@@ -210,12 +212,44 @@ def steady_workers(workload: Workload, rate: float) -> int:
 Tick = Callable[[Fleet, float], None]
 
 
+#: compass-plan's sizing knobs (``compass-plan:KEY=VALUE+KEY=VALUE``): the work term's
+#: factor (``planner.scaling``'s headroom), the utilisation cap, the rate window, horizon
+#: and down window in real seconds, and the trend's noise threshold in sigmas.
+PLAN_KNOBS = {"headroom": 1.0, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
+              "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
+              "trend_sigma": DEFAULT_TREND_SIGMA}
+
+
+def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
+    """``variant`` -> (the part left out, or "", the knobs with their defaults filled)."""
+    knobs, part = dict(PLAN_KNOBS), ""
+    for item in filter(None, variant.split("+")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            if item not in PLAN_VARIANTS:
+                raise ValueError(f"compass-plan's variants are {', '.join(PLAN_VARIANTS)}, "
+                                 f"its knobs {', '.join(PLAN_KNOBS)} (KEY=VALUE), got {item!r}")
+            part = item
+            continue
+        if key not in PLAN_KNOBS:
+            raise ValueError(f"compass-plan's knobs are {', '.join(PLAN_KNOBS)}, got {key!r}")
+        try:
+            knobs[key] = float(value)
+        except ValueError:
+            raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
+        if not knobs[key] >= 0 or (key not in ("down", "trend_sigma") and not knobs[key] > 0):
+            raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma >= 0)")
+    return part, knobs
+
+
 def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float,
                  variant: str = "") -> Tick:
     """The rule from the plan (``planner.scaling``), fed the arrivals as they come;
-    ``variant`` (``PLAN_VARIANTS``) leaves out one of its parts, to measure it."""
-    window = RateWindow(PLAN_WINDOW_S / c)
-    damper = Damper(KEDA_DOWN_S / c)
+    ``variant`` leaves out one of its parts (``PLAN_VARIANTS``), to measure it, and sets
+    its knobs (``PLAN_KNOBS``), to sweep them."""
+    part, knobs = plan_knobs(variant)
+    window = RateWindow(knobs["window"] / c, knobs["trend_sigma"])
+    damper = Damper(knobs["down"] / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
                for name in workload.dags}
     seen = [0]
@@ -227,11 +261,12 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
             seen[0] += 1
         members = fleet.members()
         d = decide(loads_at(workload, window.rates(now_s)), members, workload.models,
-                   damper, now_s, horizon_s=PLAN_HORIZON_S / c,
-                   gpu_mb=fleet.template.gpu_mem_mb)
+                   damper, now_s, horizon_s=knobs["horizon"] / c,
+                   gpu_mb=fleet.template.gpu_mem_mb, max_util=knobs["max_util"],
+                   headroom=knobs["headroom"])
         for hint in d.add:
-            fleet.add(() if variant == "no-hints" else hint)
-        for name in (fleet.newest(len(d.remove)) if variant == "newest" else d.remove):
+            fleet.add(() if part == "no-hints" else hint)
+        for name in (fleet.newest(len(d.remove)) if part == "newest" else d.remove):
             fleet.drain(name)
 
     return tick
@@ -282,7 +317,8 @@ def parse(autoscaler: str) -> tuple[str, float | None, str]:
     """``name[:arg]`` -> (name, target, variant): ``keda-queue:N`` and ``ray-ongoing:N``
     set the per-worker target, ``fixed-peak:N`` the fixed fleet (default: what the rule
     asks for at the peak rate), ``compass-plan:no-hints`` and ``compass-plan:newest``
-    leave out its preload hints or its choice of the worker to drain."""
+    leave out its preload hints or its choice of the worker to drain, and
+    ``compass-plan:headroom=0.9+down=60`` sets its knobs (:data:`PLAN_KNOBS`)."""
     kind, _, arg = autoscaler.partition(":")
     if kind not in AUTOSCALERS:
         raise ValueError(f"autoscaler: expected one of {', '.join(AUTOSCALERS)}, "
@@ -290,9 +326,10 @@ def parse(autoscaler: str) -> tuple[str, float | None, str]:
     if not arg:
         return kind, None, ""
     if kind == "compass-plan":
-        if arg not in PLAN_VARIANTS:
-            raise ValueError(f"autoscaler {autoscaler!r}: compass-plan's variants are "
-                             f"{', '.join(PLAN_VARIANTS)}")
+        try:
+            plan_knobs(arg)
+        except ValueError as exc:
+            raise ValueError(f"autoscaler {autoscaler!r}: {exc}") from None
         return kind, None, arg
     try:
         target = float(arg)

@@ -146,6 +146,18 @@ def test_a_rise_within_the_noise_keeps_the_window_rate() -> None:
     assert window.rates(20.0)["i"][0] == pytest.approx(10.0)  # 22 < 12.5 + 3 sigma
 
 
+def test_a_trend_counts_only_past_its_sigmas_of_the_halves_noise() -> None:
+    """100 arrivals in the first half, 140 in the second: 2.6 sigma of Poisson noise, a
+    trend at the default 2 sigma, none at 3."""
+    arrivals = [i * 0.05 for i in range(100)] + [5.0 + i * 5.0 / 140 for i in range(140)]
+    loose, strict = RateWindow(window_s=10.0), RateWindow(window_s=10.0, trend_sigma=3.0)
+    for t in arrivals:
+        strict.observe("i", t)
+        loose.observe("i", t)
+    assert strict.rates(10.0)["i"] == (pytest.approx(24.0), 0.0)
+    assert loose.rates(10.0)["i"] == (pytest.approx(24.0), pytest.approx(40 / 5.0 / 5.0))
+
+
 def test_a_steady_rate_has_no_trend_and_its_window_rate() -> None:
     window = RateWindow(window_s=10.0)
     for i in range(200):

@@ -101,6 +101,19 @@ def test_the_baselines_scale_on_messages_and_name_bad_targets() -> None:
     assert scaling.parse("compass-plan:newest") == ("compass-plan", None, "newest")
 
 
+def test_compass_plan_takes_its_sizing_knobs_and_refuses_unknown_ones() -> None:
+    assert scaling.plan_knobs("no-hints+headroom=0.8+down=60") == (
+        "no-hints", {**scaling.PLAN_KNOBS, "headroom": 0.8, "down": 60.0})
+    for bad, says in (("speed=2", "knobs"), ("headroom=x", "number"),
+                      ("headroom=0", "> 0"), ("fast", "variants")):
+        with pytest.raises(ValueError, match=says):
+            scaling.parse(f"compass-plan:{bad}")
+    trace = traces.step(30.0, 24.0, compression=120.0)
+    lean = scaling.run(WORKLOAD, "compass-plan:headroom=0.6", scaling.Setup(trace))
+    ample = scaling.run(WORKLOAD, "compass-plan:headroom=1.5", scaling.Setup(trace))
+    assert lean["worker_s"] < ample["worker_s"]  # the knob reaches the rule
+
+
 def test_traces_have_their_shape_and_are_seeded() -> None:
     day = traces.diurnal(240.0, 30.0, low=0.1)
     assert day.rate(40.0) == pytest.approx(3.0)  # 04:00, the trough
