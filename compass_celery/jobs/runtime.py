@@ -30,6 +30,7 @@ from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
+from ..worker import trace
 from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys, planned_charge_ms
 from .limits import output_too_large
@@ -206,6 +207,7 @@ class JobRuntime:
         late = self._too_late(released) if status != "duplicate" else None
         if late is not None:  # shed before spending: none of them would meet the deadline
             succ, tail_ms, succ_task = late
+            trace.event("shed", job=job_id, node=succ, by=self.name, tail_ms=tail_ms)
             self.shed(job, task_id, task=succ_task, node=succ, released=released,
                       tail_ms=tail_ms)
             return []
@@ -278,8 +280,16 @@ class JobRuntime:
             task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                  new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
-                            planned=(planned or {}).get("worker"), remember=False)
+        decision = publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
+                                planned=(planned or {}).get("worker"), remember=False)
+        if trace.enabled():
+            trace.event("send", id=task_id, job=job_id, node=succ, by=self.name,
+                        level=node.get("priority"), due=node.get("due"),
+                        deadline_ms=node.get("deadline_ms"), planned=planned,
+                        worker=decision.worker, moved=moved_from is not None,
+                        snap_taken=snapshot.taken_at if snapshot else None,
+                        seen=_seen(snapshot, workers, decision.worker) if snapshot else None)
+        return decision
 
     def _too_late(self, released: list[tuple[str, ...]]
                   ) -> tuple[str, float, str | None] | None:
@@ -356,3 +366,19 @@ class JobRuntime:
             "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
             "worker": self.name,
             "exc_type": type(exc).__name__, "exc": str(exc)[:2000], "why": why})
+
+
+def _seen(snapshot: Any, workers: Any, name: str) -> dict[str, Any] | None:
+    """What a successor's placement read about worker ``name`` (trace only): its backlog
+    as the successor's level sees it, what of it was left at the snapshot's time, its
+    running tasks and what waited per level."""
+    from ..planner.cost import backlog_left_ms
+
+    for raw, w in zip(snapshot.workers, workers, strict=True):
+        if w.name == name:
+            return {"backlog_ms": w.backlog_ms, "all_backlog_ms": raw.backlog_ms,
+                    "left_ms": backlog_left_ms(w, snapshot.taken_at),
+                    "running": [list(r) for r in w.running],
+                    "queued_ms": {str(k): v for k, v in raw.queued_ms.items()},
+                    "pending_ms": raw.pending_ms}
+    return None
