@@ -22,6 +22,7 @@ import logging
 import time
 from typing import Any
 
+from ..jobs.keys import JOB_HEADER
 from ..state.scripts import script
 
 #: Bells expire this long after their last token: a token matters only while a consumer
@@ -108,11 +109,38 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
         return
     commands = _Commands()
     put(channel, queue, message, **{**kwargs, "_publish_batch": commands})
+    later = is_later_step(message)
     with channel.conn_or_acquire() as client, client.pipeline() as pipe:
         for name, args in commands.commands:  # none on a kombu without publish batches:
-            getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
+            if later and name == "lpush":     # its _put pushed, the bell rings after
+                _front(client)(keys=[args[0]], args=[args[1], JOB_HEADER, FRONT_SCAN],
+                               client=pipe)
+            else:
+                getattr(pipe, name)(*args)
         ring(pipe, bell)
         pipe.execute()
+
+
+#: How many waiting entries, from a list's front, a later step's push reads at most.
+FRONT_SCAN = 64
+_FRONT: dict[int, Any] = {}  # id(client) -> front.lua registered on it
+
+
+def is_later_step(message: Any) -> bool:
+    """Whether a kombu message is a job's later step (its job header says so): it joins
+    its priority list ahead of the first steps waiting there (``worker.core``'s rule)."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    job = headers.get(JOB_HEADER) if isinstance(headers, dict) else None
+    return isinstance(job, dict) and job.get("later") is True
+
+
+def _front(client: Any) -> Any:
+    """front.lua as redis-py's script on ``client`` (a pipeline loads it if Redis lacks
+    it), registered once per client."""
+    found = _FRONT.get(id(client))
+    if found is None or found[0] is not client:
+        found = _FRONT[id(client)] = (client, client.register_script(script("front")))
+    return found[1]
 
 
 def ring(pipe: Any, bell: str, add: bool = False) -> None:

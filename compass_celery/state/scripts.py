@@ -29,7 +29,7 @@ HOMES: dict[str, str] = {
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
     **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight",
-                     "unfetch"),
+                     "unfetch", "front"),
                     "broker"),
 }
 
