@@ -121,14 +121,16 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
         pipe.execute()
 
 
-#: How many waiting entries, from a list's front, a later step's push reads at most.
-FRONT_SCAN = 64
+#: How many waiting entries, from a list's front, a later step's push reads at most (only
+#: urgent later steps sit there: few).
+FRONT_SCAN = 32
 _FRONT: dict[int, Any] = {}  # id(client) -> front.lua registered on it
 
 
 def is_later_step(message: Any) -> bool:
-    """Whether a kombu message is a job's later step (its job header says so): it joins
-    its priority list ahead of the first steps waiting there (``worker.core``'s rule)."""
+    """Whether a kombu message is a later step of a job with a deadline (its job header
+    says so): it joins its priority list ahead of the first steps waiting there
+    (``worker.core``'s rule)."""
     headers = message.get("headers") if isinstance(message, dict) else None
     job = headers.get(JOB_HEADER) if isinstance(headers, dict) else None
     return isinstance(job, dict) and job.get("later") is True

@@ -7,10 +7,11 @@ rules the real worker and the simulator both follow.
   kombu's priority sub-queues serve the levels and the broker's ``age`` (which calls
   ``aged``; ``broker/lua/promote.lua`` only moves the message, it cannot call Python)
   promotes what has waited; the simulator runs :class:`LevelQueue`.
-- **Where a waiting task joins its level** (:meth:`LevelQueue.push`): a job's later step
-  (a node with predecessors, released by one that finished) joins its level ahead of
-  the first steps waiting there, behind the later steps already waiting (FIFO among
-  them): its job has already spent part of its deadline, a first step's has not. On the
+- **Where a waiting task joins its level** (:meth:`LevelQueue.push`): a later step of a
+  job with a deadline (a node with predecessors, released by one that finished) joins
+  its level ahead of the first steps waiting there, behind the later steps already
+  waiting (FIFO among them): its job has already spent part of its deadline, a first
+  step's has not. Work without a deadline keeps one FIFO per level. On the
   real cluster a worker's send puts it there in the list (``broker/lua/front.lua``); the
   simulator runs :class:`LevelQueue`.
 - **Whether to drop a task at dequeue** (:func:`drop_at_dequeue`): its latest start
@@ -47,7 +48,7 @@ class Waiting(Protocol):
     level: int
     sent_at: float
     charged_ms: float
-    #: a job's later step (it has predecessors): it waits ahead of its level's first steps
+    #: a later step of a job with a deadline: it waits ahead of its level's first steps
     later: bool
 
 

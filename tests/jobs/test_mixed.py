@@ -87,6 +87,7 @@ def test_an_interactive_dag_on_cold_models_meets_its_deadline_behind_a_batch_flo
 
 
 LONG_MS, FIRST_MS, NEXT_MS = 800.0, 300.0, 50.0
+SLACK_MS = 10_000.0  # a deadline every one of them meets in any order: admitted, not shed
 
 
 @pytest.fixture
@@ -109,10 +110,11 @@ def test_a_jobs_next_step_runs_ahead_of_new_first_steps_at_its_level(one):
     on the same worker, runs before them: its job has spent most of its time already (the
     worker core's rule, which the simulator runs too)."""
     app = one
-    older = _dag(app, "older", (FIRST, LONG_MS), (SECOND, NEXT_MS)).apply_async(priority=9)
+    older = _dag(app, "older", (FIRST, LONG_MS), (SECOND, NEXT_MS)).apply_async(
+        priority=9, deadline_ms=SLACK_MS)
     wait_until(lambda: _running(app), 10, "the older Dag's first step running")
     newer = [_dag(app, f"newer{i}", (FIRST, FIRST_MS), (SECOND, NEXT_MS)).apply_async(
-        priority=9) for i in range(3)]
+        priority=9, deadline_ms=SLACK_MS) for i in range(3)]
     for handle in (older, *newer):
         handle.get(timeout=20)
     step = older.placement()["b"]["started"]
