@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any
 
+from ..jobs.keys import JOB_HEADER
 from ..state.scripts import script
 
 #: Bells expire this long after their last token: a token matters only while a consumer
@@ -116,14 +117,30 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
         if push is not None:
             pre = channel.global_keyprefix or ""
             key, body, expiring, expiry = push
+            front = [JOB_HEADER, FRONT_SCAN] if is_later_step(message) else []
             run_script(client, "push", [pre + key, pre + bell, *(pre + k for k in expiring)],
-                       [body, BELL_TTL_MS, *([expiry] if expiring else [])])
+                       [body, BELL_TTL_MS, expiry if expiring else "", *front])
             return
         with client.pipeline() as pipe:
             for name, args in commands.commands:  # none on a kombu without publish batches:
                 getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
             ring(pipe, bell)
             pipe.execute()
+
+
+#: How many waiting entries, from a list's front, a later step's push reads at most (only
+#: urgent later steps sit there: few).
+FRONT_SCAN = 32
+
+
+def is_later_step(message: Any) -> bool:
+    """Whether a kombu message is a later step of a job with a deadline (its job header
+    says so): push.lua puts it in its priority list ahead of the first steps waiting
+    there (``worker.core``'s rule). A push kombu sends in another shape (the
+    transaction below) keeps kombu's order."""
+    headers = message.get("headers") if isinstance(message, dict) else None
+    job = headers.get(JOB_HEADER) if isinstance(headers, dict) else None
+    return isinstance(job, dict) and job.get("later") is True
 
 
 def _as_push(commands: list[tuple[str, tuple[Any, ...]]]

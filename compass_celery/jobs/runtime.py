@@ -30,6 +30,7 @@ from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
+from ..worker import trace
 from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys, planned_charge_ms
 from .limits import output_too_large
@@ -206,6 +207,7 @@ class JobRuntime:
         late = self._too_late(released) if status != "duplicate" else None
         if late is not None:  # shed before spending: none of them would meet the deadline
             succ, tail_ms, succ_task = late
+            trace.event("shed", job=job_id, node=succ, by=self.name, tail_ms=tail_ms)
             self.shed(job, task_id, task=succ_task, node=succ, released=released,
                       tail_ms=tail_ms)
             return []
@@ -246,8 +248,13 @@ class JobRuntime:
         c = self.c
         placement: Any = planned
         moved_from = None
-        try:  # read ahead, as producers do: a successor waits for no read (retries do)
-            snapshot = c.reader.get(c.settings.snapshot_refresh_ahead_s)
+        # read ahead, as producers do: a successor waits for no read (retries do); but one
+        # with a deadline is placed on state no older than the TTL, as the simulator places
+        # it on its worker's current record: traced at 8 jobs/s, a snapshot read ahead
+        # (67-91 real ms old) showed a worker free that had started a batch task since
+        try:
+            snapshot = c.reader.get(successor_read_ahead_s(
+                node, c.settings.snapshot_refresh_ahead_s))
         except StateUnavailable:
             snapshot = None  # no fresh state to judge by: keep the plan
         better = None
@@ -278,8 +285,16 @@ class JobRuntime:
             task_reassigned.send(sender=c, job_id=job_id, node=succ, old=moved_from,
                                  new=better.worker)
         ref = {INPUT_REF: {"preds": node["preds"], "single": len(node["preds"]) == 1}}
-        return publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
-                            planned=(planned or {}).get("worker"), remember=False)
+        decision = publish_node(c, job_id, succ, node, placement, ref, moved_from, task_id,
+                                planned=(planned or {}).get("worker"), remember=False)
+        if trace.enabled():
+            trace.event("send", id=task_id, job=job_id, node=succ, by=self.name,
+                        level=node.get("priority"), due=node.get("due"),
+                        deadline_ms=node.get("deadline_ms"), planned=planned,
+                        worker=decision.worker, moved=moved_from is not None,
+                        snap_taken=snapshot.taken_at if snapshot else None,
+                        seen=_seen(snapshot, workers, decision.worker) if snapshot else None)
+        return decision
 
     def _too_late(self, released: list[tuple[str, ...]]
                   ) -> tuple[str, float, str | None] | None:
@@ -356,3 +371,26 @@ class JobRuntime:
             "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,
             "worker": self.name,
             "exc_type": type(exc).__name__, "exc": str(exc)[:2000], "why": why})
+
+
+def successor_read_ahead_s(node: dict[str, Any], read_ahead_s: float) -> float:
+    """How much older than the reader's TTL a successor's placement may read state: none
+    for a node of a job with a deadline (a task started since would hold it up past
+    plan), the reader's read-ahead for others."""
+    return 0.0 if node.get("due") else read_ahead_s
+
+
+def _seen(snapshot: Any, workers: Any, name: str) -> dict[str, Any] | None:
+    """What a successor's placement read about worker ``name`` (trace only): its backlog
+    as the successor's level sees it, what of it was left at the snapshot's time, its
+    running tasks and what waited per level."""
+    from ..planner.cost import backlog_left_ms
+
+    for raw, w in zip(snapshot.workers, workers, strict=True):
+        if w.name == name:
+            return {"backlog_ms": w.backlog_ms, "all_backlog_ms": raw.backlog_ms,
+                    "left_ms": backlog_left_ms(w, snapshot.taken_at),
+                    "running": [list(r) for r in w.running],
+                    "queued_ms": {str(k): v for k, v in raw.queued_ms.items()},
+                    "pending_ms": raw.pending_ms}
+    return None

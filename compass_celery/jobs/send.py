@@ -52,6 +52,8 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     args = ([inputs_ref] if inputs_ref is not None else []) + node["args"]
     header = {"id": job_id, "node": name, "sent": time.time(), "moved_from": moved_from,
               "planned": planned if planned is not None else worker}
+    if node.get("preds") and node.get("due"):  # a later step of a job with a deadline:
+        header["later"] = True  # it waits ahead of its level's first steps
     if node.get("due"):  # whoever ends the job says whether it met its deadline, and
         # how late against its plan
         header.update(slo=node.get("slo") or "", due=node["due"],

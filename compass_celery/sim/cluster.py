@@ -102,6 +102,9 @@ class SimTask:
     batch_size: int = 0  # inputs in the pass it ran in (0: not batched)
     #: Its priority level, 0..9 (9 most urgent): its job's class's, as the router gives it.
     level: int = DEFAULT_PRIORITY
+    #: A later step of a job with a deadline (it has predecessors): it waits ahead of its
+    #: level's first steps (``worker.core.LevelQueue``).
+    later: bool = False
 
 
 class SimWorker:

@@ -296,7 +296,8 @@ class Simulation:
             self.cluster.by_name[charged[0]].add_pending(-charged[1], job.level)
         inputs = [(job.where[p], job.dag.nodes[p].output_kb) for p in preds]
         task = SimTask(job, node, spec.model, spec.exec_ms, inputs,
-                       batch=spec.batch if self.batching != "off" else None, level=job.level)
+                       batch=spec.batch if self.batching != "off" else None, level=job.level,
+                       later=bool(preds) and job.due is not None)
         tail = job.tails.get(node)
         if tail is not None and job.due is not None:
             task.due_s, task.tail_ms = job.due / MS_PER_S, tail

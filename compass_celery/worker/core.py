@@ -7,6 +7,13 @@ rules the real worker and the simulator both follow.
   kombu's priority sub-queues serve the levels and the broker's ``age`` (which calls
   ``aged``; ``broker/lua/promote.lua`` only moves the message, it cannot call Python)
   promotes what has waited; the simulator runs :class:`LevelQueue`.
+- **Where a waiting task joins its level** (:meth:`LevelQueue.push`): a later step of a
+  job with a deadline (a node with predecessors, released by one that finished) joins
+  its level ahead of the first steps waiting there, behind the later steps already
+  waiting (FIFO among them): its job has already spent part of its deadline, a first
+  step's has not. Work without a deadline keeps one FIFO per level. On the
+  real cluster a worker's send puts it there in the list (``broker/lua/push.lua``); the
+  simulator runs :class:`LevelQueue`.
 - **Whether to drop a task at dequeue** (:func:`drop_at_dequeue`): its latest start
   (``expires_at``, the deadline less its planned time to the job's end) has passed, as
   Celery's ``expires`` drops it on the real worker.
@@ -41,6 +48,8 @@ class Waiting(Protocol):
     level: int
     sent_at: float
     charged_ms: float
+    #: a later step of a job with a deadline: it waits ahead of its level's first steps
+    later: bool
 
 
 T = TypeVar("T", bound=Waiting)
@@ -115,11 +124,12 @@ class LevelQueue(Generic[T]):
     """One worker's waiting tasks, a FIFO per priority level, served by
     :func:`next_index`, with what each level's tasks charge (``WorkerView.queued_ms``).
 
-    Within a level the oldest waits at the front, so only the front of each level can
-    be next: picking looks at one task per level, whatever the queue's length. Iteration
-    (what the cache looks ahead at) runs level by level, most urgent first."""
+    Within a level a job's later steps wait at the front, oldest first, then its first
+    steps, oldest first (``later``), so only the front of each level can be next:
+    picking looks at one task per level, whatever the queue's length. Iteration (what
+    the cache looks ahead at) runs level by level, most urgent first."""
 
-    __slots__ = ("age_s", "_fifo", "_order", "_ms", "_n", "_only")
+    __slots__ = ("age_s", "_fifo", "_order", "_ms", "_n", "_only", "_later")
 
     def __init__(self, age_s: float = 0.0) -> None:
         self.age_s = age_s  # ``compass_priority_age_s``; 0: no ageing
@@ -130,6 +140,7 @@ class LevelQueue(Generic[T]):
         # the one level's FIFO while exactly one level has waiting tasks (as with no
         # priorities in play: then serving and iterating are the deque's own), else None
         self._only: deque[T] | None = None
+        self._later: dict[int, int] = {}  # level -> later steps at the front of its FIFO
 
     def __len__(self) -> int:
         return self._n
@@ -144,7 +155,8 @@ class LevelQueue(Generic[T]):
         return chain.from_iterable(map(self._fifo.__getitem__, self._order))
 
     def push(self, item: T) -> None:
-        """A task arrives: it waits behind those of its level, charging that level."""
+        """A task arrives, charging its level: a first step waits behind all of its
+        level; a later step behind its level's later steps, ahead of its first steps."""
         level = item.level
         fifo = self._fifo.get(level)
         if fifo is None:
@@ -153,7 +165,15 @@ class LevelQueue(Generic[T]):
             self._order.append(level)
             self._order.sort(reverse=True)
             self._only = fifo if len(self._order) == 1 else None
-        fifo.append(item)
+        if item.later:
+            ahead = self._later.get(level, 0)
+            self._later[level] = ahead + 1
+            if ahead < len(fifo):
+                fifo.insert(ahead, item)
+            else:
+                fifo.append(item)
+        else:
+            fifo.append(item)
         self._ms[level] += item.charged_ms
         self._n += 1
 
@@ -184,6 +204,8 @@ class LevelQueue(Generic[T]):
             fifo.popleft()
         else:
             fifo.remove(item)
+        if item.later:
+            self._later[level] -= 1
         if fifo:  # (``_settle``, inline: this runs for every task a worker starts)
             self._n -= 1
             left = self._ms[level] - item.charged_ms
@@ -204,6 +226,9 @@ class LevelQueue(Generic[T]):
                 (out if match(t) else skipped).append(t)
             fifo.extendleft(reversed(skipped))
             if len(out) > first:
+                gone = sum(1 for t in out[first:] if t.later)
+                if gone:
+                    self._later[level] -= gone
                 self._settle(level, fifo, sum(t.charged_ms for t in out[first:]),
                              len(out) - first)
         return out
@@ -217,6 +242,7 @@ class LevelQueue(Generic[T]):
             self._ms[level] = left if left > 0.0 else 0.0  # a float sum's dip below 0
         else:
             del self._fifo[level], self._ms[level]
+            self._later.pop(level, None)
             order = self._order
             order.remove(level)
             self._only = self._fifo[order[0]] if len(order) == 1 else None

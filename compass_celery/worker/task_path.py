@@ -26,6 +26,7 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
+from . import trace
 from .timescale import wall_s, workload_ms
 
 if TYPE_CHECKING:
@@ -164,6 +165,8 @@ class TaskPath:
             alone = not self._running
         self.hop.started(picked, decision.queued_at if decision is not None else 0.0, alone)
         job = getattr(request, JOB_HEADER, None)
+        trace.started(request.id, self.name, decision.priority if decision else None, job,
+                      picked, getattr(task, "name", ""))
         if isinstance(job, dict) and self.jobs is not None:
             try:
                 self.jobs.resolve_inputs(job, args)
@@ -235,6 +238,7 @@ class TaskPath:
                       state: str | None, retval: Any = None) -> None:
         """Release the model, uncharge, learn the run time, record a job node's end."""
         self.hop.ended(time.time())
+        trace.ended(request.id, time.time())
         with self._lock:
             _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})
@@ -304,13 +308,14 @@ class TaskPath:
         latest start that could meet its deadline, so its job is failed now (not at its
         timeout), and the rest of its work revoked."""
         job = _header(request, JOB_HEADER)
+        decision = Decision.from_header(_header(request, "compass"))
+        trace.expired(request.id, self.name, decision.priority if decision else None, job)
         if isinstance(job, dict) and job.get("id") and self.jobs is not None:
             with contextlib.suppress(StateUnavailable, RedisError):  # it tells listeners
                 self.jobs.shed(job, request.id, task=getattr(request, "task", None))
             return
         from ..signals import task_shed
 
-        decision = Decision.from_header(_header(request, "compass"))
         task_shed.send(sender=self.compass, job_id=None, node=None, task_id=request.id,
                        slo=decision.slo if decision else "")
 

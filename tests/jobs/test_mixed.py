@@ -84,3 +84,43 @@ def test_an_interactive_dag_on_cold_models_meets_its_deadline_behind_a_batch_flo
     assert _busy(app), "the flood drained before the interactive Dag ran: not a test"
     for handle in flood:  # batch work is not shed or lost: every job completes
         handle.get(timeout=60)
+
+
+LONG_MS, FIRST_MS, NEXT_MS = 800.0, 300.0, 50.0
+SLACK_MS = 10_000.0  # a deadline every one of them meets in any order: admitted, not shed
+
+
+@pytest.fixture
+def one(compass_redis_url, compass_workers):
+    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
+           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
+    ws = [compass_workers("compass_celery.emulated_app", "order@one",
+                          "--compass-emulate-gpu-mb", "3200", "--compass-preload",
+                          f"{FIRST},{SECOND}", env=env)]
+    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
+                   compass_models=MODELS)
+    wait_live(app, 1, ws, 40)
+    app.workers = ws
+    yield app
+    app.compass.close()
+
+
+def test_a_jobs_next_step_runs_ahead_of_new_first_steps_at_its_level(one):
+    """An urgent Dag's second step, released while three new urgent Dags' first steps wait
+    on the same worker, runs before them: its job has spent most of its time already (the
+    worker core's rule, which the simulator runs too)."""
+    app = one
+    older = _dag(app, "older", (FIRST, LONG_MS), (SECOND, NEXT_MS)).apply_async(
+        priority=9, deadline_ms=SLACK_MS)
+    wait_until(lambda: _running(app), 10, "the older Dag's first step running")
+    newer = [_dag(app, f"newer{i}", (FIRST, FIRST_MS), (SECOND, NEXT_MS)).apply_async(
+        priority=9, deadline_ms=SLACK_MS) for i in range(3)]
+    for handle in (older, *newer):
+        handle.get(timeout=20)
+    step = older.placement()["b"]["started"]
+    firsts = sorted(h.placement()["a"]["started"] for h in newer)
+    assert step < firsts[0], (step - firsts[0], worker_logs(app.workers))
+
+
+def _running(app) -> bool:
+    return any(w.running for w in app.compass.store.snapshot(time.time(), 3.0).workers)

@@ -154,3 +154,27 @@ def test_no_move_without_adjusting_policy_or_live_workers() -> None:
 def test_simulator_move_factor_defaults_to_the_runtime_setting() -> None:
     assert MOVE_FACTOR == OPTIONS["move_factor"].default == DEFAULT_MOVE_FACTOR
     assert Simulation(parse_workload(WORKLOAD), "compass", []).move_factor == MOVE_FACTOR
+
+
+def test_a_successor_with_a_deadline_is_placed_on_state_no_older_than_the_ttl(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime asks its reader for state within the TTL (no read-ahead) for a node whose
+    job has a deadline, and lets others plan on a snapshot read ahead."""
+    asked: list[float | None] = []
+    snap = sim_with({}).cluster.snapshot()
+
+    def get(ahead_s: float | None = None) -> SimpleNamespace:
+        asked.append(ahead_s)
+        return SimpleNamespace(workers=list(snap.workers), taken_at=snap.now, profiles={})
+
+    monkeypatch.setattr(job_runtime, "publish_node", lambda *a, **k: None)
+    rt = JobRuntime.__new__(JobRuntime)
+    rt.c = SimpleNamespace(
+        reader=SimpleNamespace(get=get), model_sizes=lambda: dict(snap.model_sizes_mb),
+        settings=resolve({"compass_snapshot_refresh_ahead_s": 0.05}),
+        policy=SimpleNamespace(adjusts=False))
+    rt.name = "w001"
+    node = {"model": None, "exec_ms": 1.0, "output_kb": 0.0, "preds": ["a"]}
+    rt._send_successor("job-1", "b", "job-1.b", node, None, {})
+    rt._send_successor("job-2", "b", "job-2.b", {**node, "due": 1e9}, None, {})
+    assert asked == [0.05, 0.0]

@@ -31,6 +31,7 @@ class Item:
     level: int
     sent_at: float
     charged_ms: float = 10.0
+    later: bool = False
 
 
 def drain(queue: LevelQueue[Item], now_ms: float) -> list[str]:
@@ -47,6 +48,27 @@ def test_the_highest_level_runs_first_then_the_oldest():
     assert [t.name for t in q] == ["i9", "i9b", "m5", "b0", "b1"]  # the cache's lookahead
     assert drain(q, 5.0) == ["i9", "i9b", "m5", "b0", "b1"]
     assert not q and q.peek(5.0) is None
+
+
+def test_a_jobs_later_steps_wait_ahead_of_first_steps_at_their_level():
+    q: LevelQueue[Item] = LevelQueue(AGE_S)
+    for item in (Item("f1", 9, 0.0), Item("b0", 0, 1.0), Item("f2", 9, 2.0),
+                 Item("s1", 9, 3.0, later=True), Item("f3", 9, 4.0),
+                 Item("s2", 9, 5.0, later=True), Item("bs", 0, 6.0, later=True)):
+        q.push(item)
+    # later steps first at their level, oldest first; a level below still waits below
+    assert [t.name for t in q] == ["s1", "s2", "f1", "f2", "f3", "bs", "b0"]
+    assert q.queued_ms() == {9: 50.0, 0: 20.0}
+    q.remove(next(t for t in q if t.name == "s1"))  # revoked before it ran
+    q.push(Item("s3", 9, 7.0, later=True))  # behind s2, still ahead of the first steps
+    taken = q.take(lambda t: t.name in ("s2", "f1"), 2)  # a batch's members
+    assert [t.name for t in taken] == ["s2", "f1"]
+    q.push(Item("s4", 9, 8.0, later=True))
+    assert drain(q, 9.0) == ["s3", "s4", "f2", "f3", "bs", "b0"]
+    q.push(Item("s5", 9, 10.0, later=True))  # an emptied level starts over
+    q.push(Item("f4", 9, 11.0))
+    q.push(Item("s6", 9, 12.0, later=True))
+    assert drain(q, 13.0) == ["s5", "s6", "f4"]
 
 
 def test_ties_are_broken_the_same_way_every_time():

@@ -1,0 +1,94 @@
+"""Where urgent successors waited, from the trace lines workers write with
+``COMPASS_TRACE_DIR`` set (``worker.trace``): ``python -m compass_celery.bench.trace_waits
+DIR [TIME_SCALE]``.
+
+For each successor sent at level 9: its wait (from its send to its start, or to its drop
+past its latest start), the age of the snapshot its placement read, and what that
+snapshot said was left ahead of it on the chosen worker; then each span that ran on that
+worker while it waited, by what it was: urgent or batch, a first step or a later step,
+running at the send or started after it, and for a batch span running at the send,
+whether it started before the snapshot was taken (the placement saw it) or after (a
+stale snapshot). All in workload ms (real ms divided by the time scale).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+from collections import Counter, defaultdict
+from typing import Any
+
+#: The first steps of the navigator-mixed interactive Dags (question_answer, img_to_sound).
+FIRST_STEPS = ("generate", "vit")
+
+
+def load(folder: str) -> list[dict[str, Any]]:
+    """Every trace line under ``folder``."""
+    out = []
+    for path in glob.glob(os.path.join(folder, "*.jsonl")):
+        with open(path) as f:
+            out += [json.loads(line) for line in f if line.strip()]
+    return out
+
+
+def _q(xs: list[float], f: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(f * len(xs)))] if xs else float("nan")
+
+
+def report(lines: list[dict[str, Any]], scale: float, level: int = 9) -> str:
+    """The summary :mod:`this module <compass_celery.bench.trace_waits>` prints."""
+    send = {e["id"]: e for e in lines if e["kind"] == "send"}
+    end = {e["id"]: e for e in lines if e["kind"] in ("start", "expired")}
+    rows, spans, counts = [], defaultdict(float), Counter()
+    for tid, s in send.items():
+        e = end.get(tid)
+        if s.get("level") != level or e is None:
+            continue
+        t0, waited = e["sent"], 1000 * (e["t"] - e["sent"])
+        age = 1000 * (t0 - s["snap_taken"]) if s.get("snap_taken") else 0.0
+        rows.append(
+            {
+                "wait": waited / scale,
+                "age": age / scale,
+                "expired": e["kind"] == "expired",
+                "seen": ((s.get("seen") or {}).get("left_ms") or 0.0),
+            }
+        )
+        for sp in e["ran_between"]:
+            a = max(sp["start_ms"], 0.0)
+            b = min(sp["end_ms"] if sp["end_ms"] is not None else waited, waited)
+            urgent = sp["level"] == level
+            what = (
+                ("first step" if sp["node"] in FIRST_STEPS else "later step") if urgent else "step"
+            )
+            if sp["start_ms"] > 0:
+                when = "started after the send"
+            elif urgent or sp["start_ms"] <= -age:
+                when = "running at the send"
+            else:
+                when = "running at the send, started after the snapshot"
+            key = f"{'urgent' if urgent else 'batch'} {what}, {when}"
+            spans[key] += max(0.0, b - a) / scale
+            counts[key] += 1
+    out = [
+        f"level-{level} successors: {len(rows)}, dropped past their latest start: "
+        f"{sum(r['expired'] for r in rows)}; sheds at release: "
+        f"{sum(1 for e in lines if e['kind'] == 'shed')}"
+    ]
+    for key, name in (("wait", "wait"), ("age", "snapshot age"), ("seen", "seen ahead")):
+        xs = [r[key] for r in rows]
+        out.append(
+            f"  {name:13s} p50 {_q(xs, 0.5):6.1f}  p90 {_q(xs, 0.9):6.1f}  "
+            f"max {max(xs, default=0.0):6.1f} ms"
+        )
+    out.append("what ran on the chosen worker while they waited (ms of their waits):")
+    for key, ms in sorted(spans.items(), key=lambda kv: -kv[1]):
+        out.append(f"  {key:60s} n={counts[key]:3d}  {ms:7.0f} ms  ({ms / counts[key]:4.0f} each)")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(report(load(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 1.0))

@@ -1,0 +1,151 @@
+"""Per-node trace lines, for finding where real waits run past their plans (off by
+default: set ``COMPASS_TRACE_DIR`` in the workers' environment to turn it on).
+
+Each worker process appends JSON lines to ``$COMPASS_TRACE_DIR/<pid>.jsonl``:
+
+- ``send``: a successor this worker released and sent: its planned and chosen worker,
+  the age of the snapshot its placement read, and what that snapshot said about the
+  chosen worker (what was left of its backlog, what ran, what waited per level);
+- ``start``: a task this worker started: when it was sent, when it was picked, and what
+  this worker ran between the two (each span's level, node, start and end relative to
+  the send), so a wait past plan is seen next to what took the worker meanwhile;
+- ``expired``: a task dropped unrun past its latest start, with the same spans.
+
+The bench joins them by task id (``bench.trace``). Nothing here decides anything; with
+the variable unset every call returns at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from typing import Any
+
+TRACE_ENV = "COMPASS_TRACE_DIR"
+#: How many of this worker's recent runs are kept to say what ran while a task waited.
+RECENT = 64
+
+_lock = threading.Lock()
+_recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+_open: dict[str, dict[str, Any]] = {}
+_file: Any = None
+_pid: int | None = None
+
+
+def enabled() -> bool:
+    """Whether this process traces (the variable is read each time: tests set it)."""
+    return bool(os.environ.get(TRACE_ENV))
+
+
+def _write(line: dict[str, Any]) -> None:
+    global _file, _pid
+    pid = os.getpid()
+    if _file is None or _pid != pid:  # first line, or a forked child: a file of its own
+        _file = open(os.path.join(os.environ[TRACE_ENV], f"{pid}.jsonl"), "a")  # noqa: SIM115
+        _pid = pid
+    _file.write(json.dumps(line) + "\n")
+    _file.flush()
+
+
+def event(kind: str, **fields: Any) -> None:
+    """Append one line of ``kind`` with ``fields`` (and the wall time ``t``)."""
+    if not enabled():
+        return
+    with _lock:
+        _write({"kind": kind, "t": time.time(), **fields})
+
+
+def _between(sent: float, picked: float, own: str) -> list[dict[str, Any]]:
+    """This worker's runs that overlapped ``[sent, picked]`` (not ``own``), times in real
+    ms from ``sent`` (an end of None: still running)."""
+    out = []
+    for span in list(_recent) + list(_open.values()):
+        if span["id"] == own:
+            continue
+        end = span.get("end")
+        if span["start"] < picked and (end is None or end > sent):
+            out.append(
+                {
+                    **{k: v for k, v in span.items() if k not in ("start", "end")},
+                    "start_ms": round(1000 * (span["start"] - sent), 1),
+                    "end_ms": None if end is None else round(1000 * (end - sent), 1),
+                }
+            )
+    return out
+
+
+def started(
+    task_id: str,
+    worker: str,
+    level: int | None,
+    job: dict[str, Any] | None,
+    picked: float,
+    task: str = "",
+) -> None:
+    """A task starts on this worker: write what ran here since it was sent."""
+    if not enabled():
+        return
+    job = job if isinstance(job, dict) else {}
+    sent = float(job.get("sent") or picked)
+    with _lock:
+        _write(
+            {
+                "kind": "start",
+                "t": picked,
+                "id": task_id,
+                "worker": worker,
+                "level": level,
+                "job": job.get("id"),
+                "node": job.get("node"),
+                "task": task,
+                "sent": sent,
+                "due": job.get("due"),
+                "tail_ms": job.get("tail_ms"),
+                "ran_between": _between(sent, picked, task_id),
+            }
+        )
+        _open[task_id] = {
+            "id": task_id,
+            "level": level,
+            "node": job.get("node"),
+            "job": job.get("id"),
+            "start": picked,
+        }
+
+
+def ended(task_id: str, at: float) -> None:
+    """A task ends on this worker: kept as one of its recent runs."""
+    if not enabled():
+        return
+    with _lock:
+        span = _open.pop(task_id, None)
+        if span is not None:
+            span["end"] = at
+            _recent.append(span)
+
+
+def expired(task_id: str, worker: str, level: int | None, job: dict[str, Any] | None) -> None:
+    """A task is dropped unrun past its latest start: write what ran here since it was
+    sent."""
+    if not enabled():
+        return
+    job = job if isinstance(job, dict) else {}
+    now = time.time()
+    sent = float(job.get("sent") or now)
+    with _lock:
+        _write(
+            {
+                "kind": "expired",
+                "t": now,
+                "id": task_id,
+                "worker": worker,
+                "level": level,
+                "job": job.get("id"),
+                "node": job.get("node"),
+                "sent": sent,
+                "ran_between": _between(sent, now, task_id),
+            }
+        )
