@@ -38,6 +38,7 @@ class Flight(NamedTuple):
 
 #: No load of the model under way anywhere.
 NO_FLIGHT = Flight(np.zeros(0, dtype=np.intp), np.zeros(0))
+NO_FLIGHT.at.flags.writeable = NO_FLIGHT.left.flags.writeable = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +87,9 @@ class WorkerArrays:
     #: keeps a memo shared by an evolved copy with other loads from answering for it)
     _spans: dict[str, tuple[Any, np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict)
+    #: model -> (``loading``, its whole-load column, the clock, ``in_flight``'s answer):
+    #: the last answer, for the decisions a producer makes on one snapshot at one clock
+    _flights: dict[str, tuple[Any, np.ndarray, float, Flight]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -115,9 +119,14 @@ class WorkerArrays:
     def in_flight(self, model: str, size_mb: float, now: float) -> Flight:
         """(worker indices, ms left) of the workers loading ``model`` at ``now``: its whole
         load there (:meth:`load_columns`) times the share of the load still to run
-        (:func:`left_shares`). The spans are read once per arrays, as columns: a
-        producer's folded loads can leave most workers loading a model, and every
-        decision asks."""
+        (:func:`left_shares`). The spans are read once per arrays, as columns, and the
+        last answer is kept for the same clock: a producer's folded loads can leave most
+        workers loading a model, and every decision on a snapshot asks again. Read-only."""
+        whole = self.load_columns(model, size_mb)[0]
+        last = self._flights.get(model)
+        if last is not None and last[0] is self.loading and last[1] is whole \
+                and last[2] == now:
+            return last[3]
         spans = self._spans.get(model)
         if spans is None or spans[0] is not self.loading:
             at = [(i, on[model]) for i, on in self.loading.items() if model in on]
@@ -126,10 +135,13 @@ class WorkerArrays:
                 np.fromiter((b for _, (b, _) in at), dtype=float, count=len(at)),
                 np.fromiter((e for _, (_, e) in at), dtype=float, count=len(at)))
         _, at, began, ends = spans
-        if not len(at):
-            return NO_FLIGHT
-        whole = self.load_columns(model, size_mb)[0]
-        return Flight(at, whole[at] * left_shares(began, ends, now))
+        flight = NO_FLIGHT
+        if len(at):
+            left = whole[at] * left_shares(began, ends, now)
+            left.flags.writeable = False  # shared by the plans that ask at this clock
+            flight = Flight(at, left)
+        self._flights[model] = (self.loading, whole, now, flight)
+        return flight
 
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
