@@ -14,6 +14,7 @@ what is charged is what is released.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .planner.cost import MS_PER_S
@@ -98,17 +99,20 @@ def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:
 
 
 def note_load(c: CompassContext, worker: str, model: str | None, finish_ms: float,
-              run_ms: float, snapshot: Snapshot) -> None:
+              run_ms: float, snapshot: Snapshot,
+              sizes: Mapping[str, float] | None = None) -> None:
     """Fold the load of ``model`` a placement on ``worker`` plans (its planned finish and
     run, ms) into this process's snapshot at once (``planner.fold.planned_load``): the
     model on its way there until it is planned to be in, and what the worker's cache
     would evict for it gone, so the next decision before the next read neither loads it
     a second time elsewhere nor counts the evicted models as there. Nothing when the
     model is resident or loading there already. ``snapshot``: the one the placement was
-    planned on (its view ranks the victims, asked only when something must go)."""
+    planned on (its view ranks the victims, asked only when something must go);
+    ``sizes``, the model sizes it was planned with (default: the context's now)."""
     if model is None or worker == SHARED:
         return
-    sizes = c.model_sizes()
+    if sizes is None:
+        sizes = c.model_sizes()
     span = load_span(time.time(), finish_ms, run_ms, MS_PER_S)
     c.reader.note_load(worker, model, span, sizes,
                        lambda: eviction_rank(cluster_view(snapshot, sizes)))

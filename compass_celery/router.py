@@ -74,7 +74,8 @@ class CompassRouter:
         if snapshot is None:
             decision = self._fallback(needs, why)
         else:
-            decision = decide(needs, snapshot, c.policy, c.model_sizes(), c.shared_queue,
+            sizes = c.model_sizes()  # once: the plan and the fold of its load alike
+            decision = decide(needs, snapshot, c.policy, sizes, c.shared_queue,
                               c.settings.validate, priority=level,
                               batch_aware=c.settings.batch_aware,
                               budget_ms=self._budget(slo, snapshot), refused=refusals.refused(c))
@@ -87,7 +88,8 @@ class CompassRouter:
                 try:
                     self._charge(decision)
                     ledger.note_load(c, decision.worker, decision.model,
-                                     decision.est_finish_ms, decision.run_ms, snapshot)
+                                     decision.est_finish_ms, decision.run_ms, snapshot,
+                                     sizes)
                 except StateUnavailable as exc:
                     decision = self._fallback(needs, f"state unavailable ({exc})")
         if not decision.fallback:

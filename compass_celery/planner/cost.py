@@ -28,6 +28,19 @@ MS_PER_S = 1000.0
 EVICTION_PENALTY = 2.0
 
 
+class Flight(NamedTuple):
+    """Loads of one model under way (``WorkerArrays.in_flight``): the workers' indices
+    and the ms of each load left to run."""
+
+    at: np.ndarray
+    left: np.ndarray
+
+
+#: No load of the model under way anywhere.
+NO_FLIGHT = Flight(np.zeros(0, dtype=np.intp), np.zeros(0))
+NO_FLIGHT.at.flags.writeable = NO_FLIGHT.left.flags.writeable = False
+
+
 @dataclass(frozen=True, eq=False)
 class WorkerArrays:
     """Per-worker columns of a snapshot, index i = ``cluster.workers[i]``."""
@@ -69,6 +82,14 @@ class WorkerArrays:
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
     _means: dict[tuple[str, bool], float] = field(default_factory=dict)
     _left: dict[float | None, np.ndarray] = field(default_factory=dict)  # None: the rates
+    #: model -> (the ``loading`` it was read from, indices, began, ends): the loads of a
+    #: model under way, as columns (``loading`` is fixed per arrays; the identity check
+    #: keeps a memo shared by an evolved copy with other loads from answering for it)
+    _spans: dict[str, tuple[Any, np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict)
+    #: model -> (``loading``, its whole-load column, the clock, ``in_flight``'s answer):
+    #: the last answer, for the decisions a producer makes on one snapshot at one clock
+    _flights: dict[str, tuple[Any, np.ndarray, float, Flight]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -95,14 +116,32 @@ class WorkerArrays:
             self._fetch[model] = cols
         return cols
 
-    def in_flight(self, model: str, size_mb: float, now: float) -> tuple[tuple[int, float], ...]:
-        """(worker index, ms left) for each worker loading ``model`` at ``now``: its whole
-        load there (:meth:`load_columns`) times the share of the load still to run."""
-        spans = [(i, on[model]) for i, on in self.loading.items() if model in on]
-        if not spans:
-            return ()
+    def in_flight(self, model: str, size_mb: float, now: float) -> Flight:
+        """(worker indices, ms left) of the workers loading ``model`` at ``now``: its whole
+        load there (:meth:`load_columns`) times the share of the load still to run
+        (:func:`left_shares`). The spans are read once per arrays, as columns, and the
+        last answer is kept for the same clock: a producer's folded loads can leave most
+        workers loading a model, and every decision on a snapshot asks again. Read-only."""
         whole = self.load_columns(model, size_mb)[0]
-        return tuple((i, float(whole[i]) * left_share(*span, now)) for i, span in spans)
+        last = self._flights.get(model)
+        if last is not None and last[0] is self.loading and last[1] is whole \
+                and last[2] == now:
+            return last[3]
+        spans = self._spans.get(model)
+        if spans is None or spans[0] is not self.loading:
+            at = [(i, on[model]) for i, on in self.loading.items() if model in on]
+            spans = self._spans[model] = (
+                self.loading, np.fromiter((i for i, _ in at), dtype=np.intp, count=len(at)),
+                np.fromiter((b for _, (b, _) in at), dtype=float, count=len(at)),
+                np.fromiter((e for _, (_, e) in at), dtype=float, count=len(at)))
+        _, at, began, ends = spans
+        flight = NO_FLIGHT
+        if len(at):
+            left = whole[at] * left_shares(began, ends, now)
+            left.flags.writeable = False  # shared by the plans that ask at this clock
+            flight = Flight(at, left)
+        self._flights[model] = (self.loading, whole, now, flight)
+        return flight
 
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
@@ -220,6 +259,16 @@ def left_share(began: float, ends: float, now: float) -> float:
     if ends <= began:
         return 0.0
     return min(max((ends - now) / (ends - began), 0.0), 1.0)
+
+
+def left_shares(began: np.ndarray, ends: np.ndarray, now: float) -> np.ndarray:
+    """:func:`left_share` of many loads at once, float for float the same (the ``where``
+    compares are Python's ``max``/``min`` on two floats: ties and -0.0 kept alike)."""
+    span = ends - began
+    live = span > 0.0
+    share = np.divide(ends - now, span, out=np.zeros(len(span)), where=live)
+    share = np.where(share < 0.0, 0.0, share)
+    return np.where(share > 1.0, 1.0, share)
 
 
 def remember_arrays(cluster: ClusterView, arrays: WorkerArrays) -> None:
@@ -519,7 +568,7 @@ def hidden_load_ms(ready: np.ndarray | float, start: np.ndarray, load: np.ndarra
 def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: np.ndarray,
                ready: np.ndarray | float, start: np.ndarray,
                loader_free: np.ndarray | float = 0.0,
-               in_flight: Sequence[tuple[int, float]] = ()) -> tuple[np.ndarray, np.ndarray]:
+               in_flight: Flight | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Per worker: the model's load (``columns``: if it fits in free memory, if it must
     evict) and the part of it made while the task waits (:func:`hidden_load_ms`).
 
@@ -531,9 +580,11 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
     hidden = hidden_load_ms(ready, start, load, fits, loader_free)
-    for i, left in in_flight:
-        load[i] = max(left - float(start[i]), 0.0)
-        hidden[i] = 0.0
+    if in_flight is not None and len(in_flight.at):
+        at = in_flight.at
+        left = in_flight.left - start[at]
+        load[at] = np.where(left < 0.0, 0.0, left)  # max(left, 0.0), float for float
+        hidden[at] = 0.0
     return load, hidden
 
 

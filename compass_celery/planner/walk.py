@@ -15,7 +15,7 @@ import numpy as np
 
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
-from .cost import WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
+from .cost import Flight, WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
 from .rank import by_rank, successors, topo_order, upward_rank
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
@@ -76,7 +76,7 @@ class Walk:
         for a, b in dag.edges:
             self.preds[b].append(a)
         self._load: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # copied on first write
-        self._flight: dict[str, tuple[tuple[int, float], ...]] = {}  # loads under way
+        self._flight: dict[str, Flight] = {}  # loads under way
         self._masks: dict[float, tuple[np.ndarray, np.ndarray | None]] = {}
         self._zeros = np.zeros(len(self.arr))
         self._ranks: dict[bool, dict[str, float]] = {}  # with_transfer -> upward rank
@@ -109,7 +109,7 @@ class Walk:
             if not self.arr.is_loading(model, i):  # a load under way has its memory
                 self.free[i] = max(float(self.free[i]) - size_mb, 0.0)
 
-    def in_flight(self, model: str, size_mb: float) -> tuple[tuple[int, float], ...]:
+    def in_flight(self, model: str, size_mb: float) -> Flight:
         """(worker index, ms left) where ``model`` is being loaded, at the snapshot's time."""
         got = self._flight.get(model)
         if got is None:
