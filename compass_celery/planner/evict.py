@@ -232,8 +232,12 @@ def _memo(table: dict[tuple[int, ...], tuple[tuple[object, ...], Any]],
     """``build()``, or what it gave last for these very ``deps`` (the last few kept)."""
     key = tuple(map(id, deps))
     hit = table.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)):
-        return hit[1]
+    if hit is not None:  # a loop, not all() over a generator: this runs for every pricer
+        for a, b in zip(hit[0], deps, strict=True):
+            if a is not b:
+                break
+        else:
+            return hit[1]
     value = build()
     with _TERMS_LOCK:  # routers plan on several threads
         if len(table) >= _TERMS_KEPT:
@@ -274,22 +278,25 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     sizes, fits = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
                         lambda: _static_terms(arrays, sizes_mb))
     m = len(arrays.models)
-    target = np.zeros(m, dtype=int)
-    chance = np.zeros(m)
-    urgent = np.zeros(m, dtype=bool)
+    # built as lists, then one array each: per model item writes into numpy arrays cost
+    # more than the rest of this, which runs at every new clock of a simulated cluster
+    target_l, chance_l, urgent_l = [0] * m, [0.0] * m, [False] * m
     if demand:
         targets = replica_targets(demand, fits)
         for name, d in demand.items():
             j = arrays.models.get(name)
             if j is None:
                 continue
-            target[j] = targets.get(name, 0)
-            chance[j] = -math.expm1(-d.per_s * HORIZON_S)
-            urgent[j] = d.urgent_per_s >= URGENT_MIN_PER_S
+            target_l[j] = targets.get(name, 0)
+            chance_l[j] = -math.expm1(-d.per_s * HORIZON_S)
+            urgent_l[j] = d.urgent_per_s >= URGENT_MIN_PER_S
         copies = _memo(_COPIES, (arrays.resident,), lambda: _copies(arrays.resident))
     else:
         copies = np.zeros(m, dtype=int)
         copies.flags.writeable = False
+    target = np.array(target_l, dtype=int)
+    chance = np.array(chance_l, dtype=float)
+    urgent = np.array(urgent_l, dtype=bool)
     target.flags.writeable = chance.flags.writeable = False  # shared between plans
     urgent.flags.writeable = False
     return sizes, target, chance, copies, urgent
