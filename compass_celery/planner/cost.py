@@ -67,6 +67,10 @@ class WorkerArrays:
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
+    _some: dict[float, bool] = field(default_factory=dict)  # fits(size).any()
+    # model -> (worker index, span) of its loads under way, in ``loading``'s order
+    _flights: dict[str, tuple[tuple[int, tuple[float, float]], ...]] = field(
+        default_factory=dict)
     _means: dict[tuple[str, bool], float] = field(default_factory=dict)
     _left: dict[float | None, np.ndarray] = field(default_factory=dict)  # None: the rates
 
@@ -79,6 +83,13 @@ class WorkerArrays:
         if mask is None:
             mask = self._fits[size_mb] = self.gpu_total_mb >= size_mb
         return mask
+
+    def fits_any(self, size_mb: float) -> bool:
+        """Whether any worker's GPU is large enough for a model of this size."""
+        some = self._some.get(size_mb)
+        if some is None:
+            some = self._some[size_mb] = bool(self.fits(size_mb).any())
+        return some
 
     def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
         """(load ms if it fits in free memory, load ms if it must evict) per worker,
@@ -98,7 +109,10 @@ class WorkerArrays:
     def in_flight(self, model: str, size_mb: float, now: float) -> tuple[tuple[int, float], ...]:
         """(worker index, ms left) for each worker loading ``model`` at ``now``: its whole
         load there (:meth:`load_columns`) times the share of the load still to run."""
-        spans = [(i, on[model]) for i, on in self.loading.items() if model in on]
+        spans = self._flights.get(model)
+        if spans is None:  # per model, once per loads under way (a snapshot's, or shared)
+            spans = self._flights[model] = tuple(
+                (i, on[model]) for i, on in self.loading.items() if model in on)
         if not spans:
             return ()
         whole = self.load_columns(model, size_mb)[0]
@@ -369,6 +383,7 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
+        changes["_some"] = {}
     if changes.keys() & {"backlog_ms", "run_charge"}:
         changes["_left"] = _rates_kept(arrays, changes)  # backlog_left_ms reads these
     if arrays.loading or any(w.loading for w in rows.values()):
@@ -376,6 +391,7 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         loading.update((i, w.loading) for i, w in rows.items() if w.loading)
         if loading != arrays.loading:
             changes["loading"] = loading
+            changes["_flights"] = {}  # in_flight reads it
     if not changes:
         return arrays
     if arrays._means:

@@ -64,6 +64,9 @@ class LiveColumns:
         # snapshots, shared by them: fits by capacity (fixed), load columns while the
         # frozen matrices are shared, means of the fixed columns
         self._fits: dict[float, np.ndarray] = {}
+        self._some: dict[float, bool] = {}
+        # in_flight's memo of each model's loads under way, while no row's loading changes
+        self._flights: dict[str, tuple[tuple[int, tuple[float, float]], ...]] = {}
         self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._means = FixedMeans(FIXED_COLUMNS)
         for i, v in enumerate(views):
@@ -81,9 +84,11 @@ class LiveColumns:
             self._members(self.host_resident[i], view.host_resident)
             self._frozen = None
         if view.loading:
+            if self.loading.get(i) != view.loading:
+                self._flights = {}  # the loads under way changed: in_flight's memo goes
             self.loading[i] = view.loading
-        else:
-            self.loading.pop(i, None)
+        elif self.loading.pop(i, None) is not None:
+            self._flights = {}
         assert len(view.running) <= 1, "a simulated worker runs one task at a time"
         span = view.running[0] if view.running else (0.0, 0.0, 0.0)
         if span[2] <= 0:
@@ -127,6 +132,7 @@ class LiveColumns:
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=resident, host_resident=host, host_models=host_models,
             loading=dict(self.loading), _fetch=self._fetch, _fits=self._fits,
+            _some=self._some, _flights=self._flights,
             _means=self._means, run_began=began, run_ends=ends, run_charge=charge,
             _left=left)
 
