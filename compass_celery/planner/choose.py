@@ -48,7 +48,7 @@ def check_inputs(dag: DagSpec, cluster: ClusterView) -> dict[str, float]:
 def candidates(arrays: WorkerArrays, task: TaskSpec, size_mb: float) -> np.ndarray:
     """Bool mask of workers whose GPU is large enough for the model; raises if none."""
     mask = arrays.fits(size_mb)
-    if not mask.any():
+    if not arrays.fits_any(size_mb):
         largest = float(arrays.gpu_total_mb.max()) if len(arrays) else 0.0
         raise PlanningError(
             f"no worker can hold model {task.model!r} ({size_mb:g} MB) for task "

@@ -80,6 +80,7 @@ class WorkerArrays:
     # Per-snapshot memo of model-dependent columns (same snapshot, same answer).
     _fetch: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     _fits: dict[float, np.ndarray] = field(default_factory=dict)
+    _some: dict[float, bool] = field(default_factory=dict)  # fits(size).any()
     _means: dict[tuple[str, bool], float] = field(default_factory=dict)
     _left: dict[float | None, np.ndarray] = field(default_factory=dict)  # None: the rates
     #: model -> (the ``loading`` it was read from, indices, began, ends): the loads of a
@@ -100,6 +101,13 @@ class WorkerArrays:
         if mask is None:
             mask = self._fits[size_mb] = self.gpu_total_mb >= size_mb
         return mask
+
+    def fits_any(self, size_mb: float) -> bool:
+        """Whether any worker's GPU is large enough for a model of this size."""
+        some = self._some.get(size_mb)
+        if some is None:
+            some = self._some[size_mb] = bool(self.fits(size_mb).any())
+        return some
 
     def load_columns(self, model: str, size_mb: float) -> tuple[np.ndarray, np.ndarray]:
         """(load ms if it fits in free memory, load ms if it must evict) per worker,
@@ -418,6 +426,7 @@ def with_rows(arrays: WorkerArrays, rows: Mapping[int, WorkerView],
         changes["_fetch"] = {}  # load_columns reads these
     if "gpu_total_mb" in changes:
         changes["_fits"] = {}
+        changes["_some"] = {}
     if changes.keys() & {"backlog_ms", "run_charge"}:
         changes["_left"] = _rates_kept(arrays, changes)  # backlog_left_ms reads these
     if arrays.loading or any(w.loading for w in rows.values()):

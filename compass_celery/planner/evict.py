@@ -74,13 +74,14 @@ class EvictionPricer:
         self.active = bool(demand)
         #: the loads priced are a batch plan's (no deadline): protected copies cost more
         self.batch = batch
-        self.sizes, self.target, self.chance, self.copies, self.urgent = _snapshot_terms(
-            arrays, demand, sizes_mb)
+        terms = _snapshot_terms(arrays, demand, sizes_mb)
+        self.sizes, self.target, self.chance, self.copies, self.urgent = terms
         self.resident = arrays.resident
         self._owned = False  # resident and copies are still the shared ones
-        # per model column: the victim order and the sizes and worths in it (until a mark)
-        self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._ranks: tuple[np.ndarray, np.ndarray] | None = None  # (tier, worth) till a mark
+        # The victim orders, shared by the pricers of the same terms and kind of plan
+        # (every plan and re-placement on one snapshot) until a mark changes which
+        # copies are kept: then this pricer's own.
+        self._victims: _Victims = _memo(_VICTIMS, (terms, batch), _Victims)
 
     def mark(self, i: int, model: str) -> None:
         """Worker ``i`` will hold ``model`` (a placement loaded it there)."""
@@ -91,8 +92,7 @@ class EvictionPricer:
                 self._owned = True
             self.resident[i, j] = True
             if self.copies[j] == self.target[j]:  # its copies stop being kept: the
-                self._orders.clear()  # victim orders change (nothing else in them does)
-                self._ranks = None
+                self._victims = _Victims()  # victim orders change (nothing else does)
             self.copies[j] += 1
 
     def wants_copy(self, model: str) -> bool:
@@ -158,7 +158,9 @@ class EvictionPricer:
         if not len(rows):
             return out
         order, sizes, worth = self._order(self.arr.models[model])
-        mb = self.resident[rows[:, None], order] * sizes  # 0 where not held
+        # rows first, then the columns in order: the same elements as one 2-D fancy
+        # index (resident[rows[:, None], order]) at a third of its cost
+        mb = self.resident[rows][:, order] * sizes  # 0 where not held
         before = np.add.accumulate(mb, axis=1)  # np.cumsum, without its wrapper
         before -= mb
         # a victim: held and needed; where not held, mb is 0 and adds nothing
@@ -169,7 +171,8 @@ class EvictionPricer:
     def _order(self, j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The models in the order a load of model ``j`` evicts them, and their sizes and
         worths in that order (``j``'s own worth 0: it is what is being loaded)."""
-        got = self._orders.get(j)
+        orders = self._victims.orders
+        got = orders.get(j)
         if got is None:
             tier, worth = self._victim_terms()
             worth = worth.copy()
@@ -177,14 +180,14 @@ class EvictionPricer:
             # victims: spare copies first (worth 0), then kept ones least likely needed
             # first (a batch plan's protected ones last); among equals the larger first
             order = np.lexsort((-self.sizes, worth, tier))
-            got = self._orders[j] = (order, self.sizes[order], worth[order])
+            got = orders[j] = (order, self.sizes[order], worth[order])
         return got
 
     def _victim_terms(self) -> tuple[np.ndarray, np.ndarray]:
         """(tier, worth) of :meth:`_order`, per model, worked out once until a mark: for
         a batch plan ``tier()`` and ``worth()``; the protected tier and weight are left
         out when no copy is protected (the same order and worths, fewer passes)."""
-        got = self._ranks
+        got = self._victims.ranks
         if got is None:
             kept = self.copies <= self.target
             tier, worth = kept, self.chance * np.where(kept, KEPT_WEIGHT, SPARE_WEIGHT)
@@ -193,8 +196,21 @@ class EvictionPricer:
                 if protected.any():
                     tier = kept.astype(float) + protected
                     worth = worth * np.where(protected, PROTECT_WEIGHT, 1.0)
-            got = self._ranks = (tier, worth)
+            got = self._victims.ranks = (tier, worth)
         return got
+
+
+class _Victims:
+    """An :class:`EvictionPricer`'s victim orders, per model column: the order a load of
+    it evicts the models in, with their sizes and worths in that order (``_order``), and
+    the (tier, worth) they are sorted by (``_victim_terms``). They read only the terms
+    and which copies are kept, so pricers of the same terms share one until a mark."""
+
+    __slots__ = ("orders", "ranks")
+
+    def __init__(self) -> None:
+        self.orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.ranks: tuple[np.ndarray, np.ndarray] | None = None
 
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -206,6 +222,7 @@ Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
 _TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+_VICTIMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _TERMS_KEPT = 8
 _TERMS_LOCK = threading.Lock()
 
@@ -215,8 +232,12 @@ def _memo(table: dict[tuple[int, ...], tuple[tuple[object, ...], Any]],
     """``build()``, or what it gave last for these very ``deps`` (the last few kept)."""
     key = tuple(map(id, deps))
     hit = table.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], deps, strict=True)):
-        return hit[1]
+    if hit is not None:  # a loop, not all() over a generator: this runs for every pricer
+        for a, b in zip(hit[0], deps, strict=True):
+            if a is not b:
+                break
+        else:
+            return hit[1]
     value = build()
     with _TERMS_LOCK:  # routers plan on several threads
         if len(table) >= _TERMS_KEPT:
@@ -257,22 +278,25 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     sizes, fits = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
                         lambda: _static_terms(arrays, sizes_mb))
     m = len(arrays.models)
-    target = np.zeros(m, dtype=int)
-    chance = np.zeros(m)
-    urgent = np.zeros(m, dtype=bool)
+    # built as lists, then one array each: per model item writes into numpy arrays cost
+    # more than the rest of this, which runs at every new clock of a simulated cluster
+    target_l, chance_l, urgent_l = [0] * m, [0.0] * m, [False] * m
     if demand:
         targets = replica_targets(demand, fits)
         for name, d in demand.items():
             j = arrays.models.get(name)
             if j is None:
                 continue
-            target[j] = targets.get(name, 0)
-            chance[j] = -math.expm1(-d.per_s * HORIZON_S)
-            urgent[j] = d.urgent_per_s >= URGENT_MIN_PER_S
+            target_l[j] = targets.get(name, 0)
+            chance_l[j] = -math.expm1(-d.per_s * HORIZON_S)
+            urgent_l[j] = d.urgent_per_s >= URGENT_MIN_PER_S
         copies = _memo(_COPIES, (arrays.resident,), lambda: _copies(arrays.resident))
     else:
         copies = np.zeros(m, dtype=int)
         copies.flags.writeable = False
+    target = np.array(target_l, dtype=int)
+    chance = np.array(chance_l, dtype=float)
+    urgent = np.array(urgent_l, dtype=bool)
     target.flags.writeable = chance.flags.writeable = False  # shared between plans
     urgent.flags.writeable = False
     return sizes, target, chance, copies, urgent
@@ -289,13 +313,24 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
     hit = _RANKS.get(id(cluster))
     if hit is not None and hit[0]() is cluster:
         return hit[1]
-    pricer = EvictionPricer(worker_arrays(cluster), cluster.demand, cluster.model_sizes_mb)
-    tier, worth = pricer.tier(), pricer.worth()
-    rank = {m: (float(tier[j]), float(worth[j]), -float(pricer.sizes[j]))
-            for m, j in pricer.arr.models.items()}
+    arrays, demand, sizes = worker_arrays(cluster), cluster.demand, cluster.model_sizes_mb
+    # the same terms give the same rank: a new snapshot at the same clock and residency
+    # (most snapshots differ by backlogs) reuses it
+    terms = _snapshot_terms(arrays, demand, sizes)
+    rank = _memo(_RANK_TERMS, (terms, arrays.models),
+                 lambda: _rank(EvictionPricer(arrays, demand, sizes)))
     key = id(cluster)
     _RANKS[key] = (weakref.ref(cluster, lambda _: _RANKS.pop(key, None)), rank)
     return rank
 
 
 _RANKS: dict[int, tuple[weakref.ref[ClusterView], dict[str, tuple[float, float, float]]]] = {}
+_RANK_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+
+
+def _rank(pricer: EvictionPricer) -> dict[str, tuple[float, float, float]]:
+    """:func:`eviction_rank` from a pricer of the snapshot (no plan marked on it)."""
+    tier, worth = pricer.tier(), pricer.worth()
+    return {m: (float(tier[j]), float(worth[j]), -float(pricer.sizes[j]))
+            for m, j in pricer.arr.models.items()}
+

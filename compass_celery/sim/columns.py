@@ -64,6 +64,7 @@ class LiveColumns:
         # snapshots, shared by them: fits by capacity (fixed), load columns while the
         # frozen matrices are shared, means of the fixed columns
         self._fits: dict[float, np.ndarray] = {}
+        self._some: dict[float, bool] = {}
         self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._means = FixedMeans(FIXED_COLUMNS)
         for i, v in enumerate(views):
@@ -127,6 +128,7 @@ class LiveColumns:
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
             resident=resident, host_resident=host, host_models=host_models,
             loading=dict(self.loading), _fetch=self._fetch, _fits=self._fits,
+            _some=self._some,
             _means=self._means, run_began=began, run_ends=ends, run_charge=charge,
             _left=left)
 

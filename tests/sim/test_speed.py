@@ -38,13 +38,24 @@ def test_live_columns_equal_a_fresh_build_throughout_a_run(policy, refresh_ms):
         for i, s in enumerate(w.cluster.scaled(12).workers)))
     w = dataclasses.replace(w, cluster=cluster)
     sim = Simulation(w, policy, job_stream(w, rate=40.0, jobs=150), refresh_ms=refresh_ms)
-    checked = 0
+    checked = loading = 0
     for until in np.arange(50.0, 5000.0, 97.0):
         sim.run(until)
         snap = sim.cluster.snapshot()
-        assert_same_arrays(worker_arrays(snap), build_worker_arrays(snap))
+        live, fresh = worker_arrays(snap), build_worker_arrays(snap)
+        assert_same_arrays(live, fresh)
+        # the memos the live columns hand on between snapshots answer as a fresh build's
+        for model, size in snap.model_sizes_mb.items():
+            flights = live.in_flight(model, size, snap.now)
+            other = fresh.in_flight(model, size, snap.now)
+            # (worker, ms left) pairs: the live rows are in the order their loads began
+            pairs = dict(zip(flights.at.tolist(), flights.left.tolist(), strict=True))
+            assert pairs == dict(zip(other.at.tolist(), other.left.tolist(), strict=True)), model
+            loading += bool(pairs)
+            assert live.fits_any(size) == fresh.fits_any(size)
         checked += any(v.backlog_ms > 0 and v.resident for v in snap.workers)
     assert checked > 5  # the states compared were not all empty
+    assert loading > 5  # and loads were under way in some
     assert all(j.end is not None for j in sim.run())
 
 
