@@ -77,6 +77,15 @@ def _between(sent: float, picked: float, own: str) -> list[dict[str, Any]]:
     return out
 
 
+def _waited(kind: str, t: float, task_id: str, worker: str, level: int | None,
+            job: dict[str, Any], sent: float, **extra: Any) -> dict[str, Any]:
+    """A ``start`` or ``expired`` line: the task, its job's node, and what ran on this
+    worker from its send to ``t``."""
+    return {"kind": kind, "t": t, "id": task_id, "worker": worker, "level": level,
+            "job": job.get("id"), "node": job.get("node"), **extra, "sent": sent,
+            "ran_between": _between(sent, t, task_id)}
+
+
 def started(
     task_id: str,
     worker: str,
@@ -91,22 +100,8 @@ def started(
     job = job if isinstance(job, dict) else {}
     sent = float(job.get("sent") or picked)
     with _lock:
-        _write(
-            {
-                "kind": "start",
-                "t": picked,
-                "id": task_id,
-                "worker": worker,
-                "level": level,
-                "job": job.get("id"),
-                "node": job.get("node"),
-                "task": task,
-                "sent": sent,
-                "due": job.get("due"),
-                "tail_ms": job.get("tail_ms"),
-                "ran_between": _between(sent, picked, task_id),
-            }
-        )
+        _write(_waited("start", picked, task_id, worker, level, job, sent, task=task,
+                       due=job.get("due"), tail_ms=job.get("tail_ms")))
         _open[task_id] = {
             "id": task_id,
             "level": level,
@@ -134,18 +129,6 @@ def expired(task_id: str, worker: str, level: int | None, job: dict[str, Any] | 
         return
     job = job if isinstance(job, dict) else {}
     now = time.time()
-    sent = float(job.get("sent") or now)
     with _lock:
-        _write(
-            {
-                "kind": "expired",
-                "t": now,
-                "id": task_id,
-                "worker": worker,
-                "level": level,
-                "job": job.get("id"),
-                "node": job.get("node"),
-                "sent": sent,
-                "ran_between": _between(sent, now, task_id),
-            }
-        )
+        _write(_waited("expired", now, task_id, worker, level, job,
+                       float(job.get("sent") or now)))

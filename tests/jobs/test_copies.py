@@ -6,16 +6,14 @@ the deadline: a busy warm worker no longer always looks faster than a load on an
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
-from compass_celery.emulated import make_app
 from compass_celery.errors import Rejected
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.support.cluster import wait_live
+from tests.support.cluster import emulated
 
 pytestmark = pytest.mark.redis
 M = "minilm"
@@ -28,14 +26,7 @@ DEADLINE_MS = 1000.0
 
 @pytest.fixture
 def two(compass_redis_url, compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
-           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
-    ws = [compass_workers("compass_celery.emulated_app", name, *GPU, env=env)
-          for name in ("copy@one", "copy@two")]
-    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
-                   compass_models=MODELS)
-    wait_live(app, 2, ws, 40)
-    app.workers = ws
+    app = emulated(compass_redis_url, compass_workers, MODELS, ["copy@one", "copy@two"], *GPU)
     yield app
     app.compass.close()
 

@@ -6,17 +6,15 @@ path (its model loads included), is admitted and meets it; the flood still compl
 
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
 
 from compass_celery import Dag
-from compass_celery.emulated import make_app
 from compass_celery.errors import Rejected
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.support.cluster import wait_live
+from tests.support.cluster import emulated
 
 pytestmark = pytest.mark.redis
 BATCH, BATCH2, FIRST, SECOND = "bm", "bm2", "ia", "ib"
@@ -34,14 +32,7 @@ DEADLINE_MS = 3 * CRITICAL_MS
 
 @pytest.fixture
 def two(compass_redis_url, compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
-           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
-    ws = [compass_workers("compass_celery.emulated_app", name, *GPU, env=env)
-          for name in ("mix@one", "mix@two")]
-    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
-                   compass_models=MODELS)
-    wait_live(app, 2, ws, 40)
-    app.workers = ws
+    app = emulated(compass_redis_url, compass_workers, MODELS, ["mix@one", "mix@two"], *GPU)
     yield app
     app.compass.close()
 
@@ -92,15 +83,8 @@ SLACK_MS = 10_000.0  # a deadline every one of them meets in any order: admitted
 
 @pytest.fixture
 def one(compass_redis_url, compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
-           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
-    ws = [compass_workers("compass_celery.emulated_app", "order@one",
-                          "--compass-emulate-gpu-mb", "3200", "--compass-preload",
-                          f"{FIRST},{SECOND}", env=env)]
-    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0,
-                   compass_models=MODELS)
-    wait_live(app, 1, ws, 40)
-    app.workers = ws
+    app = emulated(compass_redis_url, compass_workers, MODELS, ["order@one"],
+                   "--compass-emulate-gpu-mb", "3200", "--compass-preload", f"{FIRST},{SECOND}")
     yield app
     app.compass.close()
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from typing import Any
 
 import redis
 
+from compass_celery.emulated import make_app as emulated_app
 from compass_celery.local import WorkerProcess, wait_until
 from compass_celery.testing import worker_logs
 from tests.support.jobapp import make_app
@@ -29,6 +31,25 @@ def start(url: str, compass_workers: Any, names: list[str], *, timeout_s: float 
     wait_live(app, len(names), ws)
     app.log = redis.Redis.from_url(url)
     return app, ws
+
+
+def emulated(url: str, compass_workers: Any, models: dict[str, float] | None,
+             names: list[str], *args: str) -> Any:
+    """Real emulated-GPU workers named ``names`` (``args``: their worker options) knowing
+    ``models`` (None: the emulated app's own), and a producer app reading fresh state;
+    waits until all are live. The app's ``workers`` are the processes; the caller closes
+    ``app.compass``."""
+    env = {"COMPASS_BROKER_URL": url, "COMPASS_REDIS_URL": url,
+           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0"}
+    conf: dict[str, Any] = {}
+    if models is not None:
+        env["COMPASS_MODELS"] = json.dumps(models)
+        conf["compass_models"] = models
+    ws = [compass_workers("compass_celery.emulated_app", n, *args, env=env) for n in names]
+    app = emulated_app(url, state_url=url, compass_snapshot_ttl_s=0.0, **conf)
+    wait_live(app, len(names), ws, 40)
+    app.workers = ws
+    return app
 
 
 def wait_live(app: Any, n: int, ws: list[WorkerProcess], timeout: float = 30) -> None:

@@ -8,11 +8,10 @@ import time
 
 import pytest
 
-from compass_celery.emulated import make_app
 from compass_celery.errors import Rejected
 from compass_celery.local import wait_until
 from compass_celery.testing import worker_logs
-from tests.support.cluster import wait_live
+from tests.support.cluster import emulated
 
 pytestmark = pytest.mark.redis
 M = "captioner"
@@ -20,13 +19,8 @@ M = "captioner"
 
 @pytest.fixture
 def one(compass_redis_url, compass_workers):
-    env = {"COMPASS_BROKER_URL": compass_redis_url, "COMPASS_REDIS_URL": compass_redis_url,
-           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0"}
-    ws = [compass_workers("compass_celery.emulated_app", "left@one",
-                          "--compass-emulate-gpu-mb", "1600", "--compass-preload", M, env=env)]
-    app = make_app(compass_redis_url, state_url=compass_redis_url, compass_snapshot_ttl_s=0.0)
-    wait_live(app, 1, ws, 40)
-    app.workers = ws
+    app = emulated(compass_redis_url, compass_workers, None, ["left@one"],
+                   "--compass-emulate-gpu-mb", "1600", "--compass-preload", M)
     yield app
     app.compass.close()
 

@@ -1,0 +1,55 @@
+"""The per-node trace (off unless ``COMPASS_TRACE_DIR`` is set) and the wait report built
+from it: what ran on a worker while an urgent successor waited there."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+
+from compass_celery.bench import trace_waits
+from compass_celery.worker import trace
+
+
+@pytest.fixture
+def traced(tmp_path, monkeypatch):
+    monkeypatch.setattr(trace, "_recent", deque(maxlen=trace.RECENT))
+    monkeypatch.setattr(trace, "_open", {})
+    monkeypatch.setattr(trace, "_file", None)
+    monkeypatch.setenv(trace.TRACE_ENV, str(tmp_path))
+    yield tmp_path
+    if trace._file is not None:
+        trace._file.close()
+
+
+def test_nothing_is_written_with_the_variable_unset(tmp_path, monkeypatch):
+    monkeypatch.delenv(trace.TRACE_ENV, raising=False)
+    trace.event("send", id="t1")
+    trace.started("t1", "w", 9, {"id": "j", "node": "n", "sent": 1.0}, 2.0)
+    assert not list(tmp_path.iterdir()) and trace._file is None
+
+
+def test_a_waits_report_names_the_batch_task_that_ran_while_a_successor_waited(traced):
+    t0 = 1000.0
+    # a batch step starts on this worker, then an urgent later step is sent to it
+    trace.started("b1", "w", 0, {"id": "jb", "node": "translate", "sent": t0 - 0.05}, t0)
+    trace.event("send", id="u1", job="ju", node="nli", level=9, snap_taken=t0 + 0.01)
+    trace.ended("b1", t0 + 0.30)
+    trace.started("u1", "w", 9, {"id": "ju", "node": "nli", "sent": t0 + 0.02}, t0 + 0.32)
+    trace.expired("u2", "w", 9, {"id": "jx", "node": "speech", "sent": t0 + 0.25})
+    lines = trace_waits.load(str(traced))
+    start = next(line for line in lines if line["kind"] == "start" and line["id"] == "u1")
+    (span,) = start["ran_between"]
+    assert (span["id"], span["level"], span["node"]) == ("b1", 0, "translate")
+    assert span["start_ms"] == pytest.approx(-20.0) and span["end_ms"] == pytest.approx(280.0)
+    expired = next(line for line in lines if line["kind"] == "expired")
+    assert expired["node"] == "speech" and [s["id"] for s in expired["ran_between"]] \
+        == ["b1", "u1"]  # u1 still running
+    report = trace_waits.report(lines, scale=0.5)
+    assert "level-9 successors: 1, dropped past their latest start: 0" in report
+    # 280 ms of the batch step ran during the 300 ms wait (560 workload ms at scale 0.5);
+    # it started 20 ms before the send, before the snapshot the placement read (taken
+    # 10 ms before the send): a wait the placement saw coming, not a stale snapshot
+    assert "batch step, running at the send  " in report
+    assert "started after the snapshot" not in report
+    assert "560 ms" in report
