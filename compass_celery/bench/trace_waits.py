@@ -1,6 +1,6 @@
 """Where urgent successors waited, from the trace lines workers write with
-``COMPASS_TRACE_DIR`` set (``worker.trace``): ``python -m compass_celery.bench.trace_waits
-DIR [TIME_SCALE]``.
+``COMPASS_TRACE_DIR`` set (:mod:`compass_celery.tracing`): ``compass-celery bench
+trace-waits DIR --time-scale S``.
 
 For each successor sent at level 9: its wait (from its send to its start, or to its drop
 past its latest start), the age of the snapshot its placement read, and what that
@@ -16,7 +16,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import sys
 from collections import Counter, defaultdict
 from typing import Any
 
@@ -89,6 +88,3 @@ def report(lines: list[dict[str, Any]], scale: float, level: int = 9) -> str:
         out.append(f"  {key:60s} n={counts[key]:3d}  {ms:7.0f} ms  ({ms / counts[key]:4.0f} each)")
     return "\n".join(out)
 
-
-if __name__ == "__main__":
-    print(report(load(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 1.0))

@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any
 
-from ..jobs.keys import JOB_HEADER
+from ..state.keys import JOB_HEADER
 from ..state.scripts import script
 
 #: Bells expire this long after their last token: a token matters only while a consumer

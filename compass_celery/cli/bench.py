@@ -252,6 +252,22 @@ def fault_table(folder: str) -> None:
     click.echo(table(results))
 
 
+@bench.command(name="trace-waits",
+               help="Where urgent successors waited, from the trace lines workers write "
+               "when COMPASS_TRACE_DIR is set: each one's wait, the age of the snapshot its "
+               "placement read, and what ran on its worker meanwhile, by kind.")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.option("--time-scale", type=click.FloatRange(min=0.01), default=1.0,
+              show_default=True, help="the run's time scale (times shown in workload ms)")
+@click.option("--level", type=click.IntRange(0, 9), default=9, show_default=True,
+              help="the priority level of the successors followed")
+def trace_waits(folder: str, time_scale: float, level: int) -> None:
+    """Print the wait report."""
+    from ..bench.trace_waits import load, report
+
+    click.echo(report(load(folder), time_scale, level))
+
+
 @bench.command(name="slo-table",
                help="The Markdown tables of the SLO runs saved in DIR (by "
                "docs/run_benchmarks.sh slo): per rate and policy, admitted, rejected, "

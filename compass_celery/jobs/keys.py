@@ -21,7 +21,7 @@ __all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "
            "planned_charge_ms"]
 
 #: The message header a job node carries: job id, node name, inputs, where it moved from.
-JOB_HEADER = "compass_job"
+JOB_HEADER = _keys.JOB_HEADER
 
 #: The first argument of a node with predecessors: where to find its inputs.
 INPUT_REF = "__compass_inputs__"

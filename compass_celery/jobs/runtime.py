@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from redis import RedisError
 
 from .. import ledger
+from .. import tracing as trace
 from ..errors import JobError, JobTimeout
 from ..needs import learned_loads
 from ..placement import Decision
@@ -30,7 +31,6 @@ from ..planner.priority import for_priority
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
-from ..worker import trace
 from .failure import fail_job, forget_deadline
 from .keys import INPUT_REF, JobKeys, planned_charge_ms
 from .limits import output_too_large

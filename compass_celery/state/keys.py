@@ -166,3 +166,7 @@ def split_member(member: str) -> tuple[str, str]:
     """A QUEUED or FORMING member as (worker, level or batch key)."""
     worker, _, part = member.partition(MEMBER_SEP)
     return worker, part
+
+#: The message header a job node carries: job id, node name, inputs, where it moved from
+#: (here, below the broker, which reads whether a node is a job's later step).
+JOB_HEADER = "compass_job"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from redis import RedisError
 
 from .. import ledger
+from .. import tracing as trace
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import permanent, retry_transient
@@ -26,7 +27,6 @@ from ..needs import batch_profile_key, profile_key, resolve_needs
 from ..placement import Decision
 from ..planner.batch import CurveLearner
 from ..state.connection import StateUnavailable
-from . import trace
 from .timescale import wall_s, workload_ms
 
 if TYPE_CHECKING:

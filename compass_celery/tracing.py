@@ -11,7 +11,7 @@ Each worker process appends JSON lines to ``$COMPASS_TRACE_DIR/<pid>.jsonl``:
   the send), so a wait past plan is seen next to what took the worker meanwhile;
 - ``expired``: a task dropped unrun past its latest start, with the same spans.
 
-The bench joins them by task id (``bench.trace``). Nothing here decides anything; with
+``compass-celery bench trace-waits`` joins them by task id. Nothing here decides anything; with
 the variable unset every call returns at once.
 """
 

@@ -7,8 +7,8 @@ from collections import deque
 
 import pytest
 
+from compass_celery import tracing as trace
 from compass_celery.bench import trace_waits
-from compass_celery.worker import trace
 
 
 @pytest.fixture
@@ -53,3 +53,17 @@ def test_a_waits_report_names_the_batch_task_that_ran_while_a_successor_waited(t
     assert "batch step, running at the send  " in report
     assert "started after the snapshot" not in report
     assert "560 ms" in report
+
+
+def test_the_trace_waits_command_prints_the_report(traced):
+    from click.testing import CliRunner
+
+    from compass_celery.cli import compass_command
+
+    trace.event("send", id="u1", job="ju", node="nli", level=9, snap_taken=99.99)
+    trace.started("u1", "w", 9, {"id": "ju", "node": "nli", "sent": 100.0}, 100.1)
+    out = CliRunner().invoke(
+        compass_command, ["bench", "trace-waits", str(traced), "--time-scale", "0.5"])
+    assert out.exit_code == 0, out.output
+    assert "level-9 successors: 1," in out.output
+    assert "wait          p50  200.0" in out.output  # 100 real ms at time scale 0.5
