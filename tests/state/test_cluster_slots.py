@@ -23,7 +23,7 @@ from compass_celery.state.store import RedisStateStore
 PACKAGE = Path(__file__).resolve().parents[2] / "compass_celery"
 #: Scripts that run on the broker's Redis (kombu's keys), never on a cluster.
 BROKER_SCRIPTS = {"stage", "move", "lease", "promote", "claim", "fetch", "inflight",
-                  "unfetch"}
+                  "unfetch", "push"}
 PREFIXES = ["compass", "app:two", "a{b}c", "x}y"]
 
 
