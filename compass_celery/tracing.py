@@ -12,7 +12,8 @@ Each worker process appends JSON lines to ``$COMPASS_TRACE_DIR/<pid>.jsonl``:
 - ``expired``: a task dropped unrun past its latest start, with the same spans.
 
 ``compass-celery bench trace-waits`` joins them by task id. Nothing here decides anything; with
-the variable unset every call returns at once.
+the variable unset every call returns at once. The variable is read once, at import (every
+hook sits on a task's hot path); :func:`configure` reads it again (tests that set it).
 """
 
 from __future__ import annotations
@@ -35,16 +36,35 @@ _file: Any = None
 _pid: int | None = None
 
 
+def _from_env() -> str | None:
+    return os.environ.get(TRACE_ENV) or None
+
+
+#: Where this process writes its lines; None: not tracing.
+_dir: str | None = _from_env()
+
+
+def configure() -> None:
+    """Read ``COMPASS_TRACE_DIR`` again (it is read once, at import, to keep its lookup off
+    the hot path): for a test or a program that sets it after importing this module."""
+    global _dir, _file
+    directory = _from_env()
+    if directory != _dir and _file is not None:
+        _file.close()
+        _file = None
+    _dir = directory
+
+
 def enabled() -> bool:
-    """Whether this process traces (the variable is read each time: tests set it)."""
-    return bool(os.environ.get(TRACE_ENV))
+    """Whether this process traces."""
+    return _dir is not None
 
 
 def _write(line: dict[str, Any]) -> None:
     global _file, _pid
     pid = os.getpid()
     if _file is None or _pid != pid:  # first line, or a forked child: a file of its own
-        _file = open(os.path.join(os.environ[TRACE_ENV], f"{pid}.jsonl"), "a")  # noqa: SIM115
+        _file = open(os.path.join(_dir or ".", f"{pid}.jsonl"), "a")  # noqa: SIM115
         _pid = pid
     _file.write(json.dumps(line) + "\n")
     _file.flush()
@@ -52,7 +72,7 @@ def _write(line: dict[str, Any]) -> None:
 
 def event(kind: str, **fields: Any) -> None:
     """Append one line of ``kind`` with ``fields`` (and the wall time ``t``)."""
-    if not enabled():
+    if _dir is None:
         return
     with _lock:
         _write({"kind": kind, "t": time.time(), **fields})
@@ -95,7 +115,7 @@ def started(
     task: str = "",
 ) -> None:
     """A task starts on this worker: write what ran here since it was sent."""
-    if not enabled():
+    if _dir is None:
         return
     job = job if isinstance(job, dict) else {}
     sent = float(job.get("sent") or picked)
@@ -113,7 +133,7 @@ def started(
 
 def ended(task_id: str, at: float) -> None:
     """A task ends on this worker: kept as one of its recent runs."""
-    if not enabled():
+    if _dir is None:
         return
     with _lock:
         span = _open.pop(task_id, None)
@@ -125,7 +145,7 @@ def ended(task_id: str, at: float) -> None:
 def expired(task_id: str, worker: str, level: int | None, job: dict[str, Any] | None) -> None:
     """A task is dropped unrun past its latest start: write what ran here since it was
     sent."""
-    if not enabled():
+    if _dir is None:
         return
     job = job if isinstance(job, dict) else {}
     now = time.time()

@@ -17,16 +17,32 @@ def traced(tmp_path, monkeypatch):
     monkeypatch.setattr(trace, "_open", {})
     monkeypatch.setattr(trace, "_file", None)
     monkeypatch.setenv(trace.TRACE_ENV, str(tmp_path))
+    trace.configure()
     yield tmp_path
-    if trace._file is not None:
-        trace._file.close()
+    monkeypatch.delenv(trace.TRACE_ENV)
+    trace.configure()  # closes the file, stops tracing
+    assert trace._file is None and not trace.enabled()
 
 
 def test_nothing_is_written_with_the_variable_unset(tmp_path, monkeypatch):
     monkeypatch.delenv(trace.TRACE_ENV, raising=False)
+    trace.configure()
+    assert not trace.enabled()
     trace.event("send", id="t1")
     trace.started("t1", "w", 9, {"id": "j", "node": "n", "sent": 1.0}, 2.0)
     assert not list(tmp_path.iterdir()) and trace._file is None
+
+
+def test_the_variable_is_read_once_until_configure(tmp_path, monkeypatch):
+    monkeypatch.delenv(trace.TRACE_ENV, raising=False)
+    trace.configure()
+    monkeypatch.setenv(trace.TRACE_ENV, str(tmp_path))
+    assert not trace.enabled()  # not re-read on every call
+    trace.configure()
+    assert trace.enabled()
+    monkeypatch.delenv(trace.TRACE_ENV)
+    trace.configure()
+    assert not trace.enabled()
 
 
 def test_a_waits_report_names_the_batch_task_that_ran_while_a_successor_waited(traced):
