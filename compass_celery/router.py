@@ -126,9 +126,12 @@ class CompassRouter:
         Admitted with a deadline that sheds, the decision carries the latest start that
         can still meet it (the message's ``expires``)."""
         c = self.compass
-        missing = bool(decision.load_ms and decision.model is not None and load_wanted(
-            decision.model, snapshot.workers,
-            refusals.with_refused(c, cluster_demand(snapshot.workers))))
+        # whether the load adds a copy the model lacks: judge reads it only for a task
+        # with a deadline, and it costs a pass summing every worker's demand
+        missing = bool(slo is not None and slo.deadline_ms is not None and decision.load_ms
+                       and decision.model is not None and load_wanted(
+                           decision.model, snapshot.workers,
+                           refusals.with_refused(c, cluster_demand(snapshot.workers))))
         try:
             verdict = admit(c, f"task {decision.task!r}", slo, decision.est_finish_ms,
                             decision.wait_ms, decision.load_ms, snapshot.plan_errors,
