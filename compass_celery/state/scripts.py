@@ -15,6 +15,7 @@ EVALSHA after the pipeline's other commands had already run.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import weakref
 from functools import cache
@@ -41,16 +42,32 @@ def script(name: str) -> str:
     return resources.files("compass_celery").joinpath(path).read_text()
 
 
+#: Per client, the scripts registered on it (by names): registering hashes the whole
+#: source (SHA1, ~12 us), and a job's submission registers once.lua twice.
+_registered: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Any]] = \
+    weakref.WeakKeyDictionary()
+
+
 def register_script(client: Any, *names: str) -> Any:
     """The scripts ``names`` joined into one (``"changelog", "counter"``: changelog.lua's
     helpers in front of counter.lua), registered on ``client``: on a Redis Cluster a
     :class:`~compass_celery.state.scripts.ClusterScript` (cluster pipelines can run it),
     otherwise a :class:`~compass_celery.state.scripts.PipelinedScript` (pipelines run it
-    without a SCRIPT EXISTS round trip; called directly it is redis-py's script)."""
+    without a SCRIPT EXISTS round trip; called directly it is redis-py's script). The
+    same client and names give the same object (it holds nothing but the two)."""
+    try:
+        mine = _registered.get(client)
+    except TypeError:  # a client that cannot be weakly referenced: registered anew
+        mine = None
+    found = mine.get(names) if mine is not None else None
+    if found is not None:
+        return found
     source = "".join(script(name) for name in names)
-    if is_cluster_client(client):
-        return ClusterScript(client, source)
-    return PipelinedScript(client, source)
+    made = ClusterScript(client, source) if is_cluster_client(client) \
+        else PipelinedScript(client, source)
+    with contextlib.suppress(TypeError):
+        _registered.setdefault(client, {})[names] = made
+    return made
 
 
 class ClusterScript:
