@@ -204,7 +204,9 @@ class JobRuntime:
             self.outputs.put(job_id, node, retval, len(output))
             if released:  # still running: its successors were just released
                 self._saw_running(job_id)
-        late = self._too_late(released) if status != "duplicate" else None
+        # each released successor's record, decoded once (shedding and sending read it)
+        specs = [json.loads(r[2]) for r in released]
+        late = self._too_late(released, specs) if status != "duplicate" else None
         if late is not None:  # shed before spending: none of them would meet the deadline
             succ, tail_ms, succ_task = late
             trace.event("shed", job=job_id, node=succ, by=self.name, tail_ms=tail_ms)
@@ -212,19 +214,22 @@ class JobRuntime:
                       tail_ms=tail_ms)
             return []
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
-                                   pipe=pipe, unsettled_ms=unsettled_ms)
+                                   pipe=pipe, unsettled_ms=unsettled_ms, specs=specs)
 
     def _send_released(self, job_id: str, keys: JobKeys, released: list[tuple[str, ...]],
-                       resumed: bool, pipe: Any = None, unsettled_ms: float = 0.0
-                       ) -> list[str]:
+                       resumed: bool, pipe: Any = None, unsettled_ms: float = 0.0,
+                       specs: list[dict[str, Any]] | None = None) -> list[str]:
         """Publish each released successor, then confirm the sends and settle the backlog
-        and pending counters in one pipeline (also for the ones sent before a failure)."""
+        and pending counters in one pipeline (also for the ones sent before a failure).
+        ``specs``: the successors' records, decoded already (else decoded here)."""
         c = self.c
         sent: list[tuple[str, str, Decision, dict[str, Any] | None]] = []
+        if specs is None:
+            specs = [json.loads(r[2]) for r in released]
         try:
-            for succ, task_id, spec, plan, where in released:
+            for (succ, task_id, _, plan, where), spec in zip(released, specs, strict=True):
                 planned = json.loads(plan) if plan else None
-                decision = self._send_successor(job_id, succ, task_id, json.loads(spec),
+                decision = self._send_successor(job_id, succ, task_id, spec,
                                                 planned, json.loads(where), unsettled_ms)
                 sent.append((succ, task_id, decision, planned))
         finally:
@@ -296,14 +301,16 @@ class JobRuntime:
                         seen=_seen(snapshot, workers, decision.worker) if snapshot else None)
         return decision
 
-    def _too_late(self, released: list[tuple[str, ...]]
+    def _too_late(self, released: list[tuple[str, ...]],
+                  specs: list[dict[str, Any]] | None = None
                   ) -> tuple[str, float, str | None] | None:
         """The first released successor that, started now, cannot meet its job's deadline
         (its record carries the due time and its planned time to the job's end), with
-        that time and its task's name."""
+        that time and its task's name; ``specs``: their records, decoded already."""
         now = time.time()
-        for succ, _, spec, _, _ in released:
-            node = json.loads(spec)
+        if specs is None:
+            specs = [json.loads(r[2]) for r in released]
+        for (succ, *_), node in zip(released, specs, strict=True):
             if node.get("tail_ms") is not None and should_shed(
                     now, node.get("due"), float(node["tail_ms"]), self.c.settings.time_scale):
                 return succ, float(node["tail_ms"]), node.get("task")
