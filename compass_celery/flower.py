@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .jobs.keys import INPUT_REF, JOB_HEADER
+from .jobs.keys import JOB_HEADER, inputs_repr
 from .planner.types import SHARED
 
 #: Separates the task's own kwargs repr from the placement in ``kwargsrepr``.
@@ -99,11 +99,9 @@ def short_placement(compass: Mapping[str, Any] | None) -> str:
 def _args_repr(args: Any, original: Any) -> str:
     """The args as Flower should show them: a node's input reference as the nodes it
     reads, everything else as Celery's own repr had it."""
-    if isinstance(args, (list, tuple)) and args and isinstance(args[0], Mapping) \
-            and isinstance(args[0].get(INPUT_REF), Mapping):
-        preds = args[0][INPUT_REF].get("preds") or []
-        rest = [repr(a) for a in args[1:]]
-        return "(" + ", ".join([f"<outputs of {', '.join(map(str, preds))}>", *rest]) + ")"
+    shown = inputs_repr(args)
+    if shown is not None:
+        return shown
     return _SHORT.sub("", original) if isinstance(original, str) else repr(tuple(args or ()))
 
 

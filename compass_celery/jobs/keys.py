@@ -17,14 +17,27 @@ from ..planner.pending import send_charge_ms
 from ..planner.types import Placement
 from ..state import keys as _keys
 
-__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "once_keys", "placement_json",
-           "planned_charge_ms"]
+__all__ = ["INPUT_REF", "JOB_HEADER", "JobKeys", "deadlines_key", "inputs_repr", "once_keys",
+           "placement_json", "planned_charge_ms"]
 
 #: The message header a job node carries: job id, node name, inputs, where it moved from.
 JOB_HEADER = _keys.JOB_HEADER
 
 #: The first argument of a node with predecessors: where to find its inputs.
 INPUT_REF = "__compass_inputs__"
+
+
+def inputs_repr(args: Any) -> str | None:
+    """A node's arguments as Flower shows them when the first is an input reference: the
+    nodes it reads, then the rest (``(<outputs of a, b>, 'x')``); None for any other
+    arguments (Celery's own repr stands). Built here, where the reference is defined,
+    for the message's header and for Flower's annotation alike."""
+    if isinstance(args, (list, tuple)) and args and isinstance(args[0], Mapping) \
+            and isinstance(args[0].get(INPUT_REF), Mapping):
+        preds = args[0][INPUT_REF].get("preds") or []
+        rest = [repr(a) for a in args[1:]]
+        return "(" + ", ".join([f"<outputs of {', '.join(map(str, preds))}>", *rest]) + ")"
+    return None
 
 
 @dataclass(frozen=True)

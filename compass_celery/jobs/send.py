@@ -15,7 +15,7 @@ from ..broker.kombu_redis import message_headers
 from ..placement import Decision
 from ..planner.admission import latest_start
 from ..planner.types import SHARED, Placement
-from .keys import JOB_HEADER, placement_json, planned_charge_ms
+from .keys import JOB_HEADER, inputs_repr, placement_json, planned_charge_ms
 from .retry import NOT_DONE
 
 if TYPE_CHECKING:
@@ -64,10 +64,26 @@ def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any]
     c.app.send_task(node["task"], args=args, kwargs=node["kwargs"],
                     queue=c.destination(queue),
                     task_id=task_id, ignore_result=True,
-                    headers={"compass": decision.as_header(), JOB_HEADER: header})
+                    headers={"compass": decision.as_header(), JOB_HEADER: header},
+                    **_reprs(args, node["kwargs"]))
     if remember:
         c.remember(task_id, decision)
     return decision
+
+
+def _reprs(args: list[Any], kwargs: Any) -> dict[str, str]:
+    """The ``argsrepr``/``kwargsrepr`` a node's message carries, where known without
+    Celery's saferepr (~45 us for an input reference, ~9 us for no kwargs, per hop): the
+    input reference's as Flower shows it (the annotation put it there anyway), and
+    ``{}``. Celery also copies them into the message's properties, which the publish
+    hook takes out again (``Compass._before_publish``)."""
+    out = {}
+    shown = inputs_repr(args)
+    if shown is not None:
+        out["argsrepr"] = shown
+    if not kwargs:
+        out["kwargsrepr"] = "{}"
+    return out
 
 
 def _expires_at(c: CompassContext, node: dict[str, Any]) -> float:
