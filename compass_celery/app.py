@@ -25,6 +25,7 @@ from .planner.base import Policy
 from .planner.priority import broker_priority
 from .router import CompassRouter
 from .state.connection import connect
+from .state.keys import JOB_HEADER
 from .state.reader import SnapshotReader
 from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore
 from .state.views import cluster_view
@@ -73,6 +74,8 @@ class Compass:
         self._store_eager: bool | None = None
         self._destinations: dict[str, Any] = {}  # queue name -> what Celery is handed
         self._reads_ahead = True  # a worker's runtime turns it off (it reads before deciding)
+        # (Celery's producer pool, whether its broker is AMQP): see _publishes_amqp
+        self._pool_amqp: tuple[Any, bool] = (None, False)
         self.router = CompassRouter(self)
         self.decisions: OrderedDict[str, Decision] = OrderedDict()
         app.compass = self  # type: ignore[attr-defined]
@@ -233,6 +236,19 @@ class Compass:
 
         return is_amqp(self.app.conf.broker_url)
 
+    def _publishes_amqp(self) -> bool:
+        """:attr:`amqp_broker` for a message being published: decided once per Celery
+        producer pool (the hot path: Celery's ``broker_url`` is an environment lookup and
+        a chain of maps, ~6 us). The pool was made from ``broker_url`` when first used
+        and publishes there until it is replaced (after a fork), whatever the setting
+        says later; a new pool is judged afresh."""
+        pool = self.app.pool
+        known, amqp = self._pool_amqp
+        if known is not pool:
+            amqp = self.amqp_broker
+            self._pool_amqp = (pool, amqp)
+        return amqp
+
     def priority_queues(self) -> None:
         """On RabbitMQ, declare every compass queue (own and shared) as a priority queue
         (``x-max-priority``), wherever it is first named: producer, worker or drain."""
@@ -338,6 +354,10 @@ class Compass:
         decision = self.router.take_pending(sender or "")
         if headers is None:
             return
+        if properties is not None and JOB_HEADER in headers:
+            # a job node's reprs, given to Celery ready-made (jobs.send), are headers only
+            properties.pop("argsrepr", None)
+            properties.pop("kwargsrepr", None)
         if decision is not None:
             headers["compass"] = decision.as_header()
             if headers.get("id"):
@@ -352,7 +372,7 @@ class Compass:
                 and placed.get("priority") is not None:
             # one meaning on every broker: the level (9 most urgent) as this broker reads it
             properties["priority"] = broker_priority(int(placed["priority"]),
-                                                     redis=not self.amqp_broker)
+                                                     redis=not self._publishes_amqp())
         # Routed tasks and the successors workers send (their compass header is set by
         # publish_node) alike: the placement rides on argsrepr and kwargsrepr into Flower.
         args = body[0] if isinstance(body, (list, tuple)) and body else None
