@@ -82,7 +82,11 @@ class Walk:
         self._ranks: dict[bool, dict[str, float]] = {}  # with_transfer -> upward rank
 
     def rank_order(self, *, with_transfer: bool = True) -> list[str]:
-        """The plan's tasks by upward rank, critical path first (HEFT's order)."""
+        """The plan's tasks by upward rank, critical path first (HEFT's order); a lone
+        task (every routed one) is its own order, with no rank to work out (two column
+        means of the snapshot's arrays, new with each decision's charge)."""
+        if len(self.topo) == 1:
+            return list(self.topo)
         return by_rank(self.topo, self.upward_rank(with_transfer=with_transfer))
 
     def upward_rank(self, *, with_transfer: bool = True) -> dict[str, float]:
