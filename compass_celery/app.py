@@ -17,6 +17,7 @@ from celery import Celery, signals
 from kombu.utils.imports import symbol_by_name
 
 from . import settings as settings_mod
+from . import tracing
 from .admission import earliest_expiry
 from .broker.kombu_redis import BrokerQueues, RedisLayout, RedisQueues
 from .placement import Decision
@@ -100,6 +101,9 @@ class Compass:
         """
         conf = self.app.conf
         settings_mod.refuse_pickle(conf)  # refused here, once, before anything is logged
+        # the trace directory is read once, off the task path: again here, for a config
+        # module that sets COMPASS_TRACE_DIR after compass was imported
+        tracing.configure()
         to_apply, differences = settings_mod.recommend(conf)
         for key, value in to_apply.items():
             conf[key] = value

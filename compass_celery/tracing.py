@@ -13,7 +13,8 @@ Each worker process appends JSON lines to ``$COMPASS_TRACE_DIR/<pid>.jsonl``:
 
 ``compass-celery bench trace-waits`` joins them by task id. Nothing here decides anything; with
 the variable unset every call returns at once. The variable is read once, at import (every
-hook sits on a task's hot path); :func:`configure` reads it again (tests that set it).
+hook sits on a task's hot path); :func:`configure` reads it again (each compass app's
+configuration load calls it, and tests that set it).
 """
 
 from __future__ import annotations

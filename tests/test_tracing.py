@@ -83,3 +83,24 @@ def test_the_trace_waits_command_prints_the_report(traced):
     assert out.exit_code == 0, out.output
     assert "level-9 successors: 1," in out.output
     assert "wait          p50  200.0" in out.output  # 100 real ms at time scale 0.5
+
+
+def test_a_compass_app_configured_after_the_variable_is_set_traces(tmp_path, monkeypatch):
+    """A config module may set the variable after compass was imported: the app's
+    configuration load reads it again."""
+    from celery import Celery
+
+    from compass_celery import Compass
+
+    monkeypatch.delenv(trace.TRACE_ENV, raising=False)
+    trace.configure()
+    monkeypatch.setenv(trace.TRACE_ENV, str(tmp_path))
+    app = Celery("traced", broker="memory://", set_as_current=False)
+    Compass(app)
+    app.conf.update(task_always_eager=False)
+    _ = app.conf.broker_url  # configures the app
+    try:
+        assert trace.enabled()
+    finally:
+        monkeypatch.delenv(trace.TRACE_ENV)
+        trace.configure()
