@@ -239,6 +239,25 @@ def test_a_pipeline_keeps_no_compass_state_and_a_forgotten_script_runs_once(stor
     assert writer._mirror.own["b:a"][2] == b"30"  # its reply reached the writer's mirror
 
 
+def test_a_script_is_registered_once_per_client_and_still_runs_after_a_flush(stores):
+    """register_script hands back the same script for the same client and names (a job's
+    submission registers once.lua on every job); another client gets its own, and the
+    kept script loads itself again after Redis forgot it."""
+    writer, reader, client = stores
+    once = register_script(writer.client, "changelog", "once")
+    assert register_script(writer.client, "changelog", "once") is once
+    assert register_script(writer.client, "once") is not once
+    other = redis.Redis(connection_pool=writer.client.connection_pool)
+    assert register_script(other, "changelog", "once") is not once
+    writer.publish(_view("a"))
+    _snap(reader)
+    client.script_flush()
+    counter = register_script(writer.client, "changelog", "counter")
+    assert counter is writer._counter  # the store's own, registered when it connected
+    writer.charge("a", 30.0)  # run directly: NOSCRIPT, loaded, run once
+    assert [w.backlog_ms for w in _snap(reader).workers] == [30.0]
+
+
 def test_a_change_by_someone_else_after_the_own_one_is_fetched(stores):
     writer, reader, _ = stores
     writer.publish(_view("a"))
