@@ -38,6 +38,7 @@ _pid: int | None = None
 
 
 def _from_env() -> str | None:
+    """The trace directory the environment names (an empty value: none)."""
     return os.environ.get(TRACE_ENV) or None
 
 
@@ -50,10 +51,11 @@ def configure() -> None:
     the hot path): for a test or a program that sets it after importing this module."""
     global _dir, _file
     directory = _from_env()
-    if directory != _dir and _file is not None:
-        _file.close()
-        _file = None
-    _dir = directory
+    with _lock:  # not while a hook writes to the file this may close
+        if directory != _dir and _file is not None:
+            _file.close()
+            _file = None
+        _dir = directory
 
 
 def enabled() -> bool:
