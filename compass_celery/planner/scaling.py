@@ -67,7 +67,8 @@ DEFAULT_HEADROOM = 0.9
 #: trend. Each tick tests it afresh, so noise passes 2 sigma every few dozen ticks and the
 #: down window holds the worker it added; 3 sigma measured 2% fewer GPU-hours on the
 #: simulator's traces, with all-jobs attainment within the seeds' spread on the diurnal
-#: day but 0.7 points lower on the step day (docs/results/autoscale-sim.txt), so 2 stays.
+#: day but 0.7 points lower on the step day (before the noise discount, in an earlier
+#: version of docs/results/autoscale-sim.txt), so 2 stays.
 DEFAULT_TREND_SIGMA = 2.0
 #: Standard errors of Poisson noise taken off the window's rate. The damper holds the
 #: largest recommendation of its down window; each is read from a noisy count, so the
