@@ -126,8 +126,9 @@ class Autoscaler:
     def __init__(self, provider: Provider, workload: Any, read_workers: Callable[[], Any], *,
                  window_s: float, down_window_s: float, horizon_s: float,
                  gpu_mb: float, clock: Callable[[], float] = time.monotonic,
-                 arrivals: Any = None, time_scale: float = 1.0) -> None:
-        from .planner.scaling import Damper, RateWindow
+                 arrivals: Any = None, time_scale: float = 1.0,
+                 headroom: float | None = None, noise_sigma: float | None = None) -> None:
+        from .planner.scaling import DEFAULT_HEADROOM, DEFAULT_NOISE_SIGMA, Damper, RateWindow
 
         self.provider, self.workload, self.read_workers = provider, workload, read_workers
         #: Where the producers count arrivals (None: fed by observe); its ages are wall
@@ -135,7 +136,12 @@ class Autoscaler:
         self.arrivals, self.time_scale = arrivals, time_scale
         self.counted: dict[str, int] = {}  # arrivals read from Redis, per class
         self.horizon_s, self.gpu_mb, self.clock = horizon_s, gpu_mb, clock
-        self.window, self.damper = RateWindow(window_s), Damper(down_window_s)
+        #: The rule's work factor and the rate's noise discount (None: the rule's defaults,
+        #: the simulator's compass-plan's too).
+        self.headroom = DEFAULT_HEADROOM if headroom is None else headroom
+        self.window = RateWindow(window_s, noise_sigma=DEFAULT_NOISE_SIGMA
+                                 if noise_sigma is None else noise_sigma)
+        self.damper = Damper(down_window_s)
         self.hints: dict[str, tuple[str, ...]] = {}  # added, not yet seen live
         self.first_seen: dict[str, dict[str, Any]] = {}
         self.since: dict[str, float] = {}
@@ -201,7 +207,7 @@ class Autoscaler:
         members = self.members()
         d = decide(loads_at(self.workload, self.window.rates(now)), members,
                    self.workload.models, self.damper, now, horizon_s=self.horizon_s,
-                   gpu_mb=self.gpu_mb)
+                   gpu_mb=self.gpu_mb, headroom=self.headroom)
         for hint in d.add:
             self.add(hint)
         for name in d.remove:

@@ -152,8 +152,8 @@ OPTIONS: dict[str, Option] = {
                                  "taken when predicted to finish within (1 - this) x its "
                                  "deadline", "", 0.0),
     "count_arrivals": Option(True, bool, "count each submitted job (admitted or refused) "
-                             "per SLO class in Redis, in per-second buckets kept an hour, "
-                             "for an autoscaler controller's arrival rate "
+                             "per SLO class in Redis, per second in one hash a minute "
+                             "kept an hour, for an autoscaler controller's arrival rate "
                              "(state/arrivals.py)"),
     "batching": Option(True, bool, "workers run a batched task (compass_batch) with the "
                        "inputs of the same task and model waiting in their queue (off: "

@@ -151,7 +151,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         scaler = Autoscaler(
             provider, workload, lambda: app.compass.reader.store.snapshot(time.time(), hb).workers,
             window_s=scaling.PLAN_WINDOW_S / c, down_window_s=scaling.KEDA_DOWN_S / c,
-            horizon_s=scaling.PLAN_HORIZON_S / c, gpu_mb=spec.gpu_mem_mb,
+            horizon_s=cold_start_s / c, gpu_mb=spec.gpu_mem_mb,
             clock=lambda: (time.monotonic() - t0[0]) / opts.time_scale,
             arrivals=ArrivalCounter(client, PREFIX), time_scale=opts.time_scale)
         _initial(scaler, workload, trace.rate(0.0), spec.gpu_mem_mb)

@@ -42,6 +42,8 @@ from typing import Any
 from ..planner.capacity import DEFAULT_MAX_UTIL
 from ..planner.cost import MS_PER_S
 from ..planner.scaling import (
+    DEFAULT_HEADROOM,
+    DEFAULT_NOISE_SIGMA,
     DEFAULT_TREND_SIGMA,
     ClassLoad,
     Damper,
@@ -67,8 +69,11 @@ COLD_START_S = 60.0
 KEDA_POLL_S, KEDA_DOWN_S, KEDA_LIST_LENGTH = 30.0, 300.0, 5
 #: Ray Serve's defaults: target_ongoing_requests, upscale_delay_s, downscale_delay_s.
 RAY_TARGET, RAY_UP_S, RAY_DOWN_S = 2.0, 30.0, 600.0
-#: compass-plan's rate window and horizon, real seconds (its down window is KEDA's).
-PLAN_WINDOW_S, PLAN_HORIZON_S = 480.0, 120.0
+#: compass-plan's rate window and horizon, real seconds (its down window is KEDA's); the
+#: horizon is the cold start unless set (``compass-plan:horizon=S``): a worker asked for
+#: now takes work no sooner (it was 120 s, twice the cold start, until the per-tick
+#: decisions showed it buying workers for trends no worker could yet serve).
+PLAN_WINDOW_S, PLAN_HORIZON_S = 480.0, COLD_START_S
 
 
 @dataclass
@@ -214,10 +219,11 @@ Tick = Callable[[Fleet, float], None]
 
 #: compass-plan's sizing knobs (``compass-plan:KEY=VALUE+KEY=VALUE``): the work term's
 #: factor (``planner.scaling``'s headroom), the utilisation cap, the rate window, horizon
-#: and down window in real seconds, and the trend's noise threshold in sigmas.
-PLAN_KNOBS = {"headroom": 1.0, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
+#: (default: the cold start) and down window in real seconds, the trend's noise threshold
+#: in sigmas, and the standard errors taken off the window's rate (noise_sigma).
+PLAN_KNOBS = {"headroom": DEFAULT_HEADROOM, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
               "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
-              "trend_sigma": DEFAULT_TREND_SIGMA}
+              "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA}
 
 
 def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
@@ -237,18 +243,23 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
             knobs[key] = float(value)
         except ValueError:
             raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
-        if not knobs[key] >= 0 or (key not in ("down", "trend_sigma") and not knobs[key] > 0):
-            raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma >= 0)")
+        zero_ok = key in ("down", "trend_sigma", "noise_sigma")
+        if not knobs[key] >= 0 or (not zero_ok and not knobs[key] > 0):
+            raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma, "
+                             f"noise_sigma >= 0)")
     return part, knobs
 
 
 def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float,
-                 variant: str = "") -> Tick:
+                 variant: str = "", cold_start_s: float = COLD_START_S) -> Tick:
     """The rule from the plan (``planner.scaling``), fed the arrivals as they come;
     ``variant`` leaves out one of its parts (``PLAN_VARIANTS``), to measure it, and sets
-    its knobs (``PLAN_KNOBS``), to sweep them."""
+    its knobs (``PLAN_KNOBS``), to sweep them; the horizon is ``cold_start_s`` unless a
+    knob sets it."""
     part, knobs = plan_knobs(variant)
-    window = RateWindow(knobs["window"] / c, knobs["trend_sigma"])
+    if not any(item.startswith("horizon=") for item in variant.split("+")):
+        knobs["horizon"] = cold_start_s
+    window = RateWindow(knobs["window"] / c, knobs["trend_sigma"], knobs["noise_sigma"])
     damper = Damper(knobs["down"] / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
                for name in workload.dags}
@@ -368,7 +379,8 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
     sim = build(workload, stream, n0, trace.peak_per_s if fixed else start_rate)
     fleet = Fleet(sim, workload.cluster.workers[0], setup.cold_start_s / c * MS_PER_S)
     tick: Tick | None = {
-        "compass-plan": lambda: compass_plan(workload, stream, c, variant),
+        "compass-plan": lambda: compass_plan(workload, stream, c, variant,
+                                             setup.cold_start_s),
         "keda-queue": lambda: keda_queue(c, target or KEDA_LIST_LENGTH),
         "ray-ongoing": lambda: ray_ongoing(c, target or RAY_TARGET),
         "fixed-peak": lambda: None,

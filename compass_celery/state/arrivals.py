@@ -4,15 +4,16 @@ autoscaler controller.
 The rule (``planner.scaling``) sizes the fleet from each class's arrival rate. A
 controller that runs beside the producers (another pod, another host) cannot see their
 submissions in its own process; so each submission adds one to its class in the current
-wall-clock bucket (a hash per bucket, :data:`ARRIVAL_BUCKET_S` wide, expiring after
-:data:`ARRIVAL_TTL_S`). An admitted job's count rides in the transaction that records
-its deadline (no extra round trip; the key shares the cluster state's hash tag, so it
-stays in that step's slot on a Redis Cluster); a refused job's is one pipelined
-HINCRBY on the refusal path. A process sets a bucket's TTL with its first arrival there
-and sends the HINCRBY alone after that; the reader sets it again on what it reads.
-:class:`ArrivalCounter` reads the buckets back and hands out only what it has not seen,
-re-reading the last few buckets so that a producer whose clock or write lags a little is
-still counted once.
+wall-clock bucket (:data:`ARRIVAL_BUCKET_S` wide). The buckets of one minute share a hash
+(:data:`ARRIVAL_KEY_S`, field ``"<bucket>:<class>"``) expiring after :data:`ARRIVAL_TTL_S`:
+60 keys an hour, not one per second (3,600), for the same counts. An admitted job's count
+rides in the transaction that records its deadline (no extra round trip; the key shares
+the cluster state's hash tag, so it stays in that step's slot on a Redis Cluster); a
+refused job's is one pipelined HINCRBY on the refusal path. A process sets a minute's TTL
+with its first arrival there and sends the HINCRBY alone after that; the reader sets it
+again on what it reads. :class:`ArrivalCounter` reads the buckets back and hands out only
+what it has not seen, re-reading the last few buckets so that a producer whose clock or
+write lags a little is still counted once.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ from typing import Any
 
 from . import keys
 
-#: Seconds of wall clock one bucket covers.
+#: Seconds of wall clock one bucket covers (one hash field per bucket and class).
 ARRIVAL_BUCKET_S = 1.0
-#: Seconds a bucket is kept: the longest rate window a controller may read back.
+#: Seconds of wall clock one hash (one Redis key) covers.
+ARRIVAL_KEY_S = 60
+#: Seconds a minute's hash is kept from its first write (or the reader's last read).
 ARRIVAL_TTL_S = 3600
 #: Buckets behind the newest that are read again at each poll (late writes, clock skew).
 ARRIVAL_LAG_BUCKETS = 5
@@ -36,25 +39,36 @@ def bucket_of(t_s: float, bucket_s: float = ARRIVAL_BUCKET_S) -> int:
     return int(t_s // bucket_s)
 
 
-def arrivals_key(prefix: str, bucket: int) -> str:
-    """The hash counting bucket ``bucket``'s arrivals per class."""
-    return keys.key(keys.ARRIVALS, prefix, bucket=str(bucket))
+def key_of(bucket: int, bucket_s: float = ARRIVAL_BUCKET_S) -> int:
+    """The minute (:data:`ARRIVAL_KEY_S`) whose hash holds bucket ``bucket``."""
+    return int(bucket * bucket_s // ARRIVAL_KEY_S)
 
 
-#: The bucket key this process last set a TTL on: later arrivals in the same bucket send
-#: the HINCRBY alone (one command per submission; another process sets it again, harmless).
+def arrivals_key(prefix: str, bucket: int, bucket_s: float = ARRIVAL_BUCKET_S) -> str:
+    """The hash counting bucket ``bucket``'s arrivals per class (its minute's hash)."""
+    return keys.key(keys.ARRIVALS, prefix, minute=str(key_of(bucket, bucket_s)))
+
+
+def arrivals_field(bucket: int, cls: str) -> str:
+    """The field counting class ``cls`` in bucket ``bucket``."""
+    return f"{bucket}:{cls}"
+
+
+#: The minute keys this process set a TTL on: later arrivals in the same minute send the
+#: HINCRBY alone (one command per submission; another process sets it again, harmless).
 _EXPIRED: set[str] = set()
 
 
 def count_arrival(pipe: Any, prefix: str, cls: str, now_s: float | None = None,
                   bucket_s: float = ARRIVAL_BUCKET_S, ttl_s: int = ARRIVAL_TTL_S) -> None:
     """Queue one arrival of class ``cls`` on ``pipe`` (a pipeline or a client), and the
-    bucket's TTL the first time this process writes to that bucket."""
-    key = arrivals_key(prefix, bucket_of(time.time() if now_s is None else now_s, bucket_s))
-    pipe.hincrby(key, cls, 1)
+    minute's TTL the first time this process writes to that minute."""
+    bucket = bucket_of(time.time() if now_s is None else now_s, bucket_s)
+    key = arrivals_key(prefix, bucket, bucket_s)
+    pipe.hincrby(key, arrivals_field(bucket, cls), 1)
     if key not in _EXPIRED:
         pipe.expire(key, ttl_s)
-        if len(_EXPIRED) > 64:  # older buckets are never written again by this process
+        if len(_EXPIRED) > 64:  # older minutes are never written again by this process
             _EXPIRED.clear()
         _EXPIRED.add(key)
 
@@ -77,9 +91,10 @@ class ArrivalCounter:
                  wall: Callable[[], float] = time.time) -> None:
         if not bucket_s > 0 or lag_buckets < 0 or backfill_s < 0:
             raise ValueError("bucket_s must be > 0, lag_buckets and backfill_s >= 0")
-        if backfill_s > ARRIVAL_TTL_S:
-            raise ValueError(f"backfill_s {backfill_s:g} is longer than the buckets are "
-                             f"kept ({ARRIVAL_TTL_S} s)")
+        if backfill_s > ARRIVAL_TTL_S - ARRIVAL_KEY_S:
+            raise ValueError(f"backfill_s {backfill_s:g} is longer than every bucket is "
+                             f"kept ({ARRIVAL_TTL_S - ARRIVAL_KEY_S} s: a minute's hash "
+                             f"expires {ARRIVAL_TTL_S} s after its first write)")
         self.client, self.prefix, self.wall = client, prefix, wall
         self.bucket_s, self.lag_buckets, self.backfill_s = bucket_s, lag_buckets, backfill_s
         self._seen: dict[int, dict[str, int]] = {}  # bucket -> class -> counted so far
@@ -91,24 +106,34 @@ class ArrivalCounter:
         newest = bucket_of(now, self.bucket_s)
         start = (bucket_of(now - self.backfill_s, self.bucket_s) if self._next is None
                  else self._next - self.lag_buckets)
-        buckets = list(range(start, newest + 1))
+        minutes = [keys.key(keys.ARRIVALS, self.prefix, minute=str(m))
+                   for m in range(key_of(start, self.bucket_s),
+                                  key_of(newest, self.bucket_s) + 1)]
         pipe = self.client.pipeline(transaction=False)
-        for b in buckets:  # and its TTL again: a producer's TTL may have been lost with
-            key = arrivals_key(self.prefix, b)  # a transaction that failed
-            pipe.hgetall(key)
+        for key in minutes:  # and its TTL again: a producer's TTL may have been lost
+            pipe.hgetall(key)  # with a transaction that failed
             pipe.expire(key, ARRIVAL_TTL_S)
+        counts: dict[int, dict[str, int]] = {}
+        for raw in pipe.execute()[::2]:
+            for field, value in raw.items():
+                text = field.decode() if isinstance(field, bytes) else str(field)
+                b_text, _, cls = text.partition(":")
+                try:
+                    b = int(b_text)
+                except ValueError:
+                    continue  # not a count this reader wrote the format of
+                if start <= b <= newest:
+                    counts.setdefault(b, {})[cls] = int(value)
         out: list[tuple[str, float, int]] = []
-        for b, raw in zip(buckets, pipe.execute()[::2], strict=True):
+        for b in sorted(counts):
             seen = self._seen.setdefault(b, {})
             mid = (b + 0.5) * self.bucket_s
-            for field, value in raw.items():
-                cls = field.decode() if isinstance(field, bytes) else str(field)
-                n = int(value) - seen.get(cls, 0)
+            for cls, value in counts[b].items():
+                n = value - seen.get(cls, 0)
                 if n > 0:
                     out.append((cls, max(now - mid, 0.0), n))
-                    seen[cls] = int(value)
+                    seen[cls] = value
         self._next = newest
         for b in [b for b in self._seen if b < newest - self.lag_buckets]:
             del self._seen[b]
         return out
-

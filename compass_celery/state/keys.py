@@ -85,11 +85,12 @@ RECOVERY_LEADER = "{{{p}}}:recovery-leader"
 # asks for; a worker started with --compass-preload @hint pops one at start
 # (state/hints.py: publish_hints, run by an autoscaler, writes; take_hint reads)
 PRELOAD_HINTS = "{{{p}}}:preload-hints"
-# hash with EX: SLO class -> jobs submitted in one wall-clock bucket (``{bucket}``: unix
-# seconds // the bucket width), admitted or refused; HINCRBY by jobs/submit.py (in the
-# step that records an admitted job, beside its deadline) and state/arrivals.py (a refused
-# job), read by an autoscaler controller (state/arrivals.py: ArrivalCounter)
-ARRIVALS = "{{{p}}}:arrivals:{bucket}"
+# hash with EX, one per wall-clock minute (``{minute}``: unix seconds // 60): field
+# "<bucket>:<SLO class>" (bucket: unix seconds // the bucket width, 1 s) -> jobs submitted
+# in that bucket, admitted or refused; HINCRBY by jobs/submit.py (in the step that records
+# an admitted job, beside its deadline) and state/arrivals.py (a refused job), read by an
+# autoscaler controller (state/arrivals.py: ArrivalCounter)
+ARRIVALS = "{{{p}}}:arrivals:{minute}"
 
 # -- broker messages (broker Redis; the state Redis over RabbitMQ) -----------------------
 # list: messages taken from a queue, not yet re-placed; stage.lua / move.lua, run by

@@ -107,7 +107,7 @@ def test_soak_state_returns_to_the_ttl_bounded_level(compass_workers):
             raise AssertionError(jobs_left()[:5]) from None
         left = _compass_keys(client) - base_keys
         # what stays a while is a submission's once-guards and the arrival counts (one
-        # bucket per second of submissions, for an autoscaler), each with its own expiry;
+        # hash per minute of submissions, for an autoscaler), each with its own expiry;
         # the rest is per worker or per task kind (records, counters, bindings), never per job
         once = [k for k in left if b":once:" in k or b":arrivals:" in k]
         # -1: no expiry (a leak); -2: already expired since the listing, as it should

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from compass_celery.planner.capacity import target_utilisation
 from compass_celery.planner.scaling import (
+    DEFAULT_HEADROOM,
     ClassLoad,
     Damper,
     Member,
@@ -33,7 +34,7 @@ def test_the_work_term_is_the_classes_work_over_their_utilisation_bound() -> Non
     tight = ClassLoad("i", 10.0, {"a": 100.0}, deadline_ms=400.0, path_ms=100.0)
     loose = ClassLoad("s", 10.0, {"b": 100.0}, deadline_ms=None, path_ms=100.0)
     need = workers_needed([tight, loose], [member("w")], SIZES, max_util=0.8)
-    expect = 1.0 / target_utilisation(100.0, 400.0, 0.8) + 1.0 / 0.8
+    expect = (1.0 / target_utilisation(100.0, 400.0, 0.8) + 1.0 / 0.8) * DEFAULT_HEADROOM
     assert need.work_workers == pytest.approx(expect)
     assert need.now == math.ceil(expect)
 
@@ -128,7 +129,7 @@ def test_removals_are_ready_distinct_and_as_many_as_asked(
 
 
 def test_the_rate_window_counts_the_last_window_and_sees_a_clear_rise() -> None:
-    window = RateWindow(window_s=10.0)
+    window = RateWindow(window_s=10.0, noise_sigma=0.0)
     for i in range(210):  # 2 jobs/s for 5 s, then 40 jobs/s for 5 s
         window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 40.0)
     rate, trend = window.rates(20.0)["i"]
@@ -140,7 +141,7 @@ def test_the_rate_window_counts_the_last_window_and_sees_a_clear_rise() -> None:
 
 
 def test_a_rise_within_the_noise_keeps_the_window_rate() -> None:
-    window = RateWindow(window_s=10.0)
+    window = RateWindow(window_s=10.0, noise_sigma=0.0)
     for i in range(100):  # 2 jobs/s for 5 s, then 18 jobs/s: the last eighth's 22
         window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 18.0)
     assert window.rates(20.0)["i"][0] == pytest.approx(10.0)  # 22 < 12.5 + 3 sigma
@@ -150,7 +151,8 @@ def test_a_trend_counts_only_past_its_sigmas_of_the_halves_noise() -> None:
     """100 arrivals in the first half, 140 in the second: 2.6 sigma of Poisson noise, a
     trend at the default 2 sigma, none at 3."""
     arrivals = [i * 0.05 for i in range(100)] + [5.0 + i * 5.0 / 140 for i in range(140)]
-    loose, strict = RateWindow(window_s=10.0), RateWindow(window_s=10.0, trend_sigma=3.0)
+    loose = RateWindow(window_s=10.0, noise_sigma=0.0)
+    strict = RateWindow(window_s=10.0, trend_sigma=3.0, noise_sigma=0.0)
     for t in arrivals:
         strict.observe("i", t)
         loose.observe("i", t)
@@ -159,10 +161,43 @@ def test_a_trend_counts_only_past_its_sigmas_of_the_halves_noise() -> None:
 
 
 def test_a_steady_rate_has_no_trend_and_its_window_rate() -> None:
-    window = RateWindow(window_s=10.0)
+    window = RateWindow(window_s=10.0, noise_sigma=0.0)
     for i in range(200):
         window.observe("i", i * 0.1 + (0.03 if i % 2 else 0.0))
     assert window.rates(20.0)["i"] == (pytest.approx(10.0), 0.0)
+
+
+def test_the_window_rate_is_discounted_by_its_noise_and_a_burst_is_not() -> None:
+    """100 arrivals in a 10 s window: 10 jobs/s, one standard error sqrt(100) / 10 = 1
+    off by default (the damper holds the largest of many such readings); a burst that
+    passed the up-fast test keeps its own rate."""
+    steady, plain = RateWindow(window_s=10.0), RateWindow(window_s=10.0, noise_sigma=0.0)
+    for i in range(100):
+        steady.observe("i", 10.0 + i * 0.1)
+        plain.observe("i", 10.0 + i * 0.1)
+    assert plain.rates(20.0)["i"][0] == pytest.approx(10.0)
+    assert steady.rates(20.0)["i"][0] == pytest.approx(9.0)
+    assert RateWindow(window_s=10.0, noise_sigma=2.0).rates(20.0) == {}
+    burst = RateWindow(window_s=10.0)
+    for i in range(210):  # 2 jobs/s for 5 s, then 40 jobs/s for 5 s
+        burst.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 40.0)
+    assert burst.rates(20.0)["i"][0] == pytest.approx(50 / 1.25)
+    with pytest.raises(ValueError, match="noise_sigma"):
+        RateWindow(noise_sigma=-1.0)
+
+
+def test_a_rising_window_is_not_discounted() -> None:
+    """100 arrivals in the first half, 140 in the second: a trend (2.6 sigma), so the
+    window's 24 jobs/s is a rise, not noise, and is taken whole; the same count spread
+    evenly is discounted by its standard error."""
+    rising, even = RateWindow(window_s=10.0), RateWindow(window_s=10.0)
+    for t in [i * 0.05 for i in range(100)] + [5.0 + i * 5.0 / 140 for i in range(140)]:
+        rising.observe("i", t)
+    for i in range(240):
+        even.observe("i", i * 10.0 / 240)
+    rate, trend = rising.rates(10.0)["i"]
+    assert trend > 0 and rate == pytest.approx(24.0)
+    assert even.rates(10.0)["i"] == (pytest.approx(24.0 - math.sqrt(240) / 10.0), 0.0)
 
 
 def test_decide_adds_hinted_workers_and_drains_the_cheapest() -> None:

@@ -114,6 +114,26 @@ def test_compass_plan_takes_its_sizing_knobs_and_refuses_unknown_ones() -> None:
     assert lean["worker_s"] < ample["worker_s"]  # the knob reaches the rule
 
 
+def test_compass_plan_looks_ahead_one_cold_start_unless_told(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The horizon is the time a worker asked for now takes to take work: the setup's cold
+    start (compressed), or the horizon knob when it is set."""
+    seen: list[float] = []
+    real = scaling.decide
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append(float(kw["horizon_s"]))  # type: ignore[arg-type]
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scaling, "decide", spy)
+    trace = traces.step(6.0, 10.0, compression=120.0)
+    scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace, cold_start_s=30.0))
+    assert seen and all(h == pytest.approx(30.0 / 120.0) for h in seen)
+    seen.clear()
+    scaling.run(WORKLOAD, "compass-plan:horizon=240", scaling.Setup(trace, cold_start_s=30.0))
+    assert seen and all(h == pytest.approx(240.0 / 120.0) for h in seen)
+
+
 def test_traces_have_their_shape_and_are_seeded() -> None:
     day = traces.diurnal(240.0, 30.0, low=0.1)
     assert day.rate(40.0) == pytest.approx(3.0)  # 04:00, the trough

@@ -20,6 +20,7 @@ from compass_celery.planner.types import WorkerView
 from compass_celery.providers import Autoscaler
 from compass_celery.state import keys
 from compass_celery.state.arrivals import (
+    ARRIVAL_KEY_S,
     ARRIVAL_TTL_S,
     ArrivalCounter,
     arrivals_key,
@@ -68,6 +69,29 @@ def test_a_new_controller_reads_back_its_window(compass_redis_url: str) -> None:
     restarted = ArrivalCounter(r, "arr", backfill_s=30.0, wall=lambda: now)
     assert _totals(restarted.poll()) == {"interactive": 30}  # the last 30 s
     assert _totals(ArrivalCounter(r, "arr", wall=lambda: now).poll()) == {}
+
+
+def test_a_minute_of_arrivals_is_one_key_with_a_ttl(compass_redis_url: str) -> None:
+    """Two minutes of arrivals, one a second: two hashes (not 120 keys), each expiring;
+    a reader started after them reads every second's count back, at its own age."""
+    r = redis.Redis.from_url(compass_redis_url)
+    start = 3_000_000.0  # a minute's first second (3_000_000 = 50_000 x 60)
+    for s in range(2 * ARRIVAL_KEY_S):
+        count_arrival(r, "arrm", "interactive", start + s + 0.5)
+        if s % 2:
+            count_arrival(r, "arrm", "standard", start + s + 0.5)
+    made = sorted(r.scan_iter(match="{arrm}:arrivals:*"))
+    assert made == sorted(arrivals_key("arrm", bucket_of(start + m * ARRIVAL_KEY_S)).encode()
+                          for m in range(2))
+    assert all(0 < r.ttl(k) <= ARRIVAL_TTL_S for k in made)
+    assert r.hlen(made[0]) == ARRIVAL_KEY_S + ARRIVAL_KEY_S // 2  # a field per second, class
+    now = start + 2 * ARRIVAL_KEY_S
+    polls = ArrivalCounter(r, "arrm", backfill_s=90.0, wall=lambda: now).poll()
+    assert _totals(polls) == {"interactive": 90, "standard": 45}  # the last 90 s only
+    assert min(age for _, age, _ in polls) == pytest.approx(0.5)
+    assert max(age for _, age, _ in polls) == pytest.approx(89.5)
+    with pytest.raises(ValueError, match="backfill_s"):
+        ArrivalCounter(r, "arrm", backfill_s=float(ARRIVAL_TTL_S))
 
 
 @pytest.fixture
