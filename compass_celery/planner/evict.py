@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -145,14 +145,66 @@ class EvictionPricer:
     def price(self, model: str, size_mb: float, free_mb: np.ndarray,
               load: np.ndarray) -> np.ndarray:
         """ms of future reloads a load of ``model`` on each worker causes (0: none)."""
-        n = len(self.arr)
         if not self.active:
-            return np.zeros(n)
+            return np.zeros(len(self.arr))
         need = size_mb - free_mb
+        return self._price_rows(model, need, self._evicts(model, need, load))
+
+    def choice_price(self, model: str, size_mb: float, free_mb: np.ndarray,
+                     load: np.ndarray, finish: np.ndarray, mask: np.ndarray | None,
+                     keep: Iterable[int] = ()) -> np.ndarray:
+        """:meth:`price`, worked out only where a choice of the least ``finish`` + price
+        over ``mask`` (None: every worker) can fall, and at ``keep``; 0 elsewhere.
+
+        A worker whose load evicts nothing has price 0, so its score is its finish; the
+        least of those, ``bound``, is a score the choice can have. A price is never
+        negative (:meth:`_sound`), so a worker whose finish is past ``bound`` scores past
+        it whatever its price: it can be neither the choice nor tied with it, and
+        pricing it at 0 leaves it past ``bound`` too. The choice, its ties and the
+        scores at and below ``bound`` are the same as with every price; only scores
+        that cannot win differ (hence ``keep``: the rows a caller reads besides the
+        choice). Eviction prices are the planner's costliest term (a 2-D pass over the
+        evicting workers' residency); most evicting workers are idle ones that finish
+        far later than a worker holding the model."""
+        if not self.active:
+            return np.zeros(len(self.arr))
+        need = size_mb - free_mb
+        evicts = self._evicts(model, need, load)
+        settle = ~evicts if mask is None else mask & ~evicts
+        if settle.any() and self._sound():
+            bound = finish[settle].min()
+            if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
+                near = finish <= bound
+                for i in keep:
+                    near[i] = True
+                evicts &= near
+        return self._price_rows(model, need, evicts)
+
+    def _evicts(self, model: str, need: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """Per worker: a load of ``model`` there evicts something (it needs memory that
+        is not free, and no load of it is under way there already)."""
         evicts = (load > 0) & (need > 0)
         for i, on in self.arr.loading.items():
             if model in on:
                 evicts[i] = False  # a load under way has its memory: it evicts nothing more
+        return evicts
+
+    def _sound(self) -> bool:
+        """Whether every price is a number at least 0: the sizes, worths and per-MB
+        load times are finite and not negative (what :meth:`choice_price` relies on)."""
+        sound = self._victims.sound  # the terms' part, shared as the victim orders are
+        if sound is None:
+            _, worth = self._victim_terms()
+            sound = self._victims.sound = bool(
+                np.isfinite(worth).all() and (worth >= 0).all()
+                and np.isfinite(self.sizes).all() and (self.sizes >= 0).all())
+        rates = self.arr.ms_per_mb  # the snapshot's part
+        return sound and _memo(_RATES, (rates,), lambda: bool(
+            np.isfinite(rates).all() and (rates >= 0).all()))
+
+    def _price_rows(self, model: str, need: np.ndarray, evicts: np.ndarray) -> np.ndarray:
+        """:meth:`price` at the rows ``evicts`` marks, 0 elsewhere."""
+        n = len(self.arr)
         rows = np.flatnonzero(evicts)
         out = np.zeros(n)
         if not len(rows):
@@ -206,11 +258,12 @@ class _Victims:
     the (tier, worth) they are sorted by (``_victim_terms``). They read only the terms
     and which copies are kept, so pricers of the same terms share one until a mark."""
 
-    __slots__ = ("orders", "ranks")
+    __slots__ = ("orders", "ranks", "sound")
 
     def __init__(self) -> None:
         self.orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.ranks: tuple[np.ndarray, np.ndarray] | None = None
+        self.sound: bool | None = None  # EvictionPricer._sound
 
 
 Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
@@ -223,6 +276,7 @@ _TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _VICTIMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+_RATES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _TERMS_KEPT = 8
 _TERMS_LOCK = threading.Lock()
 
