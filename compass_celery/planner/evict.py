@@ -75,7 +75,10 @@ class EvictionPricer:
         #: the loads priced are a batch plan's (no deadline): protected copies cost more
         self.batch = batch
         terms = _snapshot_terms(arrays, demand, sizes_mb)
-        self.sizes, self.target, self.chance, self.copies, self.urgent = terms
+        self.sizes, self.target, self.chance, self.copies, self.urgent, sound = terms
+        #: every price is a number at least 0 (:meth:`choice_price` relies on it): the
+        #: terms' sizes and chances are (the weights are), and the per-MB load times
+        self._sound = sound and _rates_sound(arrays.ms_per_mb)
         self.resident = arrays.resident
         self._owned = False  # resident and copies are still the shared ones
         # The victim orders, shared by the pricers of the same terms and kind of plan
@@ -158,7 +161,7 @@ class EvictionPricer:
 
         A worker whose load evicts nothing has price 0, so its score is its finish; the
         least of those, ``bound``, is a score the choice can have. A price is never
-        negative (:meth:`_sound`), so a worker whose finish is past ``bound`` scores past
+        negative (``_sound``), so a worker whose finish is past ``bound`` scores past
         it whatever its price: it can be neither the choice nor tied with it, and
         pricing it at 0 leaves it past ``bound`` too. The choice, its ties and the
         scores at and below ``bound`` are the same as with every price; only scores
@@ -171,7 +174,7 @@ class EvictionPricer:
         need = size_mb - free_mb
         evicts = self._evicts(model, need, load)
         settle = ~evicts if mask is None else mask & ~evicts
-        if settle.any() and self._sound():
+        if self._sound and settle.any():
             bound = finish[settle].min()
             if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
                 near = finish <= bound
@@ -188,19 +191,6 @@ class EvictionPricer:
             if model in on:
                 evicts[i] = False  # a load under way has its memory: it evicts nothing more
         return evicts
-
-    def _sound(self) -> bool:
-        """Whether every price is a number at least 0: the sizes, worths and per-MB
-        load times are finite and not negative (what :meth:`choice_price` relies on)."""
-        sound = self._victims.sound  # the terms' part, shared as the victim orders are
-        if sound is None:
-            _, worth = self._victim_terms()
-            sound = self._victims.sound = bool(
-                np.isfinite(worth).all() and (worth >= 0).all()
-                and np.isfinite(self.sizes).all() and (self.sizes >= 0).all())
-        rates = self.arr.ms_per_mb  # the snapshot's part
-        return sound and _memo(_RATES, (rates,), lambda: bool(
-            np.isfinite(rates).all() and (rates >= 0).all()))
 
     def _price_rows(self, model: str, need: np.ndarray, evicts: np.ndarray) -> np.ndarray:
         """:meth:`price` at the rows ``evicts`` marks, 0 elsewhere."""
@@ -258,15 +248,16 @@ class _Victims:
     the (tier, worth) they are sorted by (``_victim_terms``). They read only the terms
     and which copies are kept, so pricers of the same terms share one until a mark."""
 
-    __slots__ = ("orders", "ranks", "sound")
+    __slots__ = ("orders", "ranks")
 
     def __init__(self) -> None:
         self.orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self.ranks: tuple[np.ndarray, np.ndarray] | None = None
-        self.sound: bool | None = None  # EvictionPricer._sound
 
 
-Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: sizes, targets, chances, copies, urgent; and whether the sizes and chances are
+#: finite and not negative (``EvictionPricer.choice_price``)
+Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 #: Memos keyed by the identity of what an entry depends on; each entry holds those
 #: objects, so an id cannot be reused while its entry lives. The snapshot's terms are
 #: worked out in parts, each memoised on its own deps: a simulated cluster's snapshots
@@ -276,7 +267,8 @@ _TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _VICTIMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
-_RATES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+#: The last per-MB load time column checked by :func:`_rates_sound`, and the answer.
+_RATES: list[tuple[np.ndarray, bool]] = []
 _TERMS_KEPT = 8
 _TERMS_LOCK = threading.Lock()
 
@@ -301,14 +293,26 @@ def _memo(table: dict[tuple[int, ...], tuple[tuple[object, ...], Any]],
 
 
 def _static_terms(arrays: WorkerArrays, sizes_mb: Mapping[str, float]
-                  ) -> tuple[np.ndarray, dict[str, int]]:
-    """Per model: its size, and how many workers it fits on (capacity only)."""
+                  ) -> tuple[np.ndarray, dict[str, int], bool]:
+    """Per model: its size, and how many workers it fits on (capacity only); and
+    whether every size is finite and not negative."""
     sizes = np.zeros(len(arrays.models))
     for name, j in arrays.models.items():
         sizes[j] = float(sizes_mb.get(name, 0.0))
     sizes.flags.writeable = False
     fits = {name: int(arrays.fits(float(sizes[j])).sum()) for name, j in arrays.models.items()}
-    return sizes, fits
+    return sizes, fits, bool(np.isfinite(sizes).all() and (sizes >= 0).all())
+
+
+def _rates_sound(rates: np.ndarray) -> bool:
+    """Whether every per-MB load time is finite and not negative (an eviction price is
+    then a number at least 0); the last column's answer kept (a snapshot's is fixed)."""
+    last = _RATES[0] if _RATES else None
+    if last is not None and last[0] is rates:
+        return last[1]
+    sound = bool(np.isfinite(rates).all() and (rates >= 0).all())
+    _RATES[:] = [(rates, sound)]
+    return sound
 
 
 def _copies(resident: np.ndarray) -> np.ndarray:
@@ -329,8 +333,8 @@ def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
 
 def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                  sizes_mb: Mapping[str, float]) -> Terms:
-    sizes, fits = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
-                        lambda: _static_terms(arrays, sizes_mb))
+    sizes, fits, sound = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
+                               lambda: _static_terms(arrays, sizes_mb))
     m = len(arrays.models)
     # built as lists, then one array each: per model item writes into numpy arrays cost
     # more than the rest of this, which runs at every new clock of a simulated cluster
@@ -353,7 +357,10 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     urgent = np.array(urgent_l, dtype=bool)
     target.flags.writeable = chance.flags.writeable = False  # shared between plans
     urgent.flags.writeable = False
-    return sizes, target, chance, copies, urgent
+    # -expm1(-x) is in [0, 1] for a rate x >= 0 (NaN for a NaN one): worths (a chance
+    # times positive weights) are then finite and not negative
+    sound = sound and all(0.0 <= c <= 1.0 for c in chance_l)
+    return sizes, target, chance, copies, urgent, sound
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:
