@@ -173,9 +173,11 @@ class EvictionPricer:
             return np.zeros(len(self.arr))
         need = size_mb - free_mb
         evicts = self._evicts(model, need, load)
-        settle = ~evicts if mask is None else mask & ~evicts
-        if self._sound and settle.any():
-            bound = finish[settle].min()
+        if self._sound:
+            settle = ~evicts if mask is None else mask & ~evicts
+            # the least finish where nothing is evicted (inf: no such worker; a NaN there
+            # is the least, as argmin takes it): one reduction, no gather
+            bound = np.minimum.reduce(finish, where=settle, initial=math.inf)
             if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
                 near = finish <= bound
                 for i in keep:
