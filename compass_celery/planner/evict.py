@@ -380,8 +380,7 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
     # the same terms give the same rank: a new snapshot at the same clock and residency
     # (most snapshots differ by backlogs) reuses it
     terms = _snapshot_terms(arrays, demand, sizes)
-    rank = _memo(_RANK_TERMS, (terms, arrays.models),
-                 lambda: _rank(EvictionPricer(arrays, demand, sizes)))
+    rank = _memo(_RANK_TERMS, (terms, arrays.models), lambda: _rank_of(terms, arrays.models))
     key = id(cluster)
     _RANKS[key] = (weakref.ref(cluster, lambda _: _RANKS.pop(key, None)), rank)
     return rank
@@ -389,6 +388,21 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
 
 _RANKS: dict[int, tuple[weakref.ref[ClusterView], dict[str, tuple[float, float, float]]]] = {}
 _RANK_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+
+
+def _rank_of(terms: Terms, models: Mapping[str, int]) -> dict[str, tuple[float, float, float]]:
+    """:func:`_rank` of a pricer of ``terms`` (no plan marked on it), in Python floats:
+    the same numbers (tier 0/1/2, the chance times one weight, the size negated) with
+    no pricer built and no pass over numpy arrays of ten models at every new clock."""
+    sizes, target, chance, copies, urgent, _ = terms
+    size, want, p, have, hot = (sizes.tolist(), target.tolist(), chance.tolist(),
+                                copies.tolist(), urgent.tolist())
+    out: dict[str, tuple[float, float, float]] = {}
+    for m, j in models.items():
+        kept = have[j] <= want[j]
+        out[m] = (float(kept) + float(kept and hot[j]),
+                  p[j] * (KEPT_WEIGHT if kept else SPARE_WEIGHT), -size[j])
+    return out
 
 
 def _rank(pricer: EvictionPricer) -> dict[str, tuple[float, float, float]]:

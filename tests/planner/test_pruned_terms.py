@@ -144,3 +144,19 @@ def test_hidden_keeps_what_it_read_and_what_was_written() -> None:
     hidden[1] = 0.0
     assert hidden[1] == 0.0
     assert hidden.array().tolist() == [300.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rank_of_terms_is_the_pricers_rank(seed: int) -> None:
+    """eviction_rank's rank worked out from the terms in Python floats is the rank a
+    pricer of the snapshot gives (``_rank``), number for number."""
+    from compass_celery.planner.evict import _rank, _rank_of, _snapshot_terms
+
+    rng = random.Random(seed)
+    cluster = _cluster(rng, rng.choice((3, 20, 200)))
+    arr = worker_arrays(cluster)
+    terms = _snapshot_terms(arr, cluster.demand, MODELS)
+    got = _rank_of(terms, arr.models)
+    want = _rank(EvictionPricer(arr, cluster.demand, MODELS))
+    assert got == want
+    assert {type(x) for v in got.values() for x in v} == {float}
