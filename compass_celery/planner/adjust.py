@@ -121,11 +121,13 @@ def reassign(
     run = run_ms(task.exec_ms, arr.speed)
     finish = finish_ms(start, load, run)
     score = finish
+    p = arr.index.get(planned_worker)
     if cluster.demand and task.model is not None:
         pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
-        score = finish + pricer.price(task.model, size, arr.gpu_free_mb, load)
+        # priced where the choice can fall, and at the planned worker (its gain is read)
+        score = finish + pricer.choice_price(task.model, size, arr.gpu_free_mb, load,
+                                             finish, mask, () if p is None else (p,))
     best = choose(score, avail, mask)
-    p = arr.index.get(planned_worker)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")
     else:

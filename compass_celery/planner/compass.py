@@ -65,7 +65,12 @@ class CompassPolicy:
             model = dag.nodes[name].model
             score, evict = est.finish, None
             if pricer is not None and model is not None:
-                evict = pricer.price(model, walk.sizes[name], walk.free, est.load)
+                if tails is None:  # priced where the choice or a collocation can fall
+                    evict = pricer.choice_price(model, walk.sizes[name], walk.free, est.load,
+                                                est.finish, est.restrict,
+                                                self._near(walk, name))
+                else:  # a copy is chosen by score among the cold workers: price them all
+                    evict = pricer.price(model, walk.sizes[name], walk.free, est.load)
                 score = est.finish + evict
             i = choose(score, walk.avail, est.restrict)
             copy = None
@@ -89,6 +94,12 @@ class CompassPolicy:
             if pricer is not None and model is not None:
                 pricer.mark(i, model)
         return Plan(self.name, {n: out[n] for n in dag.nodes})
+
+    def _near(self, walk: Walk, name: str) -> list[int]:
+        """The workers :meth:`_collocate` reads the score of: predecessors' with output."""
+        if self.collocate_slack_ms is None:
+            return []
+        return [walk.worker[p] for p in walk.preds[name] if walk.dag.nodes[p].output_kb]
 
     def _collocate(self, walk: Walk, name: str, est: Estimate, fin: np.ndarray,
                    best: int) -> int | None:

@@ -574,12 +574,72 @@ def hidden_load_ms(ready: np.ndarray | float, start: np.ndarray, load: np.ndarra
     return np.where(fits & (load > 0), hidden, 0.0)
 
 
+def _np_max(a: float, b: float) -> float:
+    """``np.maximum`` of two floats, as numpy gives it: a NaN wins, ties give ``a``."""
+    return a if a >= b or a != a else b
+
+
+def _np_min(a: float, b: float) -> float:
+    """``np.minimum`` of two floats, as numpy gives it: a NaN wins, ties give ``a``."""
+    return a if a <= b or a != a else b
+
+
+class Hidden:
+    """:func:`hidden_load_ms` per worker, worked out for a worker when it is read.
+
+    A choice reads only finishes (the whole load); the hidden part is read at the one
+    worker chosen, for its placement, so working it out for every worker (seven passes
+    over 1,000 elements per task scored) was spent on numbers nobody read. Indexing gives
+    the value the array would hold, float for float (the same IEEE operations, numpy's
+    NaN and tie rules); a value read or written is kept, so later changes to the columns
+    it was made from (a forming batch rewrites ``start``) do not reach it, and writes
+    (``hidden[i] = 0.0``) act as on the array. ``loader_free`` is copied: a plan's
+    loader column changes as it commits."""
+
+    __slots__ = ("_ready", "_start", "_load", "_fits", "_loader", "_got")
+
+    def __init__(self, ready: np.ndarray | float, start: np.ndarray, load: np.ndarray,
+                 fits: np.ndarray, loader_free: np.ndarray | float = 0.0,
+                 zero: np.ndarray | None = None) -> None:
+        self._ready, self._start, self._load, self._fits = ready, start, load, fits
+        self._loader = loader_free.copy() if isinstance(loader_free, np.ndarray) \
+            else loader_free
+        self._got: dict[int, float] = {} if zero is None else dict.fromkeys(
+            zero.tolist(), 0.0)
+
+    def __getitem__(self, i: int) -> float:
+        got = self._got.get(i)
+        if got is None:
+            got = self._got[i] = self._at(i)
+        return got
+
+    def __setitem__(self, i: int, value: float) -> None:
+        self._got[i] = value
+
+    def _at(self, i: int) -> float:
+        ready, loader = self._ready, self._loader
+        r = float(ready[i]) if isinstance(ready, np.ndarray) else float(ready)
+        f = float(loader[i]) if isinstance(loader, np.ndarray) else float(loader)
+        load = float(self._load[i])
+        if not (self._fits[i] and load > 0):
+            return 0.0
+        return _np_min(_np_max(float(self._start[i]) - _np_max(r, f), 0.0), load)
+
+    def array(self) -> np.ndarray:
+        """Every worker's value (what :func:`hidden_load_ms` gives, with what was written)."""
+        out = hidden_load_ms(self._ready, self._start, self._load, self._fits, self._loader)
+        for i, v in self._got.items():
+            out[i] = v
+        return out
+
+
 def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: np.ndarray,
                ready: np.ndarray | float, start: np.ndarray,
                loader_free: np.ndarray | float = 0.0,
-               in_flight: Flight | None = None) -> tuple[np.ndarray, np.ndarray]:
+               in_flight: Flight | None = None) -> tuple[np.ndarray, Hidden]:
     """Per worker: the model's load (``columns``: if it fits in free memory, if it must
-    evict) and the part of it made while the task waits (:func:`hidden_load_ms`).
+    evict) and the part of it made while the task waits (:func:`hidden_load_ms`, worked
+    out where it is read: :class:`Hidden`).
 
     Where the model is being loaded already (``in_flight``: worker index, ms left,
     ``WorkerArrays.in_flight``) the load runs on from now whatever the task does: it
@@ -588,13 +648,15 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fit, evict = columns
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
-    hidden = hidden_load_ms(ready, start, load, fits, loader_free)
+    at = None
     if in_flight is not None and len(in_flight.at):
         at = in_flight.at
+        # the rewrite below changes the load only at ``at``, where nothing is hidden
+        hidden = Hidden(ready, start, load, fits, loader_free, at)
         left = in_flight.left - start[at]
         load[at] = np.where(left < 0.0, 0.0, left)  # max(left, 0.0), float for float
-        hidden[at] = 0.0
-    return load, hidden
+        return load, hidden
+    return load, Hidden(ready, start, load, fits, loader_free)
 
 
 def finish_ms(start_ms: np.ndarray, load: np.ndarray, run: np.ndarray) -> np.ndarray:

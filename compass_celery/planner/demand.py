@@ -125,8 +125,18 @@ class DemandTracker:
         scale = f / (self.tau_s * seen) if seen > 0 else 0.0
         if scale == 0.0:
             return {}
-        return {m: ModelDemand(ms * scale, self._n[m] * scale, self._u.get(m, 0.0) * scale)
+        n, u = self._n, self._u
+        return {m: _demand(ms * scale, n[m] * scale, u.get(m, 0.0) * scale)
                 for m, ms in self._ms.items()}
+
+
+def _demand(ms_per_s: float, per_s: float, urgent_per_s: float) -> ModelDemand:
+    """``ModelDemand(ms_per_s, per_s, urgent_per_s)`` without the frozen dataclass's
+    constructor (a field at a time through ``object.__setattr__``): a simulated cluster
+    reads the rates at nearly every event, ten models each."""
+    d = object.__new__(ModelDemand)
+    d.__dict__.update(ms_per_s=ms_per_s, per_s=per_s, urgent_per_s=urgent_per_s)
+    return d
 
 
 def replica_targets(

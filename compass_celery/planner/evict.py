@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -75,7 +75,10 @@ class EvictionPricer:
         #: the loads priced are a batch plan's (no deadline): protected copies cost more
         self.batch = batch
         terms = _snapshot_terms(arrays, demand, sizes_mb)
-        self.sizes, self.target, self.chance, self.copies, self.urgent = terms
+        self.sizes, self.target, self.chance, self.copies, self.urgent, sound = terms
+        #: every price is a number at least 0 (:meth:`choice_price` relies on it): the
+        #: terms' sizes and chances are (the weights are), and the per-MB load times
+        self._sound = sound and _rates_sound(arrays.ms_per_mb)
         self.resident = arrays.resident
         self._owned = False  # resident and copies are still the shared ones
         # The victim orders, shared by the pricers of the same terms and kind of plan
@@ -145,14 +148,55 @@ class EvictionPricer:
     def price(self, model: str, size_mb: float, free_mb: np.ndarray,
               load: np.ndarray) -> np.ndarray:
         """ms of future reloads a load of ``model`` on each worker causes (0: none)."""
-        n = len(self.arr)
         if not self.active:
-            return np.zeros(n)
+            return np.zeros(len(self.arr))
         need = size_mb - free_mb
+        return self._price_rows(model, need, self._evicts(model, need, load))
+
+    def choice_price(self, model: str, size_mb: float, free_mb: np.ndarray,
+                     load: np.ndarray, finish: np.ndarray, mask: np.ndarray | None,
+                     keep: Iterable[int] = ()) -> np.ndarray:
+        """:meth:`price`, worked out only where a choice of the least ``finish`` + price
+        over ``mask`` (None: every worker) can fall, and at ``keep``; 0 elsewhere.
+
+        A worker whose load evicts nothing has price 0, so its score is its finish; the
+        least of those, ``bound``, is a score the choice can have. A price is never
+        negative (``_sound``), so a worker whose finish is past ``bound`` scores past
+        it whatever its price: it can be neither the choice nor tied with it, and
+        pricing it at 0 leaves it past ``bound`` too. The choice, its ties and the
+        scores at and below ``bound`` are the same as with every price; only scores
+        that cannot win differ (hence ``keep``: the rows a caller reads besides the
+        choice). Eviction prices are the planner's costliest term (a 2-D pass over the
+        evicting workers' residency); most evicting workers are idle ones that finish
+        far later than a worker holding the model."""
+        if not self.active:
+            return np.zeros(len(self.arr))
+        need = size_mb - free_mb
+        evicts = self._evicts(model, need, load)
+        if self._sound:
+            settle = ~evicts if mask is None else mask & ~evicts
+            # the least finish where nothing is evicted (inf: no such worker; a NaN there
+            # is the least, as argmin takes it): one reduction, no gather
+            bound = np.minimum.reduce(finish, where=settle, initial=math.inf)
+            if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
+                near = finish <= bound
+                for i in keep:
+                    near[i] = True
+                evicts &= near
+        return self._price_rows(model, need, evicts)
+
+    def _evicts(self, model: str, need: np.ndarray, load: np.ndarray) -> np.ndarray:
+        """Per worker: a load of ``model`` there evicts something (it needs memory that
+        is not free, and no load of it is under way there already)."""
         evicts = (load > 0) & (need > 0)
         for i, on in self.arr.loading.items():
             if model in on:
                 evicts[i] = False  # a load under way has its memory: it evicts nothing more
+        return evicts
+
+    def _price_rows(self, model: str, need: np.ndarray, evicts: np.ndarray) -> np.ndarray:
+        """:meth:`price` at the rows ``evicts`` marks, 0 elsewhere."""
+        n = len(self.arr)
         rows = np.flatnonzero(evicts)
         out = np.zeros(n)
         if not len(rows):
@@ -213,7 +257,9 @@ class _Victims:
         self.ranks: tuple[np.ndarray, np.ndarray] | None = None
 
 
-Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+#: sizes, targets, chances, copies, urgent; and whether the sizes and chances are
+#: finite and not negative (``EvictionPricer.choice_price``)
+Terms = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]
 #: Memos keyed by the identity of what an entry depends on; each entry holds those
 #: objects, so an id cannot be reused while its entry lives. The snapshot's terms are
 #: worked out in parts, each memoised on its own deps: a simulated cluster's snapshots
@@ -223,6 +269,8 @@ _TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _VICTIMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+#: The last per-MB load time column checked by :func:`_rates_sound`, and the answer.
+_RATES: list[tuple[np.ndarray, bool]] = []
 _TERMS_KEPT = 8
 _TERMS_LOCK = threading.Lock()
 
@@ -247,14 +295,26 @@ def _memo(table: dict[tuple[int, ...], tuple[tuple[object, ...], Any]],
 
 
 def _static_terms(arrays: WorkerArrays, sizes_mb: Mapping[str, float]
-                  ) -> tuple[np.ndarray, dict[str, int]]:
-    """Per model: its size, and how many workers it fits on (capacity only)."""
+                  ) -> tuple[np.ndarray, dict[str, int], bool]:
+    """Per model: its size, and how many workers it fits on (capacity only); and
+    whether every size is finite and not negative."""
     sizes = np.zeros(len(arrays.models))
     for name, j in arrays.models.items():
         sizes[j] = float(sizes_mb.get(name, 0.0))
     sizes.flags.writeable = False
     fits = {name: int(arrays.fits(float(sizes[j])).sum()) for name, j in arrays.models.items()}
-    return sizes, fits
+    return sizes, fits, bool(np.isfinite(sizes).all() and (sizes >= 0).all())
+
+
+def _rates_sound(rates: np.ndarray) -> bool:
+    """Whether every per-MB load time is finite and not negative (an eviction price is
+    then a number at least 0); the last column's answer kept (a snapshot's is fixed)."""
+    last = _RATES[0] if _RATES else None
+    if last is not None and last[0] is rates:
+        return last[1]
+    sound = bool(np.isfinite(rates).all() and (rates >= 0).all())
+    _RATES[:] = [(rates, sound)]
+    return sound
 
 
 def _copies(resident: np.ndarray) -> np.ndarray:
@@ -275,8 +335,8 @@ def _snapshot_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
 
 def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
                  sizes_mb: Mapping[str, float]) -> Terms:
-    sizes, fits = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
-                        lambda: _static_terms(arrays, sizes_mb))
+    sizes, fits, sound = _memo(_STATIC, (arrays.gpu_total_mb, arrays.models, sizes_mb),
+                               lambda: _static_terms(arrays, sizes_mb))
     m = len(arrays.models)
     # built as lists, then one array each: per model item writes into numpy arrays cost
     # more than the rest of this, which runs at every new clock of a simulated cluster
@@ -299,7 +359,10 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     urgent = np.array(urgent_l, dtype=bool)
     target.flags.writeable = chance.flags.writeable = False  # shared between plans
     urgent.flags.writeable = False
-    return sizes, target, chance, copies, urgent
+    # -expm1(-x) is in [0, 1] for a rate x >= 0 (NaN for a NaN one): worths (a chance
+    # times positive weights) are then finite and not negative
+    sound = sound and all(0.0 <= c <= 1.0 for c in chance_l)
+    return sizes, target, chance, copies, urgent, sound
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:
@@ -317,8 +380,7 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
     # the same terms give the same rank: a new snapshot at the same clock and residency
     # (most snapshots differ by backlogs) reuses it
     terms = _snapshot_terms(arrays, demand, sizes)
-    rank = _memo(_RANK_TERMS, (terms, arrays.models),
-                 lambda: _rank(EvictionPricer(arrays, demand, sizes)))
+    rank = _memo(_RANK_TERMS, (terms, arrays.models), lambda: _rank_of(terms, arrays.models))
     key = id(cluster)
     _RANKS[key] = (weakref.ref(cluster, lambda _: _RANKS.pop(key, None)), rank)
     return rank
@@ -326,6 +388,21 @@ def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]
 
 _RANKS: dict[int, tuple[weakref.ref[ClusterView], dict[str, tuple[float, float, float]]]] = {}
 _RANK_TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+
+
+def _rank_of(terms: Terms, models: Mapping[str, int]) -> dict[str, tuple[float, float, float]]:
+    """:func:`_rank` of a pricer of ``terms`` (no plan marked on it), in Python floats:
+    the same numbers (tier 0/1/2, the chance times one weight, the size negated) with
+    no pricer built and no pass over numpy arrays of ten models at every new clock."""
+    sizes, target, chance, copies, urgent, _ = terms
+    size, want, p, have, hot = (sizes.tolist(), target.tolist(), chance.tolist(),
+                                copies.tolist(), urgent.tolist())
+    out: dict[str, tuple[float, float, float]] = {}
+    for m, j in models.items():
+        kept = have[j] <= want[j]
+        out[m] = (float(kept) + float(kept and hot[j]),
+                  p[j] * (KEPT_WEIGHT if kept else SPARE_WEIGHT), -size[j])
+    return out
 
 
 def _rank(pricer: EvictionPricer) -> dict[str, tuple[float, float, float]]:

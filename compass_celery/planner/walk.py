@@ -15,7 +15,16 @@ import numpy as np
 
 from .batch import Forming, batch_key, forming_from_count, join_finish_ms
 from .choose import candidates, check_inputs
-from .cost import Flight, WorkerArrays, finish_ms, load_terms, run_ms, start_ms, worker_arrays
+from .cost import (
+    Flight,
+    Hidden,
+    WorkerArrays,
+    finish_ms,
+    load_terms,
+    run_ms,
+    start_ms,
+    worker_arrays,
+)
 from .rank import by_rank, successors, topo_order, upward_rank
 from .types import ClusterView, DagSpec, Placement, PlanningError, TaskSpec
 
@@ -38,7 +47,7 @@ class Estimate(NamedTuple):
     #: Workers where the task would join a forming batch (``planner.batch``): index ->
     #: the ms it adds to that worker's queue. None: no batch to join anywhere.
     joins: Mapping[int, float] | None = None
-    hidden: np.ndarray | None = None
+    hidden: np.ndarray | Hidden | None = None
 
 
 class Walk:
@@ -174,7 +183,8 @@ class Walk:
         return got
 
     def _joins(self, name: str, ready: np.ndarray, start: np.ndarray, load: np.ndarray,
-               run: np.ndarray, fin: np.ndarray, hidden: np.ndarray) -> dict[int, float] | None:
+               run: np.ndarray, fin: np.ndarray, hidden: np.ndarray | Hidden
+               ) -> dict[int, float] | None:
         """Where the batchable task would join a forming batch, the estimate rewritten
         there in place: it starts with the batch and finishes with it (``batch.
         join_finish_ms``, no load hidden); the dict says what it adds to each such
@@ -194,8 +204,8 @@ class Walk:
                                  load_ms=float(load[i]), speed=s)
             if end is None:
                 continue
-            if hidden[i]:
-                hidden[i] = 0.0  # (a fresh array whenever anything is hidden)
+            if hidden[i]:  # read before ``start`` is rewritten (Hidden keeps what it read)
+                hidden[i] = 0.0  # (a fresh array or a Hidden whenever anything is hidden)
             start[i] = f.start_ms
             run[i] = curve.of(f.size + 1) / s
             fin[i] = end

@@ -13,10 +13,11 @@ from columns that did not change are handed on with it.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
-from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, run_rate
+from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, evolve, run_rate
 from ..planner.types import WorkerView
 
 
@@ -67,6 +68,12 @@ class LiveColumns:
         self._some: dict[float, bool] = {}
         self._fetch: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._means = FixedMeans(FIXED_COLUMNS)
+        # the copy of ``loading`` the last ``arrays`` handed out, shared until a row's
+        # loads change (the planner's in-flight memos go by its identity), and the
+        # memos that read only it: ``WorkerArrays._spans`` and ``_flights``
+        self._handed: tuple[dict[int, Mapping[str, tuple[float, float]]], dict[str, Any],
+                            dict[str, Any]] | None = None
+        self._last: WorkerArrays | None = None
         for i, v in enumerate(views):
             self.update(i, v)
 
@@ -82,9 +89,11 @@ class LiveColumns:
             self._members(self.host_resident[i], view.host_resident)
             self._frozen = None
         if view.loading:
-            self.loading[i] = view.loading
-        else:
-            self.loading.pop(i, None)
+            if self.loading.get(i) != view.loading:
+                self.loading[i] = view.loading
+                self._handed = None
+        elif self.loading.pop(i, None) is not None:
+            self._handed = None
         assert len(view.running) <= 1, "a simulated worker runs one task at a time"
         span = view.running[0] if view.running else (0.0, 0.0, 0.0)
         if span[2] <= 0:
@@ -117,20 +126,28 @@ class LiveColumns:
             self._fetch = {}
         resident, host, host_models = self._frozen
         began, ends, charge, left = self._run_columns()
-        return WorkerArrays(
-            names=self.names, queues=self.queues, index=self.index,
+        if self._handed is None:
+            self._handed = (dict(self.loading), {}, {})
+        loading, spans, flights = self._handed
+        changing = dict(
             backlog_ms=self.backlog_ms.copy(), pending_ms=self.pending_ms.copy(),
-            speed=self.speed, gpu_free_mb=self.gpu_free_mb.copy(),
-            gpu_total_mb=self.gpu_total_mb, load_mb_per_s=self.load_mb_per_s,
+            gpu_free_mb=self.gpu_free_mb.copy(),
+            resident=resident, host_resident=host, host_models=host_models,
+            loading=loading, _fetch=self._fetch, run_began=began, run_ends=ends,
+            run_charge=charge, _left=left, _spans=spans, _flights=flights)
+        if self._last is not None:  # the fixed fields as last time: no constructor pass
+            self._last = evolve(self._last, **changing)
+            return self._last
+        self._last = WorkerArrays(
+            names=self.names, queues=self.queues, index=self.index,
+            speed=self.speed, gpu_total_mb=self.gpu_total_mb,
+            load_mb_per_s=self.load_mb_per_s,
             host_load_mb_per_s=self.host_load_mb_per_s, net_mb_per_s=self.net_mb_per_s,
             hop_ms=self.hop_ms, positions=self.positions, ms_per_kb=self.ms_per_kb,
             ms_per_mb=self.ms_per_mb,
             host_ms_per_mb=self.host_ms_per_mb, models=self.models,
-            resident=resident, host_resident=host, host_models=host_models,
-            loading=dict(self.loading), _fetch=self._fetch, _fits=self._fits,
-            _some=self._some,
-            _means=self._means, run_began=began, run_ends=ends, run_charge=charge,
-            _left=left)
+            _fits=self._fits, _some=self._some, _means=self._means, **changing)
+        return self._last
 
     def _run_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                     dict[float | None, np.ndarray]]:

@@ -1,0 +1,162 @@
+"""The planner's pruned terms give what the full ones give, float for float.
+
+``EvictionPricer.choice_price`` prices only the workers a choice can fall on, and
+``cost.Hidden`` works out the hidden part of a load only where it is read: a choice
+made with either must be the choice made with every worker's term (the simulator's
+results are compared before/after for a seed, so a pruning that changed one decision
+would be wrong, not slower).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from compass_celery.planner.choose import choose
+from compass_celery.planner.cost import Flight, Hidden, hidden_load_ms, load_terms, worker_arrays
+from compass_celery.planner.evict import EvictionPricer
+from compass_celery.planner.types import ClusterView, ModelDemand, WorkerView
+
+MODELS = {f"m{j}": float(s) for j, s in enumerate((800, 1000, 1600, 2800, 3500, 4200,
+                                                      5700, 1200, 3000, 4000))}
+
+
+def _cluster(rng: random.Random, n: int) -> ClusterView:
+    workers = []
+    for i in range(n):
+        gpu = rng.choice((8000.0, 14336.0))
+        held: set[str] = set()
+        used = 0.0
+        for m in rng.sample(sorted(MODELS), rng.randint(0, 4)):
+            if used + MODELS[m] <= gpu:
+                held.add(m)
+                used += MODELS[m]
+        workers.append(WorkerView(f"w{i:03d}", f"q{i}", gpu, gpu - used, frozenset(held),
+                                  backlog_ms=rng.choice((0.0, rng.uniform(0, 3000))),
+                                  load_mb_per_s=rng.choice((6000.0, 12000.0))))
+    demand = {m: ModelDemand(rng.uniform(0, 3000), rng.uniform(0, 8),
+                             rng.choice((0.0, 1.0))) for m in MODELS}
+    return ClusterView(tuple(workers), MODELS, 0.0, demand)
+
+
+@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("batch", [False, True])
+def test_choice_price_chooses_as_the_full_price(seed: int, batch: bool) -> None:
+    rng = random.Random(seed)
+    cluster = _cluster(rng, rng.choice((5, 40, 300)))
+    arr = worker_arrays(cluster)
+    n = len(arr)
+    for _ in range(10):
+        model = rng.choice(sorted(MODELS))
+        size = MODELS[model]
+        pricer = EvictionPricer(arr, cluster.demand, MODELS, batch=batch)
+        load = arr.load_columns(model, size)[0].copy()
+        load = np.where(size <= arr.gpu_free_mb, load, load * 2)
+        # finishes with ties (rounded) and some equal to a holder's
+        finish = np.round(arr.backlog_ms + load + rng.uniform(10, 500), -1 if seed % 2 else 0)
+        mask = arr.fits(size) if seed % 3 else None
+        keep = tuple(rng.sample(range(n), min(2, n)))
+        full = pricer.price(model, size, arr.gpu_free_mb, load)
+        part = pricer.choice_price(model, size, arr.gpu_free_mb, load, finish, mask, keep)
+        priced = part != 0
+        assert np.array_equal(part[priced], full[priced])  # bit for bit where priced
+        assert all(part[k] == full[k] for k in keep)
+        best = choose(finish + full, arr.backlog_ms, mask)
+        assert choose(finish + part, arr.backlog_ms, mask) == best
+        assert part[best] == full[best]
+        pricer.mark(best, model)  # the plan's later tasks see its load
+    assert n == len(cluster.workers)
+
+
+def test_choice_price_prunes_workers_that_cannot_win() -> None:
+    """An idle worker that must evict to load the model, finishing after a holder,
+    is not priced; the holder's own worker (no eviction) never is."""
+    big = WorkerView("a", "a", 14336.0, 14336.0 - 5700.0, frozenset({"m6"}))
+    far = WorkerView("b", "b", 14336.0, 14336.0 - 14000.0,
+                     frozenset({"m0", "m3", "m4", "m5", "m8"}))
+    cluster = ClusterView((big, far), MODELS, 0.0,
+                          {m: ModelDemand(1000.0, 4.0) for m in MODELS})
+    arr = worker_arrays(cluster)
+    pricer = EvictionPricer(arr, cluster.demand, MODELS)
+    load = np.array([0.0, 900.0])
+    finish = np.array([100.0, 1000.0])
+    full = pricer.price("m6", 5700.0, arr.gpu_free_mb, load)
+    assert full[1] > 0
+    part = pricer.choice_price("m6", 5700.0, arr.gpu_free_mb, load, finish, None)
+    assert part[1] == 0 and part[0] == 0
+    kept = pricer.choice_price("m6", 5700.0, arr.gpu_free_mb, load, finish, None, (1,))
+    assert kept[1] == full[1]
+
+
+def test_choice_price_prices_all_when_no_bound() -> None:
+    """No worker free of eviction, or a NaN/infinite bound: every evicting row priced."""
+    w = WorkerView("a", "a", 14336.0, 100.0, frozenset({"m0", "m3", "m4", "m5", "m8"}))
+    cluster = ClusterView((w, w.__class__("b", "b", 14336.0, 100.0, w.resident)), MODELS,
+                          0.0, {m: ModelDemand(1000.0, 4.0) for m in MODELS})
+    arr = worker_arrays(cluster)
+    pricer = EvictionPricer(arr, cluster.demand, MODELS)
+    load = np.array([900.0, 900.0])
+    full = pricer.price("m6", 5700.0, arr.gpu_free_mb, load)
+    for finish in (np.array([1.0, 5000.0]), np.array([math.nan, 1.0])):
+        part = pricer.choice_price("m6", 5700.0, arr.gpu_free_mb, load, finish, None)
+        assert np.array_equal(part, full)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_hidden_is_hidden_load_ms_float_for_float(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    n = 50
+    fit = np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0, 900, n))
+    columns = (fit, fit * 2)
+    free = rng.choice([0.0, 500.0, 5000.0], n)
+    ready = rng.uniform(0, 400, n) if seed % 2 else float(rng.uniform(0, 400))
+    start = np.maximum(rng.uniform(0, 800, n), ready)
+    loader = rng.uniform(0, 900, n) if seed % 3 else 0.0
+    if seed % 5 == 0:  # NaN and exact ties, as numpy's maximum/minimum order them
+        start[:3] = math.nan
+        start[3:6] = ready if isinstance(ready, float) else ready[3:6]
+    at = np.sort(rng.choice(n, 5, replace=False)) if seed % 4 else np.zeros(0, dtype=np.intp)
+    flight = Flight(at, rng.uniform(0, 900, len(at)))
+    load, hidden = load_terms(columns, 1000.0, free, ready, start, loader, flight)
+    fits = free >= 1000.0
+    expect = hidden_load_ms(ready, start, np.where(fits, fit, fit * 2), fits, loader)
+    expect[at] = 0.0
+    got = np.array([hidden[i] for i in range(n)])
+    assert np.array_equal(got, expect, equal_nan=True)
+    assert np.array_equal(np.signbit(got), np.signbit(expect))
+    assert np.array_equal(hidden.array(), expect, equal_nan=True)
+
+
+def test_hidden_keeps_what_it_read_and_what_was_written() -> None:
+    """A forming batch rewrites ``start`` after reading the hidden part there; a write
+    acts as on an array; the plan's loader column is copied."""
+    start, load = np.array([500.0, 500.0]), np.array([300.0, 300.0])
+    loader = np.zeros(2)
+    hidden = Hidden(0.0, start, load, np.array([True, True]), loader)
+    assert hidden[0] == 300.0
+    start[0] = 0.0
+    loader[1] = 400.0
+    assert hidden[0] == 300.0  # read before the rewrite: kept
+    assert hidden[1] == 300.0  # the loader as it was (it would hide 100 ms from 400)
+    hidden[1] = 0.0
+    assert hidden[1] == 0.0
+    assert hidden.array().tolist() == [300.0, 0.0]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_rank_of_terms_is_the_pricers_rank(seed: int) -> None:
+    """eviction_rank's rank worked out from the terms in Python floats is the rank a
+    pricer of the snapshot gives (``_rank``), number for number."""
+    from compass_celery.planner.evict import _rank, _rank_of, _snapshot_terms
+
+    rng = random.Random(seed)
+    cluster = _cluster(rng, rng.choice((3, 20, 200)))
+    arr = worker_arrays(cluster)
+    terms = _snapshot_terms(arr, cluster.demand, MODELS)
+    got = _rank_of(terms, arr.models)
+    want = _rank(EvictionPricer(arr, cluster.demand, MODELS))
+    assert got == want
+    assert {type(x) for v in got.values() for x in v} == {float}
