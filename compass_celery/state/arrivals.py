@@ -9,9 +9,9 @@ wall-clock bucket (:data:`ARRIVAL_BUCKET_S` wide). The buckets of one minute sha
 60 keys an hour, not one per second (3,600), for the same counts. An admitted job's count
 rides in the transaction that records its deadline (no extra round trip; the key shares
 the cluster state's hash tag, so it stays in that step's slot on a Redis Cluster); a
-refused job's is one pipelined HINCRBY on the refusal path. A process sets a minute's TTL
-with its first arrival there and sends the HINCRBY alone after that; the reader sets it
-again on what it reads. :class:`ArrivalCounter` reads the buckets back and hands out only
+refused job's is one pipelined HINCRBY on the refusal path; each comes with the minute's
+EXPIRE, so a minute's hash goes an hour after its last write; the reader sets it again on
+what it reads. :class:`ArrivalCounter` reads the buckets back and hands out only
 what it has not seen, re-reading the last few buckets so that a producer whose clock or
 write lags a little is still counted once.
 """
@@ -28,7 +28,7 @@ from . import keys
 ARRIVAL_BUCKET_S = 1.0
 #: Seconds of wall clock one hash (one Redis key) covers.
 ARRIVAL_KEY_S = 60
-#: Seconds a minute's hash is kept from its first write (or the reader's last read).
+#: Seconds a minute's hash is kept from its last write (or the reader's last read).
 ARRIVAL_TTL_S = 3600
 #: Buckets behind the newest that are read again at each poll (late writes, clock skew).
 ARRIVAL_LAG_BUCKETS = 5
@@ -54,23 +54,17 @@ def arrivals_field(bucket: int, cls: str) -> str:
     return f"{bucket}:{cls}"
 
 
-#: The minute keys this process set a TTL on: later arrivals in the same minute send the
-#: HINCRBY alone (one command per submission; another process sets it again, harmless).
-_EXPIRED: set[str] = set()
-
-
 def count_arrival(pipe: Any, prefix: str, cls: str, now_s: float | None = None,
                   bucket_s: float = ARRIVAL_BUCKET_S, ttl_s: int = ARRIVAL_TTL_S) -> None:
-    """Queue one arrival of class ``cls`` on ``pipe`` (a pipeline or a client), and the
-    minute's TTL the first time this process writes to that minute."""
+    """Queue one arrival of class ``cls`` on ``pipe`` (a pipeline or a client) and the
+    minute's TTL with it, every time: a minute's hash is written only during its minute,
+    so it expires ``ttl_s`` after its last write. Remembering in the process which
+    minutes already have one would leave a hash without expiry wherever Redis lost the
+    key meanwhile (a restart, a failover, another server under the same prefix)."""
     bucket = bucket_of(time.time() if now_s is None else now_s, bucket_s)
     key = arrivals_key(prefix, bucket, bucket_s)
     pipe.hincrby(key, arrivals_field(bucket, cls), 1)
-    if key not in _EXPIRED:
-        pipe.expire(key, ttl_s)
-        if len(_EXPIRED) > 64:  # older minutes are never written again by this process
-            _EXPIRED.clear()
-        _EXPIRED.add(key)
+    pipe.expire(key, ttl_s)
 
 
 def count_refused_arrival(client: Any, prefix: str, cls: str) -> None:
@@ -94,7 +88,7 @@ class ArrivalCounter:
         if backfill_s > ARRIVAL_TTL_S - ARRIVAL_KEY_S:
             raise ValueError(f"backfill_s {backfill_s:g} is longer than every bucket is "
                              f"kept ({ARRIVAL_TTL_S - ARRIVAL_KEY_S} s: a minute's hash "
-                             f"expires {ARRIVAL_TTL_S} s after its first write)")
+                             f"expires {ARRIVAL_TTL_S} s after its last write)")
         self.client, self.prefix, self.wall = client, prefix, wall
         self.bucket_s, self.lag_buckets, self.backfill_s = bucket_s, lag_buckets, backfill_s
         self._seen: dict[int, dict[str, int]] = {}  # bucket -> class -> counted so far

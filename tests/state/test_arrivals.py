@@ -61,6 +61,20 @@ def test_each_arrival_is_read_once_late_writes_included(compass_redis_url: str) 
     assert 0 < ttl <= ARRIVAL_TTL_S  # buckets expire on their own
 
 
+def test_a_minute_lost_from_redis_gets_its_ttl_again(compass_redis_url: str) -> None:
+    """A minute's hash that Redis lost (a restart without persistence, a failover, another
+    server under the same prefix) and that this process writes again still expires: no
+    process remembers a TTL as already set."""
+    r = redis.Redis.from_url(compass_redis_url)
+    now = 4_000_000.5
+    key = arrivals_key("arrl", bucket_of(now))
+    count_arrival(r, "arrl", "interactive", now)
+    r.delete(key)
+    count_arrival(r, "arrl", "interactive", now + 1.0)
+    assert 0 < r.ttl(key) <= ARRIVAL_TTL_S
+    assert r.hgetall(key) == {f"{bucket_of(now + 1.0)}:interactive".encode(): b"1"}
+
+
 def test_a_new_controller_reads_back_its_window(compass_redis_url: str) -> None:
     r = redis.Redis.from_url(compass_redis_url)
     now = 2_000_000.0
