@@ -38,9 +38,10 @@ class SimOptions:
     count (``plan_hop`` off: plans leave it out); ``measured_hops`` draws each task's hop
     and overshoot from measured ones instead (:mod:`compass_celery.sim.hops`).
     ``count_pending`` counts planned-not-sent work in compass's backlog. ``move_factor``,
-    ``admission``, ``max_queue_ms``, ``headroom``, ``priority_age_s`` and ``hold_max_ms`` are the runtime's
-    ``compass_move_factor``, ``compass_admission``, ``compass_max_queue_ms``,
-    ``compass_admission_headroom``, ``compass_priority_age_s`` and ``compass_hold_max_ms``. ``demand`` feeds the
+    ``admission``, ``max_queue_ms``, ``headroom``, ``priority_age_s`` and
+    ``hold_max_ms`` are the runtime's ``compass_move_factor``, ``compass_admission``,
+    ``compass_max_queue_ms``, ``compass_admission_headroom``, ``compass_priority_age_s``
+    and ``compass_hold_max_ms``. ``demand`` feeds the
     planner the recent demand per model. ``warm`` starts every worker with the models
     ``static-replicas`` would give it resident (unpinned). ``batching`` is one of
     :data:`BATCHING`. ``warmup_frac`` of the jobs are left out of the statistics;
