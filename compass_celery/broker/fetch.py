@@ -298,7 +298,7 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     extra: tuple[Any, ...] = ()
     if held is not None:
         planned, member, hold_key, bound = held
-        extra_keys = (planned, hold_key)
+        extra_keys = (planned, hold_key, pre + bell_name(own, channel.sep))
         extra = (len(bells), repr(bound), member,
                  *(_list_level(pri) for pri in channel.priority_steps for _ in queues))
     look = (*how, 3 + len(lists) + len(bells) + len(extra_keys), pre + channel.unacked_key,

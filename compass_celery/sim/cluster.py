@@ -46,7 +46,7 @@ from ..planner.cost import (
 from ..planner.demand import DemandTracker
 from ..planner.evict import eviction_rank
 from ..planner.pending import send_charge_ms
-from ..planner.priority import DEFAULT_PRIORITY, aged, ahead_ms, planned_ahead_ms
+from ..planner.priority import DEFAULT_PRIORITY, ahead_ms, planned_ahead_ms
 from ..planner.types import SHARED, ClusterView, WorkerView
 from ..worker.core import (
     LevelQueue,
@@ -450,9 +450,9 @@ class SimWorker:
         if self.hold_max_ms <= 0:
             return False
         now = self.engine.now
-        level = aged(task.level, (now - task.sent_at) / MS_PER_S, self.queue.age_s)
         since = self.slot_held_from if self.slot_held_from >= 0 else None
-        until = slot_held_until(level, self.pending_levels, now, since, self.hold_max_ms)
+        until = slot_held_until(task.level, self.pending_levels, now, since, self.hold_max_ms,
+                                sent_ms=task.sent_at, age_s=self.queue.age_s)
         if until is None:
             self.slot_held_from = -1.0
             return False

@@ -108,9 +108,12 @@ def held_below(planned: Mapping[int, float]) -> int | None:
 
 
 def slot_held_until(level: int, planned: Mapping[int, float], now_ms: float,
-                    since_ms: float | None, hold_max_ms: float) -> float | None:
+                    since_ms: float | None, hold_max_ms: float, *, sent_ms: float | None = None,
+                    age_s: float = 0.0) -> float | None:
     """Until when (workload ms) a worker holds its slot rather than start its next waiting
-    task, of (aged) ``level``: while a higher level has work planned on it (``planned``,
+    task, of ``level`` (aged from ``sent_ms`` by ``age_s``, as :func:`next_index` ages it:
+    the real worker's lists hold messages at their aged level already), while a higher
+    level has work planned on it (``planned``,
     its ``pending_queued_ms``) and the hold, begun at ``since_ms`` (None: not holding
     yet, it begins now), is younger than ``hold_max_ms``. None: start the task now (no
     higher level planned, the bound passed, or ``hold_max_ms`` <= 0: off). The worker
@@ -118,6 +121,8 @@ def slot_held_until(level: int, planned: Mapping[int, float], now_ms: float,
     if hold_max_ms <= 0:
         return None
     top = held_below(planned)
+    if sent_ms is not None:
+        level = aged(level, (now_ms - sent_ms) / MS_PER_S, age_s)
     if top is None or level >= top:
         return None
     until = (now_ms if since_ms is None else since_ms) + hold_max_ms

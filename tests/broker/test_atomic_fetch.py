@@ -203,10 +203,11 @@ def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
 
     lists = layout.lists(QUEUE)
     levels = [9 - s for s in layout.steps]
-    return client.eval(_fetch_script(), 3 + len(lists) + len(bells) + 2, "unacked",
+    return client.eval(_fetch_script(), 3 + len(lists) + len(bells) + 3, "unacked",
                        "unacked_index", queues.leases_key, *lists, *bells,
                        keys.key(keys.PENDING_QUEUED, "compass"),
-                       keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), "1.0", len(lists),
+                       keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
+                       "1.0", len(lists),
                        len(bells), repr(bound_ms), "f0\x1f", *levels)
 
 
@@ -227,10 +228,13 @@ def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planne
     client.delete(*layout.lists(QUEUE), bell, planned, hold)
     client.lpush(layout.list_for(QUEUE, 9), _message(QUEUE, "batch"))  # broker 9: level 0
     client.hset(planned, mapping={"f0\x1f9": 560.0, "f1\x1f9": 0, "f0\x1f0": 900.0})
+    shared_bell = layout.bell(SHARED)
     client.lpush(bell, "1")
-    src, left = _fetch_held(client, queues, layout, 5000.0, (bell,))
+    client.lpush(shared_bell, "1")
+    src, left = _fetch_held(client, queues, layout, 5000.0, (bell, shared_bell))
     assert src == b"\0held" and 0 < float(left) <= 5000.0
     assert client.llen(layout.list_for(QUEUE, 9)) == 1 and not client.exists(bell)
+    assert client.llen(shared_bell) == 1  # left to the shared queue's other consumers
     assert client.exists(hold)
     client.lpush(layout.list_for(QUEUE, 0), _message(QUEUE, "later"))  # level 9 arrives
     assert json.loads(_fetch_held(client, queues, layout, 5000.0)[1])["headers"]["id"] \

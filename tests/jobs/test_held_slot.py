@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 import redis
@@ -66,7 +66,7 @@ def _done_at(result) -> float:
     if isinstance(done, str):
         done = datetime.fromisoformat(done)
     if done.tzinfo is None:
-        done = done.replace(tzinfo=timezone.utc)
+        done = done.replace(tzinfo=UTC)
     return done.timestamp()
 
 

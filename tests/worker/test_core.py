@@ -163,6 +163,17 @@ def test_slot_held_while_a_higher_level_is_planned_and_within_the_bound() -> Non
     assert core.slot_held_until(4, {5: 10.0}, 0.0, None, 1000.0) == 1000.0
 
 
+def test_a_held_slot_ages_the_waiting_task_as_the_queue_does() -> None:
+    """A batch task that waited long enough to climb to the planned level is not held
+    (ageing: batch is never starved)."""
+    planned = {3: 100.0}
+    assert core.slot_held_until(0, planned, 25_000.0, None, 1000.0, sent_ms=0.0,
+                                age_s=AGE_S) == 26_000.0  # aged to 2: held
+    assert core.slot_held_until(0, planned, 30_000.0, None, 1000.0, sent_ms=0.0,
+                                age_s=AGE_S) is None  # aged to 3
+    assert aged(0, 30.0, AGE_S) == 3
+
+
 def test_slot_not_held_when_off_or_nothing_planned_above() -> None:
     assert core.slot_held_until(0, {9: 560.0}, 0.0, None, 0.0) is None  # off
     assert core.slot_held_until(0, {}, 0.0, None, 1000.0) is None

@@ -4,7 +4,8 @@
 -- Redis's reply and its own bookkeeping (kombu's BRPOP left that window open).
 -- KEYS: 1 kombu's unacked hash, 2 kombu's unacked_index zset, 3 compass leases zset,
 --       4 .. 3+n the lists it consumes, in kombu's BRPOP order, then its queues' bells,
---       then (a held slot only) the state's pending-queued hash and the worker's hold key
+--       then (a held slot only) the state's pending-queued hash, the worker's hold key
+--       and its own queue's bell
 -- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists);
 --       a held slot only: 3 the bells' count, 4 the bound (real ms), 5 the worker's
 --       pending-queued member prefix ('<worker>\x1f'), 6 .. 5+n each list's highest level
@@ -16,8 +17,10 @@
 -- The held slot (worker.core.slot_held_until, the same rule): while a level above a
 -- waiting list's is planned on this worker (its pending-queued members > 0), that list's
 -- message is not taken, for at most the bound from when the hold began (kept in the hold
--- key); returns {'\0held', ms left} and clears the bells (a push rings anew: the successor
--- arriving wakes the worker, as does its BRPOP timeout at the bound).
+-- key); returns {'\0held', ms left} and clears its own queue's bell (its tokens were rung
+-- for messages it holds; a push rings anew: the successor arriving wakes the worker, as
+-- does its BRPOP timeout at the bound). The shared queue's bell is left to its other
+-- consumers, which may take what this worker holds.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local last = 3 + tonumber(ARGV[2])
@@ -44,7 +47,7 @@ for k = 4, last do
   if top >= 0 and left > 0 and tonumber(ARGV[2 + k]) < top
       and redis.call('LLEN', KEYS[k]) > 0 then
     redis.call('SET', hold_key, string.format('%.6f', since), 'PX', math.ceil(left) + 1000)
-    for b = last + 1, bells do redis.call('DEL', KEYS[b]) end
+    redis.call('DEL', KEYS[bells + 3])
     return {'\0held', tostring(left)}
   end
   local raw = redis.call('RPOP', KEYS[k])
