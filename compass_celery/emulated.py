@@ -122,6 +122,8 @@ def configured_app(name: str, default_models: dict[str, float], broker: str | No
         app.conf.compass_preload = env["COMPASS_PRELOAD"]
     if env.get("COMPASS_ATOMIC_FETCH"):  # take each message in one atomic step
         app.conf.compass_atomic_fetch = env["COMPASS_ATOMIC_FETCH"] == "1"
+    if env.get("COMPASS_HOLD_MAX_MS"):  # the held slot's bound (worker.core)
+        app.conf.compass_hold_max_ms = float(env["COMPASS_HOLD_MAX_MS"])
     if env.get("COMPASS_PREFETCH_POLL_S"):  # 0: peek the queue only when a task starts
         app.conf.compass_prefetch_poll_s = float(env["COMPASS_PREFETCH_POLL_S"])
     app.conf.update(conf)

@@ -141,6 +141,12 @@ OPTIONS: dict[str, Option] = {
     "priority_age_s": Option(10.0, (int, float), "ageing rule: a task waiting this long is "
                              "promoted one priority level per period, so batch work is never "
                              "starved (0: off; Redis broker)", "s", 0.0),
+    "hold_max_ms": Option(0.0, (int, float), "held slot: a worker does not start a task "
+                          "of a lower priority level while a higher level's later step is "
+                          "planned on it (a job's successor not yet sent), for at most "
+                          "this long per hold, so a batch task started just before it does "
+                          "not delay it a whole run (0: off; Redis broker; workload ms)",
+                          "ms", 0.0),
     "slo_classes": Option({}, dict, "named service objectives for slo=: class -> "
                           "{deadline_ms, on_miss ('reject', 'late' or 'degrade'), priority}, "
                           "added to {'interactive': 400 ms, reject, priority 9; 'batch': no "

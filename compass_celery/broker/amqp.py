@@ -342,6 +342,10 @@ class AmqpQueues:
     def fetch_atomically(self, queue: str) -> None:
         """Nothing to patch: RabbitMQ delivers into its own unacked state, with no window."""
 
+    def hold_slot(self, queue: str, worker: str, bound_ms: float) -> None:
+        """Nothing: a RabbitMQ consumer cannot skip a lower level's message (no held
+        slot on this broker)."""
+
     def claim(self, queue: str, task: str, model: str | None, limit: int,
               host_now: float) -> list[bytes]:
         """RabbitMQ hands a consumer messages in order and cannot take them by content,

@@ -24,6 +24,7 @@ import logging
 import time
 from typing import Any
 
+from ..planner.priority import HIGHEST
 from ..state.keys import JOB_HEADER
 from ..state.scripts import script
 
@@ -37,6 +38,11 @@ BELL = "bell"
 logger = logging.getLogger("compass_celery.broker")
 
 _FETCH: dict[str, str] = {}  # own queue consumed atomically -> the leases zset
+#: own queue -> its held slot: (the pending-queued hash, the worker's member prefix, the
+#: hold key, the bound in real ms)
+_HOLD: dict[str, tuple[str, str, str, float]] = {}
+#: What fetch.lua returns in a list's place when it holds the slot.
+HELD = b"\0held"
 _RINGING: set[tuple[str, str]] = set()  # (queue prefix, shared queue) of compass apps
 _RINGS: dict[str, bool] = {}  # queue -> whether it rings (memo of _RINGING)
 
@@ -236,6 +242,31 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
     channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
 
 
+def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
+              bound_ms: float) -> None:
+    """Make this process's atomic fetch of ``queue`` hold its slot (``worker.core``'s
+    ``slot_held_until``, in fetch.lua): it takes no message of a level below the highest
+    level planned on this worker (``planned_key``'s members ``member_prefix`` + level,
+    the state's pending-queued counts, which must live in the broker's Redis), for at
+    most ``bound_ms`` (real ms) per hold; ``bound_ms`` <= 0 turns it off."""
+    if bound_ms > 0:
+        _HOLD[queue] = (planned_key, member_prefix, hold_key, float(bound_ms))
+    else:
+        _HOLD.pop(queue, None)
+
+
+def _is_held(src: Any) -> bool:
+    """Whether a look's reply says the slot is held (:data:`HELD` in a list's place)."""
+    return src == HELD or src == HELD.decode()
+
+
+def _list_level(pri: int) -> int:
+    """The highest level a message in kombu's list of priority step ``pri`` can have
+    (``planner.priority.broker_priority``: Redis serves broker priority 0, level 9,
+    first)."""
+    return HIGHEST - int(pri)
+
+
 def _own_queue(channel: Any) -> str | None:
     """The compass queue ``channel`` consumes atomically, None for kombu's own BRPOP."""
     if getattr(channel, "_compass_off", False):
@@ -262,9 +293,17 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     how = ("EVAL", _fetch_script()) if getattr(channel, "_compass_load", False) \
         else ("EVALSHA", _sha("fetch"))
     channel._compass_load = False
-    look = (*how, 3 + len(lists) + len(bells), pre + channel.unacked_key,
-            pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, repr(time.time()),
-            len(lists))
+    held = _HOLD.get(own)
+    extra_keys: tuple[str, ...] = ()
+    extra: tuple[Any, ...] = ()
+    if held is not None:
+        planned, member, hold_key, bound = held
+        extra_keys = (planned, hold_key, pre + bell_name(own, channel.sep))
+        extra = (len(bells), repr(bound), member,
+                 *(_list_level(pri) for pri in channel.priority_steps for _ in queues))
+    look = (*how, 3 + len(lists) + len(bells) + len(extra_keys), pre + channel.unacked_key,
+            pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, *extra_keys,
+            repr(time.time()), len(lists), *extra)
     if not getattr(channel, "_compass_idle", False):
         channel._compass_cmd = "EVAL"
         conn.send_command(*look)
@@ -272,6 +311,10 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     others = [pre + channel._q_for_pri(q, pri) for pri in channel.priority_steps
               for q in queues if not rings(q)]
     wait = channel.brpop_timeout if timeout is None else timeout
+    hold_s = getattr(channel, "_compass_hold_s", None)
+    if hold_s is not None:  # a held slot looks again at its bound, at the latest
+        channel._compass_hold_s = None
+        wait = max(0.001, min(wait, hold_s) if wait else hold_s)
     channel._compass_cmd = "WAKE"
     conn.send_packed_command(conn.pack_commands([("BRPOP", *bells, *others, wait or 0),
                                                  look]))
@@ -301,6 +344,9 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
             logger.warning("compass: Redis refused the atomic fetch (%s); this worker "
                            "consumes with kombu's BRPOP", exc)
             raise kredis.Empty() from None
+        if got and _is_held(got[0]):  # the slot is held: nothing taken, block until a
+            channel._compass_hold_s = float(got[1]) / 1000.0  # push or the bound
+            got = None
         # a look that did not run (NOSCRIPT) found nothing: the next round looks again
         channel._compass_idle = not (got or woke or getattr(channel, "_compass_load", False))
         other = _other_message(channel, woke)

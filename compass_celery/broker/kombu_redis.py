@@ -24,7 +24,7 @@ from ..planner.priority import aged, broker_priority
 from ..state import keys
 from ..state.connection import text
 from ..state.scripts import register_script
-from .fetch import BELL_TTL_MS, bell_name, install_atomic_fetch
+from .fetch import BELL_TTL_MS, bell_name, hold_slot, install_atomic_fetch
 
 #: Longest a watch's BLMOVE blocks server-side: under the client's socket timeout (compass
 #: uses 2 s), so a watch never reads as a dead connection; a longer wait blocks again.
@@ -233,6 +233,11 @@ class BrokerQueues(Protocol):
         """Make this process's consumer of ``queue`` take each message into flight in one
         step, so none is lost to a kill between taking and recording it."""
 
+    def hold_slot(self, queue: str, worker: str, bound_ms: float) -> None:
+        """Make this process's consumer of ``queue`` (``worker``'s own) hold its slot for a
+        higher level's planned successor, for at most ``bound_ms`` real ms per hold
+        (``worker.core.slot_held_until``); nothing where the broker cannot."""
+
     def claim(self, queue: str, task: str, model: str | None, limit: int,
               host_now: float) -> list[bytes]:
         """Take up to ``limit`` waiting messages of ``task`` (and ``model``) off
@@ -294,6 +299,15 @@ class RedisQueues:
         """Make this process's consumer of ``queue`` take each message atomically into
         flight (:func:`install_atomic_fetch`)."""
         install_atomic_fetch(queue, self.leases_key)
+
+    def hold_slot(self, queue: str, worker: str, bound_ms: float) -> None:
+        """Make this process's atomic fetch of ``queue`` hold its slot (fetch.lua): no
+        message below the highest level planned on ``worker`` (the state's pending-queued
+        counts, read in this Redis: the state must live here) for at most ``bound_ms``
+        real ms per hold (:func:`hold_slot`)."""
+        hold_slot(queue, keys.key(keys.PENDING_QUEUED, self.prefix),
+                  keys.queued_member(worker, 0)[:-1],
+                  keys.key(keys.HELD_SLOT, self.prefix, queue=queue), bound_ms)
 
     @property
     def leases_key(self) -> str:

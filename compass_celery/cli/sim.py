@@ -60,6 +60,10 @@ SIM_FLAGS: list[Callable[[Any], Any]] = [
                  "(off: take it, marked late; it is still shed once behind)"),
     click.option("--max-queue-ms", type=click.FloatRange(min=0), default=None,
                  help="refuse any job with more than this much work queued ahead of it"),
+    click.option("--hold-max-ms", type=click.FloatRange(min=0), default=None,
+                 help="held slot: a worker starts no lower-level task while a higher "
+                 "level's successor is planned on it, for at most this long per hold "
+                 "(compass_hold_max_ms; default: its default; 0: off)"),
     click.option("--warm", is_flag=True,
                  help="start every worker with the models static-replicas would give it "
                  "resident (unpinned): a cluster that has been serving"),
@@ -109,8 +113,9 @@ def run(workload_path: str, policies: str | None, seed: int | None, compare_pend
     from ..sim.options import SimOptions
     from ..sim.runner import SIM_ONLY_POLICIES, compare_count_pending, simulate
 
-    if flags["move_factor"] is None:
-        del flags["move_factor"]
+    for name in ("move_factor", "hold_max_ms"):
+        if flags[name] is None:
+            del flags[name]
     options = SimOptions(**flags)
     workload = load(workload_path, seed)
     if compare_pending:

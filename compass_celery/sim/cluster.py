@@ -54,6 +54,7 @@ from ..worker.core import (
     batch_latest_start_ms,
     drop_at_dequeue,
     expires_at_s,
+    slot_held_until,
 )
 from ..workload import WorkerSpec
 from .columns import LiveColumns
@@ -113,8 +114,13 @@ class SimWorker:
 
     def __init__(self, spec: WorkerSpec, engine: Engine, sizes: Mapping[str, float],
                  cache_policy: str, cluster: SimCluster, hop_ms: float = 0.0,
-                 batching: str = "on", plan_hop: bool = True, age_s: float = 0.0) -> None:
+                 batching: str = "on", plan_hop: bool = True, age_s: float = 0.0,
+                 hold_max_ms: float = 0.0) -> None:
         self.spec, self.engine, self.cluster = spec, engine, cluster
+        # the held slot's bound (``compass_hold_max_ms``; 0: off), and when the current
+        # hold began (-1: not holding) and is to end (a wake-up is set then)
+        self.hold_max_ms = hold_max_ms
+        self.slot_held_from = self.slot_held_at = -1.0
         # what its record says of the hop (a real worker learns it from its gaps), which
         # plans count and sends charge; 0 when plans are to leave it out. What each task
         # pays, occupying the worker, is the cluster's to say (``SimCluster.draw_hop``).
@@ -219,6 +225,12 @@ class SimWorker:
         if level is not None:
             self.pending_levels[level] = self.pending_levels.get(level, 0.0) + ms
         self.touch()
+        if ms < 0 and self.slot_held_from >= 0 and self.running is None \
+                and not self.settling:
+            # a held slot looks again when planned work is released: after this instant's
+            # other events, so the successor sent with the release is queued by then
+            self.settling = True
+            self.engine.at(self.engine.now, self.settle)
 
     # -- queue --------------------------------------------------------------
     def enqueue(self, task: SimTask) -> None:
@@ -372,6 +384,8 @@ class SimWorker:
                 return
             task = self.queue.peek(now)
             assert task is not None
+        if self._slot_held(task):
+            return
         if task.turn_at < 0:
             task.turn_at = now
         model = task.model
@@ -428,6 +442,27 @@ class SimWorker:
             self._apply(self.decider.prefetch(self._queued(), running=model,
                                               lookahead=PREFETCH_LOOKAHEAD, now=now))
         self.touch()
+
+    def _slot_held(self, task: SimTask) -> bool:
+        """Whether to leave the slot free rather than start ``task`` now (``worker.core``'s
+        ``slot_held_until``: a higher level's successor is planned here); when so, a
+        wake-up is set for the bound."""
+        if self.hold_max_ms <= 0:
+            return False
+        now = self.engine.now
+        since = self.slot_held_from if self.slot_held_from >= 0 else None
+        until = slot_held_until(task.level, self.pending_levels, now, since, self.hold_max_ms,
+                                sent_ms=task.sent_at, age_s=self.queue.age_s)
+        if until is None:
+            self.slot_held_from = -1.0
+            return False
+        if since is None:
+            self.slot_held_from = now
+            self.cluster.slot_holds += 1
+        if self.slot_held_at != until:
+            self.slot_held_at = until
+            self.engine.at(until, self.try_start)
+        return True
 
     def _hold(self, head: SimTask) -> bool:
         """Whether to keep the head's batch open for more now (``worker.core``'s
@@ -579,7 +614,7 @@ class SimCluster:
                  on_shed: Callable[[SimTask, SimWorker], None] | None = None,
                  batching: str = "on", plan_hop: bool = True,
                  measured_hops: MeasuredHops | None = None, seed: int = 0,
-                 age_s: float = 0.0) -> None:
+                 age_s: float = 0.0, hold_max_ms: float = 0.0) -> None:
         self.engine, self.sizes, self.shared = engine, dict(sizes), shared
         self.demand = demand  # fed by the producer (Simulation) with every arriving job
         self.on_done, self.on_failed = on_done, on_failed
@@ -587,6 +622,7 @@ class SimCluster:
         # Tasks started; dropped unrun at their latest start; revoked from the queues with
         # their shed job; withheld (released too late to meet the deadline: never sent).
         self.started = self.dropped = self.revoked = self.withheld = 0
+        self.slot_holds = 0  # holds begun (``worker.core.slot_held_until``)
         self.dirty: set[int] = set()
         self.refresh_ms = refresh_ms
         self._built_at = 0.0
@@ -599,7 +635,7 @@ class SimCluster:
 
         def make(spec: WorkerSpec) -> SimWorker:
             return SimWorker(spec, engine, sizes, policy, self, hop_ms, batching, plan_hop,
-                             age_s)
+                             age_s, hold_max_ms)
 
         self._make = make
         #: Called with a retired worker once it has run everything it held (``retire``).

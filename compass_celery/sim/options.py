@@ -20,6 +20,8 @@ from .hops import MeasuredHops
 MOVE_FACTOR = float(OPTIONS["move_factor"].default)
 #: The runtime's ``compass_priority_age_s`` default: a waiting task climbs a level per period.
 PRIORITY_AGE_S = float(OPTIONS["priority_age_s"].default)
+#: The runtime's ``compass_hold_max_ms`` default: the held slot's bound (0: off).
+HOLD_MAX_MS = float(OPTIONS["hold_max_ms"].default)
 #: ``batching=``: placement counts forming batches; workers batch unseen; no batching.
 BATCHING = ("on", "blind", "off")
 
@@ -36,9 +38,10 @@ class SimOptions:
     count (``plan_hop`` off: plans leave it out); ``measured_hops`` draws each task's hop
     and overshoot from measured ones instead (:mod:`compass_celery.sim.hops`).
     ``count_pending`` counts planned-not-sent work in compass's backlog. ``move_factor``,
-    ``admission``, ``max_queue_ms``, ``headroom`` and ``priority_age_s`` are the runtime's
-    ``compass_move_factor``, ``compass_admission``, ``compass_max_queue_ms``,
-    ``compass_admission_headroom`` and ``compass_priority_age_s``. ``demand`` feeds the
+    ``admission``, ``max_queue_ms``, ``headroom``, ``priority_age_s`` and
+    ``hold_max_ms`` are the runtime's ``compass_move_factor``, ``compass_admission``,
+    ``compass_max_queue_ms``, ``compass_admission_headroom``, ``compass_priority_age_s``
+    and ``compass_hold_max_ms``. ``demand`` feeds the
     planner the recent demand per model. ``warm`` starts every worker with the models
     ``static-replicas`` would give it resident (unpinned). ``batching`` is one of
     :data:`BATCHING`. ``warmup_frac`` of the jobs are left out of the statistics;
@@ -63,6 +66,7 @@ class SimOptions:
     plan_hop: bool = True
     measured_hops: MeasuredHops | None = None
     priority_age_s: float = PRIORITY_AGE_S
+    hold_max_ms: float = HOLD_MAX_MS
 
     def __post_init__(self) -> None:
         if self.batching not in BATCHING:

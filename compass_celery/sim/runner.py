@@ -172,7 +172,8 @@ class Simulation:
                                   refresh_ms=o.refresh_ms, hop_ms=o.hop_ms,
                                   demand=self.demand, batching=o.batching,
                                   plan_hop=o.plan_hop, measured_hops=o.measured_hops,
-                                  seed=workload.seed, age_s=o.priority_age_s)
+                                  seed=workload.seed, age_s=o.priority_age_s,
+                                  hold_max_ms=o.hold_max_ms)
         if self.assignment is not None:
             self.cluster.preload(self.assignment.by_worker())
         elif replicas is not None:

@@ -102,6 +102,10 @@ DEAD_LETTER = "{p}:dead-letter"
 # zset: delivery tag -> Redis TIME its runner last renewed; lease.lua / stage.lua, run by
 # broker/kombu_redis.py (RedisQueues)
 LEASES = "{p}:leases"
+# string with PX: when (Redis TIME, s) a worker began holding its slot for a planned
+# successor (worker.core.slot_held_until: the bound counts from it); fetch.lua, run by
+# broker/fetch.py, deletes it when the worker takes a message or stops holding
+HELD_SLOT = "{p}:held-slot:{queue}"
 # string with EX: one moved message copy's mark, "moving" before the publish, "moved"
 # after the broker's confirm; SET by broker/amqp.py (AmqpQueues, in the state Redis)
 AMQP_MOVE = "{p}:amqp-move:{id}"

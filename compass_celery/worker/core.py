@@ -20,6 +20,15 @@ rules the real worker and the simulator both follow.
 - **What a waiting task charges, per level** (:func:`queued_by_level`, and
   :meth:`LevelQueue.queued_ms`): the ``WorkerView.queued_ms`` a worker publishes, so
   that ``planner.priority.for_priority`` lets a task overtake what waits below it.
+- **Whether to hold the slot** (:func:`slot_held_until`): which waiting task a worker
+  starts next may also be "none yet". Tasks are not preemptible, so a lower-level (batch)
+  task started just before a higher level's planned successor arrives delays it by up to
+  a whole run; while a higher level's successor is planned on the worker (its
+  ``pending_queued_ms``), the worker does not start a lower-level task, for at most
+  ``compass_hold_max_ms`` from when it began holding (so batch work is delayed, never
+  starved, even if a planned count leaks). The simulator asks here; the real worker's
+  fetch (``broker/lua/fetch.lua``) skips the lists below the planned level by the same
+  rule (:func:`held_below`).
 - **Whether to hold a forming batch open** (:func:`batch_close_at`, through
   ``planner.batch.hold_until_ms``, the one rule) and until when.
 
@@ -31,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Generic, Protocol, TypeVar
 
@@ -85,6 +94,39 @@ def expires_at_s(due_s: float | None, tail_ms: float | None) -> float | None:
     if due_s is None or tail_ms is None:
         return None
     return latest_start(due_s, tail_ms)
+
+
+#: Planned ms at or below this count as none (what float sums of charges and releases
+#: leave behind).
+PLANNED_EPS_MS = 1e-6
+
+
+def held_below(planned: Mapping[int, float]) -> int | None:
+    """The level below which a worker holds its slot: the highest level with work planned
+    on it (``pending_queued_ms``: successors of jobs that are running), None when none is."""
+    return max((q for q, ms in planned.items() if ms > PLANNED_EPS_MS), default=None)
+
+
+def slot_held_until(level: int, planned: Mapping[int, float], now_ms: float,
+                    since_ms: float | None, hold_max_ms: float, *, sent_ms: float | None = None,
+                    age_s: float = 0.0) -> float | None:
+    """Until when (workload ms) a worker holds its slot rather than start its next waiting
+    task, of ``level`` (aged from ``sent_ms`` by ``age_s``, as :func:`next_index` ages it:
+    the real worker's lists hold messages at their aged level already), while a higher
+    level has work planned on it (``planned``,
+    its ``pending_queued_ms``) and the hold, begun at ``since_ms`` (None: not holding
+    yet, it begins now), is younger than ``hold_max_ms``. None: start the task now (no
+    higher level planned, the bound passed, or ``hold_max_ms`` <= 0: off). The worker
+    looks again when a task arrives, planned work is released, or at the time returned."""
+    if hold_max_ms <= 0:
+        return None
+    top = held_below(planned)
+    if sent_ms is not None:
+        level = aged(level, (now_ms - sent_ms) / MS_PER_S, age_s)
+    if top is None or level >= top:
+        return None
+    until = (now_ms if since_ms is None else since_ms) + hold_max_ms
+    return until if now_ms < until else None
 
 
 def queued_by_level(charges: Iterable[tuple[int | None, float]]) -> dict[int, float]:

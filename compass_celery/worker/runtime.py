@@ -363,8 +363,21 @@ class WorkerRuntime:
             self.compass.queues.guard_consumer(self._dead_letter)
             if self.cfg.atomic_fetch:  # before the consumer starts
                 self.compass.queues.fetch_atomically(self.queue)
+                if self.cfg.hold_max_ms > 0 and self._state_on_broker():
+                    self.compass.queues.hold_slot(
+                        self.queue, self.name, self.cfg.hold_max_ms * self.cfg.time_scale)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
+
+    def _state_on_broker(self) -> bool:
+        """Whether the state (its pending-queued counts) lives in the broker's Redis, where
+        the fetch reads them for the held slot; warns when it does not (no hold)."""
+        url = self.cfg.redis_url
+        same = url is None or url == (self.compass.app.conf.broker_url or "")
+        if not same:
+            logger.warning("compass: compass_hold_max_ms is set but the state Redis is not "
+                           "the broker's; worker %s does not hold its slot", self.name)
+        return same
 
     def _disconnect_signals(self) -> None:
         for signal, handler in self._hooks():

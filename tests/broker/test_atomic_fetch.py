@@ -194,3 +194,62 @@ def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
     assert client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) >= 4
     assert client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) >= 1
     assert not client.llen(queue)
+
+
+def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
+                bound_ms: float, bells: tuple[str, ...] = ()) -> list[bytes] | None:
+    """A look with the held slot on (as broker.fetch sends it for worker f0)."""
+    from compass_celery.state import keys
+
+    lists = layout.lists(QUEUE)
+    levels = [9 - s for s in layout.steps]
+    return client.eval(_fetch_script(), 3 + len(lists) + len(bells) + 3, "unacked",
+                       "unacked_index", queues.leases_key, *lists, *bells,
+                       keys.key(keys.PENDING_QUEUED, "compass"),
+                       keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
+                       "1.0", len(lists),
+                       len(bells), repr(bound_ms), "f0\x1f", *levels)
+
+
+def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planned(
+        compass_redis_url):
+    """worker.core.slot_held_until in fetch.lua: a batch (level 0) message stays in its
+    list while an interactive (9) successor is planned on the worker, the bells are
+    cleared (a push wakes it), an interactive message is still taken; once the planned
+    count is released the batch message is taken; and with the count left set, it is
+    taken once the bound has passed."""
+    from compass_celery.state import keys
+
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    planned = keys.key(keys.PENDING_QUEUED, "compass")
+    hold = keys.key(keys.HELD_SLOT, "compass", queue=QUEUE)
+    bell = layout.bell(QUEUE)
+    client.delete(*layout.lists(QUEUE), bell, planned, hold)
+    client.lpush(layout.list_for(QUEUE, 9), _message(QUEUE, "batch"))  # broker 9: level 0
+    client.hset(planned, mapping={"f0\x1f9": 560.0, "f1\x1f9": 0, "f0\x1f0": 900.0})
+    shared_bell = layout.bell(SHARED)
+    client.lpush(bell, "1")
+    client.lpush(shared_bell, "1")
+    src, left = _fetch_held(client, queues, layout, 5000.0, (bell, shared_bell))
+    assert src == b"\0held" and 0 < float(left) <= 5000.0
+    assert client.llen(layout.list_for(QUEUE, 9)) == 1 and not client.exists(bell)
+    assert client.llen(shared_bell) == 1  # left to the shared queue's other consumers
+    assert client.exists(hold)
+    client.lpush(layout.list_for(QUEUE, 0), _message(QUEUE, "later"))  # level 9 arrives
+    assert json.loads(_fetch_held(client, queues, layout, 5000.0)[1])["headers"]["id"] \
+        == "later"
+    assert not client.exists(hold)  # taking a message ends the hold
+    assert _fetch_held(client, queues, layout, 5000.0)[0] == b"\0held"
+    client.hset(planned, "f0\x1f9", 0.0)  # the successor was sent elsewhere, or shed
+    assert json.loads(_fetch_held(client, queues, layout, 5000.0)[1])["headers"]["id"] \
+        == "batch"
+    # the count left set (a leak): held for the bound, then taken
+    client.hset(planned, "f0\x1f9", 560.0)
+    client.lpush(layout.list_for(QUEUE, 9), _message(QUEUE, "batch2"))
+    src, left = _fetch_held(client, queues, layout, 200.0)
+    assert src == b"\0held" and float(left) <= 200.0
+    time.sleep(0.25)
+    assert json.loads(_fetch_held(client, queues, layout, 200.0)[1])["headers"]["id"] \
+        == "batch2"
+    assert _fetch_held(client, queues, layout, 200.0) is None and not client.exists(hold)

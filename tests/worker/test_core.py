@@ -148,3 +148,37 @@ def test_the_core_imports_with_celery_kombu_redis_and_torch_blocked():
                       "LevelQueue(10.0)\n" + NOTHING_LEAKED)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "pure"
+
+
+# -- the held slot --------------------------------------------------------------------------
+def test_slot_held_while_a_higher_level_is_planned_and_within_the_bound() -> None:
+    """A batch task (0) is held while an interactive successor (9) is planned on the
+    worker, from the hold's start up to the bound; not below, at or above that level."""
+    planned = {9: 560.0, 0: 800.0}
+    assert core.slot_held_until(0, planned, 100.0, None, 1000.0) == 1100.0  # begins now
+    assert core.slot_held_until(0, planned, 900.0, 100.0, 1000.0) == 1100.0
+    assert core.slot_held_until(0, planned, 1100.0, 100.0, 1000.0) is None  # bound passed
+    assert core.slot_held_until(9, planned, 100.0, None, 1000.0) is None  # its own level
+    assert core.slot_held_until(5, {5: 10.0, 3: 1.0}, 0.0, None, 1000.0) is None
+    assert core.slot_held_until(4, {5: 10.0}, 0.0, None, 1000.0) == 1000.0
+
+
+def test_a_held_slot_ages_the_waiting_task_as_the_queue_does() -> None:
+    """A batch task that waited long enough to climb to the planned level is not held
+    (ageing: batch is never starved)."""
+    planned = {3: 100.0}
+    assert core.slot_held_until(0, planned, 25_000.0, None, 1000.0, sent_ms=0.0,
+                                age_s=AGE_S) == 26_000.0  # aged to 2: held
+    assert core.slot_held_until(0, planned, 30_000.0, None, 1000.0, sent_ms=0.0,
+                                age_s=AGE_S) is None  # aged to 3
+    assert aged(0, 30.0, AGE_S) == 3
+
+
+def test_slot_not_held_when_off_or_nothing_planned_above() -> None:
+    assert core.slot_held_until(0, {9: 560.0}, 0.0, None, 0.0) is None  # off
+    assert core.slot_held_until(0, {}, 0.0, None, 1000.0) is None
+    assert core.slot_held_until(0, {0: 500.0}, 0.0, None, 1000.0) is None
+    # what float sums of charges and releases leave behind is none
+    assert core.slot_held_until(0, {9: 1e-12, 8: -3.0}, 0.0, None, 1000.0) is None
+    assert core.held_below({9: 1e-12, 6: 30.0, 0: 5.0}) == 6
+    assert core.held_below({}) is None

@@ -3,19 +3,56 @@
 -- always in a list or in flight, where recovery finds it, even if its worker dies between
 -- Redis's reply and its own bookkeeping (kombu's BRPOP left that window open).
 -- KEYS: 1 kombu's unacked hash, 2 kombu's unacked_index zset, 3 compass leases zset,
---       4 .. 3+n the lists it consumes, in kombu's BRPOP order, then its queues' bells
--- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists)
+--       4 .. 3+n the lists it consumes, in kombu's BRPOP order, then its queues' bells,
+--       then (a held slot only) the state's pending-queued hash, the worker's hold key
+--       and its own queue's bell
+-- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists);
+--       a held slot only: 3 the bells' count, 4 the bound (real ms), 5 the worker's
+--       pending-queued member prefix ('<worker>\x1f'), 6 .. 5+n each list's highest level
 -- (inflight.lua is put in front of this script.)
 -- Returns {list, raw message}; nil when every list is empty, and then the bells are
 -- cleared: their tokens were rung for messages already taken, and the worker blocks on
 -- them next. An entry that is not a kombu message is returned unrecorded: the
 -- consumer's guard dead-letters it.
+-- The held slot (worker.core.slot_held_until, the same rule): while a level above a
+-- waiting list's is planned on this worker (its pending-queued members > 0), that list's
+-- message is not taken, for at most the bound from when the hold began (kept in the hold
+-- key); returns {'\0held', ms left} and clears its own queue's bell (its tokens were rung
+-- for messages it holds; a push rings anew: the successor arriving wakes the worker, as
+-- does its BRPOP timeout at the bound). The shared queue's bell is left to its other
+-- consumers, which may take what this worker holds.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local last = 3 + tonumber(ARGV[2])
+local bells = #KEYS
+local top, since, left = -1, nil, 0
+local bound = tonumber(ARGV[4] or '0') or 0
+local hold_key = nil
+if bound > 0 then
+  bells = last + tonumber(ARGV[3])
+  local planned = KEYS[bells + 1]
+  hold_key = KEYS[bells + 2]
+  for level = 9, 1, -1 do
+    local ms = tonumber(redis.call('HGET', planned, ARGV[5] .. level) or '0') or 0
+    if ms > 1e-6 then top = level break end
+  end
+  if top < 0 then
+    redis.call('DEL', hold_key)
+  else
+    since = tonumber(redis.call('GET', hold_key) or '') or now
+    left = since * 1000 + bound - now * 1000
+  end
+end
 for k = 4, last do
+  if top >= 0 and left > 0 and tonumber(ARGV[2 + k]) < top
+      and redis.call('LLEN', KEYS[k]) > 0 then
+    redis.call('SET', hold_key, string.format('%.6f', since), 'PX', math.ceil(left) + 1000)
+    redis.call('DEL', KEYS[bells + 3])
+    return {'\0held', tostring(left)}
+  end
   local raw = redis.call('RPOP', KEYS[k])
   if raw then
+    if hold_key then redis.call('DEL', hold_key) end
     local ok, msg = pcall(cjson.decode, raw)
     local props = ok and type(msg) == 'table' and msg.properties
     local tag = type(props) == 'table' and props.delivery_tag
@@ -25,5 +62,6 @@ for k = 4, last do
     return {KEYS[k], raw}
   end
 end
-for k = last + 1, #KEYS do redis.call('DEL', KEYS[k]) end
+if hold_key then redis.call('DEL', hold_key) end
+for k = last + 1, bells do redis.call('DEL', KEYS[k]) end
 return false
