@@ -50,6 +50,7 @@ class ClusterArgs:
     real: bool
     admission: str
     headroom: float | None
+    hold_max_ms: float
     quiet: bool
 
 
@@ -73,6 +74,9 @@ def refuse_conflicts(args: ClusterArgs) -> None:
                                    "apply over AMQP, where RabbitMQ is the broker")
     if args.pause_redis_for is not None and args.pause_redis_after is None:
         raise click.UsageError("--pause-redis-for needs --pause-redis-after")
+    if args.hold_max_ms and args.real:
+        raise click.UsageError("--hold-max-ms sets the emulated workers' held slot; real "
+                               "compute workers take compass_hold_max_ms from their app")
 
 
 def bench_options(args: ClusterArgs) -> Any:
@@ -90,7 +94,8 @@ def bench_options(args: ClusterArgs) -> Any:
         progress=not args.quiet, cache_policy=args.cache_policy, redis_aof=args.redis_aof,
         rolling_restart_after=args.rolling_restart_after,
         pause_redis_after=args.pause_redis_after, pause_redis_for=args.pause_redis_for,
-        skew_clock_s=args.skew_clock_s, long_task_s=args.long_task_s)
+        skew_clock_s=args.skew_clock_s, long_task_s=args.long_task_s,
+        extra_env={"COMPASS_HOLD_MAX_MS": str(args.hold_max_ms)} if args.hold_max_ms else {})
 
 
 def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
@@ -177,6 +182,9 @@ def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="share of a deadline admission keeps for the plan's error "
               "(compass_admission_headroom; default: the app's)")
+@click.option("--hold-max-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="the workers' held slot (compass_hold_max_ms, emulated workers; the "
+              "simulator of --compare-sim too): 0 is off")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def cluster(**params: Any) -> None:
     """Run the real-cluster benchmark with the given faults; print and write the result.
@@ -198,5 +206,6 @@ def cluster(**params: Any) -> None:
     if args.compare_sim and not args.sweep_rate:
         compare_with_sim(result, workload, args.real,
                          SimOptions(workers=args.n_workers, rate=args.rate, jobs=args.n_jobs,
-                                    warmup_frac=args.warmup_frac))
+                                    warmup_frac=args.warmup_frac,
+                                    hold_max_ms=args.hold_max_ms))
     write_outputs(result, args.json_out, args.plot_out)

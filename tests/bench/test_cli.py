@@ -150,6 +150,12 @@ def test_broker_takes_an_amqp_url():
     assert result.exit_code != 0 and "amqp://" in result.output
 
 
+def test_the_held_slot_flag_is_for_emulated_workers():
+    result = run("bench", "--workload", str(workloads.path("edge-vision.json")), "--real",
+                 "--hold-max-ms", "1000")
+    assert result.exit_code != 0 and "--hold-max-ms" in result.output
+
+
 def test_simulate_takes_the_static_replica_reference_but_bench_does_not(tmp_path):
     out = tmp_path / "sim.json"
     result = run("simulate", "--workload", str(workloads.path("multi-model.json")), "--jobs",
