@@ -26,7 +26,7 @@ from .cost import (
     start_ms,
     worker_arrays,
 )
-from .evict import EvictionPricer
+from .evict import EvictionPricer, busy_load_price
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
 # The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
@@ -101,7 +101,8 @@ def reassign(
 
     With demand in the snapshot, workers are compared on finish plus the price of what a
     load there would evict (``planner.evict``), as compass plans: a move that gains a few
-    ms now by pushing a busy model out is not worth the reload it causes later.
+    ms now by pushing a busy model out is not worth the reload it causes later; a load
+    on a busy worker counts once more (``evict.busy_load_price``).
     """
     size = check_task(task, cluster)
     if not cluster.workers:
@@ -123,7 +124,8 @@ def reassign(
     score = finish
     if cluster.demand and task.model is not None:
         pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
-        score = finish + pricer.price(task.model, size, arr.gpu_free_mb, load)
+        score = finish + pricer.price(task.model, size, arr.gpu_free_mb, load) \
+            + busy_load_price(load, hidden, avail)
     best = choose(score, avail, mask)
     p = arr.index.get(planned_worker)
     if p is None or not mask[p]:
