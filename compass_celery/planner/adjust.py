@@ -26,7 +26,7 @@ from .cost import (
     start_ms,
     worker_arrays,
 )
-from .evict import EvictionPricer
+from .evict import EvictionPricer, busy_load_price
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
 # The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
@@ -101,7 +101,8 @@ def reassign(
 
     With demand in the snapshot, workers are compared on finish plus the price of what a
     load there would evict (``planner.evict``), as compass plans: a move that gains a few
-    ms now by pushing a busy model out is not worth the reload it causes later.
+    ms now by pushing a busy model out is not worth the reload it causes later; a load
+    on a busy worker counts once more (``evict.busy_load_price``).
     """
     size = check_task(task, cluster)
     if not cluster.workers:
@@ -124,9 +125,12 @@ def reassign(
     p = arr.index.get(planned_worker)
     if cluster.demand and task.model is not None:
         pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
-        # priced where the choice can fall, and at the planned worker (its gain is read)
-        score = finish + pricer.choice_price(task.model, size, arr.gpu_free_mb, load,
-                                             finish, mask, () if p is None else (p,))
+        # a load on a busy worker costs the work queued behind it too (busy_load_price):
+        # part of the score the eviction price is added to, so pricing only where the
+        # choice can fall still holds (both terms are never negative)
+        base = finish + busy_load_price(load, hidden, avail)
+        score = base + pricer.choice_price(task.model, size, arr.gpu_free_mb, load, base,
+                                           mask, () if p is None else (p,))
     best = choose(score, avail, mask)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")

@@ -4,7 +4,9 @@ Finish counts all three ways latency is lost: waiting for a busy worker (its bac
 plus work planned onto it but not yet sent), loading a model that is not resident
 (doubled when something must be evicted first) and pulling inputs from another worker.
 When the snapshot carries recent demand, the choice also counts what a load would evict:
-the expected reloads of models pushed below their replica target (``planner.evict``).
+the expected reloads of models pushed below their replica target (``planner.evict``),
+and a load on a busy worker once more, as the time it takes from the tasks queued
+behind it (``evict.busy_load_price``: past capacity, loads chased queue imbalances).
 
 A plan given a ``budget_ms`` (its job's deadline, less admission's reserve) also makes
 copies: when a task's model is resident only where the job would finish past its
@@ -24,7 +26,7 @@ import numpy as np
 
 from .base import Policy
 from .choose import choose
-from .evict import EvictionPricer
+from .evict import EvictionPricer, busy_load_price
 from .types import ClusterView, DagSpec, Placement, Plan
 from .walk import Estimate, Walk
 
@@ -65,12 +67,13 @@ class CompassPolicy:
             model = dag.nodes[name].model
             score, evict = est.finish, None
             if pricer is not None and model is not None:
+                busy = busy_load_price(est.load, est.hidden, walk.avail)
                 if tails is None:  # priced where the choice or a collocation can fall
-                    evict = pricer.choice_price(model, walk.sizes[name], walk.free, est.load,
-                                                est.finish, est.restrict,
-                                                self._near(walk, name))
+                    evict = busy + pricer.choice_price(model, walk.sizes[name], walk.free,
+                                                       est.load, est.finish + busy,
+                                                       est.restrict, self._near(walk, name))
                 else:  # a copy is chosen by score among the cold workers: price them all
-                    evict = pricer.price(model, walk.sizes[name], walk.free, est.load)
+                    evict = busy + pricer.price(model, walk.sizes[name], walk.free, est.load)
                 score = est.finish + evict
             i = choose(score, walk.avail, est.restrict)
             copy = None

@@ -56,6 +56,11 @@ URGENT_MIN_PER_S = 1.0 / HORIZON_S
 #: How much more a batch load's eviction of a protected copy costs: enough that batch
 #: work waits for another worker (or evicts batch models) rather than take it.
 PROTECT_WEIGHT = 100.0
+#: A worker with this much work queued (ms) is busy for good: a load there takes its
+#: time from the tasks queued after it, not from idle time (``busy_load_price``).
+BUSY_HORIZON_MS = 500.0
+#: Times a busy worker's load is counted again, as the capacity it takes from others.
+BUSY_WEIGHT = 1.0
 
 
 class EvictionPricer:
@@ -242,6 +247,22 @@ class EvictionPricer:
                     worth = worth * np.where(protected, PROTECT_WEIGHT, 1.0)
             got = self._victims.ranks = (tier, worth)
         return got
+
+
+def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray) -> np.ndarray:
+    """ms of other jobs' time a load on each worker costs: the part of it not made while
+    the task waits (``hidden``), times how busy the worker is (its queued work
+    ``avail_ms`` over ``BUSY_HORIZON_MS``, at most 1), times ``BUSY_WEIGHT``.
+
+    Earliest finish counts a load once, for the task that asks for it. On an idle worker
+    that is all it costs; on a busy one the load's time comes out of the tasks queued
+    behind it, and past capacity that is everyone's: edge-vision at twice its knee
+    chased queue imbalances of a second or two with loads (2x the loads per job).
+    ``hidden``: an array, a ``cost.Hidden`` or None (nothing hidden); never negative."""
+    if hasattr(hidden, "array"):  # a cost.Hidden: worked out per worker when read
+        hidden = hidden.array()
+    paid = load if hidden is None else load - hidden
+    return paid * np.minimum(avail_ms / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
 
 
 class _Victims:
