@@ -67,7 +67,12 @@ class Walk:
         self.use_transfer = use_transfer
         self.avail = self.arr.available_ms(count_pending, cluster.now)
         self.free = self.arr.gpu_free_mb.copy()
-        self.loader = np.zeros(len(self.arr))  # per worker: when this plan's loads end
+        # per worker: when its loader is free (the loads under way, then this plan's)
+        self.loader = np.zeros(len(self.arr))
+        self._ends: dict[tuple[int, str], float] = {}  # (worker, model) under way: its end
+        if self.arr.loading and use_load:
+            busy, self._ends = self.arr.loads_ahead(cluster.model_sizes_mb, cluster.now)
+            self.loader = busy.copy()
         self.finish: dict[str, float] = {}
         self.worker: dict[str, int] = {}
         self.succs = successors(dag)
@@ -117,7 +122,15 @@ class Walk:
         """(worker index, ms left) where ``model`` is being loaded, at the snapshot's time."""
         got = self._flight.get(model)
         if got is None:
-            got = self._flight[model] = self.arr.in_flight(model, size_mb, self.cluster.now)
+            got = self.arr.in_flight(model, size_mb, self.cluster.now)
+            queued = [k for k, i in enumerate(got.at.tolist())
+                      if len(self.arr.loading.get(i, ())) > 1 and (i, model) in self._ends]
+            if queued:  # it ends after the loads queued ahead of it on that worker
+                left = got.left.copy()
+                for k in queued:
+                    left[k] = max(float(left[k]), self._ends[(int(got.at[k]), model)])
+                got = Flight(got.at, left)
+            self._flight[model] = got
         return got
 
     def estimate(self, name: str) -> Estimate:
@@ -242,6 +255,8 @@ class Walk:
             self._mark_resident(task.model, self.sizes[name], i)
             if hidden:  # the worker's loader is busy until this prefetch is done
                 self.loader[i] = max(float(self.loader[i]), ready) + float(est.load[i])
+            elif est.load[i] > 0:  # ... or until this load is (it ends as the task starts)
+                self.loader[i] = max(float(self.loader[i]), start + float(est.load[i]))
         return Placement(
             task=name,
             worker=self.arr.names[i],
