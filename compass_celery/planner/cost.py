@@ -182,6 +182,20 @@ class WorkerArrays:
         self._ahead["at"] = (self.loading, now, busy, ends_by)
         return busy, ends_by
 
+    def queued_flight(self, model: str, size_mb: float, sizes_mb: Mapping[str, float],
+                      now: float) -> Flight:
+        """:meth:`in_flight`, where a worker loads other models too each load ending no
+        sooner than the loads queued ahead of it there end (:meth:`loads_ahead`)."""
+        flight = self.in_flight(model, size_mb, now)
+        queued = [k for k, i in enumerate(flight.at.tolist()) if len(self.loading[i]) > 1]
+        if not queued:
+            return flight
+        ends = self.loads_ahead(sizes_mb, now)[1]
+        left = flight.left.copy()
+        for k in queued:
+            left[k] = max(float(left[k]), ends.get((int(flight.at[k]), model), 0.0))
+        return Flight(flight.at, left)
+
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
         return model in self.loading.get(i, ())

@@ -69,10 +69,8 @@ class Walk:
         self.free = self.arr.gpu_free_mb.copy()
         # per worker: when its loader is free (the loads under way, then this plan's)
         self.loader = np.zeros(len(self.arr))
-        self._ends: dict[tuple[int, str], float] = {}  # (worker, model) under way: its end
         if self.arr.loading and use_load:
-            busy, self._ends = self.arr.loads_ahead(cluster.model_sizes_mb, cluster.now)
-            self.loader = busy.copy()
+            self.loader = self.arr.loads_ahead(cluster.model_sizes_mb, cluster.now)[0].copy()
         self.finish: dict[str, float] = {}
         self.worker: dict[str, int] = {}
         self.succs = successors(dag)
@@ -122,15 +120,8 @@ class Walk:
         """(worker index, ms left) where ``model`` is being loaded, at the snapshot's time."""
         got = self._flight.get(model)
         if got is None:
-            got = self.arr.in_flight(model, size_mb, self.cluster.now)
-            queued = [k for k, i in enumerate(got.at.tolist())
-                      if len(self.arr.loading.get(i, ())) > 1 and (i, model) in self._ends]
-            if queued:  # it ends after the loads queued ahead of it on that worker
-                left = got.left.copy()
-                for k in queued:
-                    left[k] = max(float(left[k]), self._ends[(int(got.at[k]), model)])
-                got = Flight(got.at, left)
-            self._flight[model] = got
+            got = self._flight[model] = self.arr.queued_flight(
+                model, size_mb, self.cluster.model_sizes_mb, self.cluster.now)
         return got
 
     def estimate(self, name: str) -> Estimate:
