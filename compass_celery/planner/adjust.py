@@ -118,7 +118,7 @@ def reassign(
     transfer = kb * arr.ms_per_kb
     avail = arr.backlog_left_ms(cluster.now)
     start = start_ms(avail, transfer, arr.hop_ms)
-    load, hidden = _load(task, arr, size, transfer, start, cluster.now)
+    load, hidden = _load(task, arr, size, transfer, start, cluster)
     run = run_ms(task.exec_ms, arr.speed)
     finish = finish_ms(start, load, run)
     score = finish
@@ -162,10 +162,13 @@ def reassign(
 
 
 def _load(task: TaskSpec, arr: WorkerArrays, size: float, ready: np.ndarray,
-          start: np.ndarray, now: float) -> tuple[np.ndarray, np.ndarray]:
-    """Per worker: the task's model load (ms) and the part of it made while it waits."""
+          start: np.ndarray, cluster: ClusterView) -> tuple[np.ndarray, np.ndarray]:
+    """Per worker: the task's model load (ms) and the part of it made while it waits,
+    behind the loads under way there (one loader per worker, as a plan counts it)."""
     if task.model is None:
         zeros = np.zeros(len(arr))
         return zeros, zeros
+    sizes, now = cluster.model_sizes_mb, cluster.now
+    loader = arr.loads_ahead(sizes, now)[0] if arr.loading else 0.0
     return load_terms(arr.load_columns(task.model, size), size, arr.gpu_free_mb, ready, start,
-                      in_flight=arr.in_flight(task.model, size, now))
+                      loader, in_flight=arr.queued_flight(task.model, size, sizes, now))

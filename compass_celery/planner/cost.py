@@ -91,6 +91,9 @@ class WorkerArrays:
     #: model -> (``loading``, its whole-load column, the clock, ``in_flight``'s answer):
     #: the last answer, for the decisions a producer makes on one snapshot at one clock
     _flights: dict[str, tuple[Any, np.ndarray, float, Flight]] = field(default_factory=dict)
+    #: :meth:`loads_ahead`'s last answer, with the ``loading`` and the clock it was read at
+    _ahead: dict[str, tuple[Any, float, np.ndarray, dict[tuple[int, str], float]]] = field(
+        default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -150,6 +153,48 @@ class WorkerArrays:
             flight = Flight(at, left)
         self._flights[model] = (self.loading, whole, now, flight)
         return flight
+
+    def loads_ahead(self, sizes_mb: Mapping[str, float], now: float
+                    ) -> tuple[np.ndarray, dict[tuple[int, str], float]]:
+        """A worker loads one model at a time (``ModelCache``; the simulated worker alike),
+        so a load waits for the loads under way there. Per worker: ms until its loader is
+        free (what is left of each load under way, summed); and per (worker, model) under
+        way, ms until that load ends (the loads that end no later, summed: a preload hint's
+        models queue one behind another). Without it a plan counted a new worker's fifth
+        preload, or a load behind them, as starting now, and shed the jobs it admitted
+        there (docs/results/autoscale-sim.txt). Read-only."""
+        last = self._ahead.get("at")
+        if last is not None and last[0] is self.loading and last[1] == now:
+            return last[2], last[3]
+        busy = np.zeros(len(self))
+        ends_by: dict[tuple[int, str], float] = {}
+        for i, on in self.loading.items():
+            total = 0.0
+            for model, (began, ends) in sorted(on.items(), key=lambda kv: kv[1][1]):
+                size = sizes_mb.get(model)
+                if model not in self.models or size is None:
+                    continue
+                whole = float(self.load_columns(model, float(size))[0][i])
+                total += whole * left_share(began, ends, now)
+                ends_by[(i, model)] = total
+            busy[i] = total
+        busy.flags.writeable = False
+        self._ahead["at"] = (self.loading, now, busy, ends_by)
+        return busy, ends_by
+
+    def queued_flight(self, model: str, size_mb: float, sizes_mb: Mapping[str, float],
+                      now: float) -> Flight:
+        """:meth:`in_flight`, where a worker loads other models too each load ending no
+        sooner than the loads queued ahead of it there end (:meth:`loads_ahead`)."""
+        flight = self.in_flight(model, size_mb, now)
+        queued = [k for k, i in enumerate(flight.at.tolist()) if len(self.loading[i]) > 1]
+        if not queued:
+            return flight
+        ends = self.loads_ahead(sizes_mb, now)[1]
+        left = flight.left.copy()
+        for k in queued:
+            left[k] = max(float(left[k]), ends.get((int(flight.at[k]), model), 0.0))
+        return Flight(flight.at, left)
 
     def is_loading(self, model: str, i: int) -> bool:
         """Whether worker ``i`` is loading ``model`` (its memory already taken)."""
@@ -648,15 +693,20 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fit, evict = columns
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
-    at = None
+    base = load  # what is hidden is made before the start: of the load as it was asked
+    if isinstance(loader_free, np.ndarray) and loader_free.any():
+        # a load begins once the worker's loader is free: what of that falls after the
+        # start delays the task too (hidden is then 0: nothing of it ran before the start)
+        behind = loader_free - start
+        load = np.where((load > 0.0) & (behind > 0.0), load + behind, load)
     if in_flight is not None and len(in_flight.at):
         at = in_flight.at
         # the rewrite below changes the load only at ``at``, where nothing is hidden
-        hidden = Hidden(ready, start, load, fits, loader_free, at)
+        hidden = Hidden(ready, start, base, fits, loader_free, at)
         left = in_flight.left - start[at]
         load[at] = np.where(left < 0.0, 0.0, left)  # max(left, 0.0), float for float
         return load, hidden
-    return load, Hidden(ready, start, load, fits, loader_free)
+    return load, Hidden(ready, start, base, fits, loader_free)
 
 
 def finish_ms(start_ms: np.ndarray, load: np.ndarray, run: np.ndarray) -> np.ndarray:
@@ -688,10 +738,14 @@ def scalar_costs(
     inputs: Sequence[tuple[float, str, float]] = (),
     loading: tuple[float, float] | None = None,
     now: float = 0.0,
+    loader_free_ms: float = 0.0,
+    queued_ms: float = 0.0,
 ) -> Costs:
     """Reference model for one worker; ``inputs`` = (pred finish ms, pred worker, KB);
     ``loading``, the span of a load of the model under way there (``WorkerView.loading``)
-    seen at ``now``."""
+    seen at ``now``, ending no sooner than ``queued_ms`` (the loads queued ahead of it
+    there and itself, ``WorkerArrays.loads_ahead``); ``loader_free_ms``, when the
+    worker's loader is free (a new load begins no sooner)."""
     inputs_done = max((f for f, _, _ in inputs), default=0.0)
     total_kb = here_kb = 0.0
     for _, where, out_kb in inputs:
@@ -704,9 +758,11 @@ def scalar_costs(
     bw = worker.host_load_mb_per_s if host_resident else worker.load_mb_per_s
     whole = size_mb * (MS_PER_S / bw)
     if loading is not None:  # runs on from now: only what is left after the start delays
-        load = max(whole * left_share(*loading, now) - start, 0.0)
+        load = max(max(whole * left_share(*loading, now), queued_ms) - start, 0.0)
     elif resident:
         load = 0.0
     else:
         load = whole * EVICTION_PENALTY if size_mb > free_mb else whole
+        if load > 0.0 and loader_free_ms > start:  # it begins once the loader is free
+            load += loader_free_ms - start
     return Costs(ready, start - ready, load, transfer, run, start, start + load + run)

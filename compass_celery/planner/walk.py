@@ -76,7 +76,10 @@ class Walk:
         self.use_transfer = use_transfer
         self.avail = self.arr.available_ms(count_pending, cluster.now)
         self.free = self.arr.gpu_free_mb.copy()
-        self.loader = np.zeros(len(self.arr))  # per worker: when this plan's loads end
+        # per worker: when its loader is free (the loads under way, then this plan's)
+        self.loader = np.zeros(len(self.arr))
+        if self.arr.loading and use_load:
+            self.loader = self.arr.loads_ahead(cluster.model_sizes_mb, cluster.now)[0].copy()
         self.finish: dict[str, float] = {}
         self.worker: dict[str, int] = {}
         self.succs = successors(dag)
@@ -126,7 +129,8 @@ class Walk:
         """(worker index, ms left) where ``model`` is being loaded, at the snapshot's time."""
         got = self._flight.get(model)
         if got is None:
-            got = self._flight[model] = self.arr.in_flight(model, size_mb, self.cluster.now)
+            got = self._flight[model] = self.arr.queued_flight(
+                model, size_mb, self.cluster.model_sizes_mb, self.cluster.now)
         return got
 
     def estimate(self, name: str) -> Estimate:
@@ -252,6 +256,8 @@ class Walk:
             self._mark_resident(task.model, self.sizes[name], i)
             if hidden:  # the worker's loader is busy until this prefetch is done
                 self.loader[i] = max(float(self.loader[i]), ready) + float(est.load[i])
+            elif est.load[i] > 0:  # ... or until this load is (it ends as the task starts)
+                self.loader[i] = max(float(self.loader[i]), start + float(est.load[i]))
         return Placement(
             task=name,
             worker=self.arr.names[i],

@@ -351,12 +351,15 @@ class SimWorker:
     def _drop_expired(self) -> bool:
         """Drop head tasks that can no longer meet their job's deadline, unrun (the
         planner's own rule, ``should_shed``); True when that emptied the queue (the worker
-        then went idle and there is nothing to start)."""
+        then went idle and there is nothing to start). A task the worker has turned to
+        already is not judged again: a real worker checks ``expires`` once, when it takes
+        the message, and loads the model inside the task (judged again once its load was
+        in, a task taken in time was dropped although its tail counted that load)."""
         dropped, now = False, self.engine.now
         while self.queue:
             task = self.queue.peek(now)
             assert task is not None
-            if task.tail_ms is None or not drop_at_dequeue(
+            if task.tail_ms is None or task.turn_at >= 0 or not drop_at_dequeue(
                     now / MS_PER_S, expires_at_s(task.due_s, task.tail_ms)):
                 break
             self.queue.remove(task)

@@ -59,3 +59,17 @@ def test_a_gone_or_too_small_planned_worker_is_always_replaced() -> None:
     c = cluster(worker("a", gpu_total_mb=1000.0), worker("b"))
     assert reassign(TASK, "zombie", c, {}).worker == "b"  # type: ignore[union-attr]
     assert reassign(TASK, "a", c, {}).worker == "b"  # type: ignore[union-attr]
+
+
+def test_a_worker_busy_loading_another_model_is_no_quicker_home() -> None:
+    # b is idle but its loader is taken by a 4,000 ms load of y (just begun): a move there
+    # loads x (2,000 ms) only after it, 6,100 ms in all, later than a's 5,100
+    c = ClusterView.of([
+        worker("a", backlog_ms=5000.0, resident=frozenset({"x"})),
+        worker("b", gpu_free_mb=10000.0, loading={"y": (0.0, 4.0)}),
+    ], {**MODELS, "y": 6000.0})
+    assert reassign(TASK, "a", c, {}) is None
+    idle = ClusterView.of([worker("a", backlog_ms=5000.0, resident=frozenset({"x"})),
+                           worker("b", gpu_free_mb=10000.0)], {**MODELS, "y": 6000.0})
+    moved = reassign(TASK, "a", idle, {})  # without the load under way it would move
+    assert moved is not None and moved.worker == "b" and moved.finish_ms == 2100.0

@@ -44,7 +44,8 @@ def test_numpy_estimate_equals_scalar_reference(
     inputs = [
         (walk.finish[t.name], walk.arr.names[walk.worker[t.name]], t.output_kb) for t in pred_tasks
     ]
-    before = (walk.avail.copy(), walk.free.copy())
+    before = (walk.avail.copy(), walk.free.copy(), walk.loader.copy())
+    ends = walk.arr.loads_ahead(cluster.model_sizes_mb, cluster.now)[1]
     est = walk.estimate("s")
     size = walk.sizes["s"]
     for i, w in enumerate(cluster.workers):
@@ -60,6 +61,8 @@ def test_numpy_estimate_equals_scalar_reference(
             inputs=inputs,
             loading=w.loading.get(succ.model) if succ.model is not None else None,
             now=cluster.now,
+            loader_free_ms=float(before[2][i]),
+            queued_ms=ends.get((i, succ.model), 0.0) if succ.model is not None else 0.0,
         )
         got = (est.ready[i], est.load[i], est.transfer[i], est.run[i], est.start[i], est.finish[i])
         want = (ref.ready, ref.load, ref.transfer, ref.run, ref.start, ref.finish)
@@ -269,3 +272,41 @@ def test_a_load_under_way_counts_only_what_is_left_of_it_after_the_start():
     assert walk.free[0] == 500.0  # its memory was taken when the load began
     plan = get_policy("compass").plan(dag, cluster)  # and nothing is evicted for it
     assert plan.placements["t"].worker == "a" and plan.placements["t"].load_ms == 550.0
+
+
+def test_a_new_load_waits_for_the_loads_under_way_on_its_worker():
+    # a worker just started on a preload hint: "big" (1,000 ms) loading, a quarter done,
+    # then "mid" (500 ms) queued behind it. It loads one model at a time, so a task
+    # needing "small" (100 ms) there starts its load once both are in: 750 + 500 ms on.
+    started = worker("a", gpu_total_mb=4000.0,
+                     loading={"big": (0.0, 4.0), "mid": (4.0, 6.0)})
+    idle = worker("b", gpu_total_mb=4000.0)
+    sizes = {"big": 1500.0, "mid": 750.0, "small": 150.0}
+    cluster = ClusterView.of([started, idle], sizes, now=1.0)
+    busy, ends = worker_arrays(cluster).loads_ahead(sizes, 1.0)
+    assert busy.tolist() == [1250.0, 0.0]
+    assert ends == {(0, "big"): 750.0, (0, "mid"): 1250.0}
+    walk = Walk(DagSpec.single(TaskSpec("t", "small", exec_ms=50.0)), cluster)
+    est = walk.estimate("t")
+    assert est.load.tolist() == [1350.0, 100.0] and est.finish.tolist() == [1400.0, 150.0]
+    # a task for the queued model waits for the load ahead of it too, not only its own
+    walk = Walk(DagSpec.single(TaskSpec("t", "mid", exec_ms=50.0)), cluster)
+    assert walk.estimate("t").load.tolist() == [1250.0, 500.0]
+    plan = get_policy("compass").plan(DagSpec.single(TaskSpec("t", "small", 50.0)), cluster)
+    assert plan.placements["t"].worker == "b" and plan.placements["t"].finish_ms == 150.0
+
+
+def test_a_load_planned_earlier_in_the_plan_holds_the_loader_for_the_next():
+    # two tasks on one worker, each with a model to load (100 ms, 200 ms) into free
+    # memory: the second's load cannot begin before the first's is in
+    w = worker("a", gpu_total_mb=4000.0)
+    cluster = ClusterView.of([w], {"m1": 150.0, "m2": 300.0})
+    dag = DagSpec({"x": TaskSpec("x", "m1", 10.0), "y": TaskSpec("y", "m2", 10.0)}, ())
+    walk = Walk(dag, cluster)
+    est = walk.estimate("x")
+    walk.commit("x", 0, est, "")
+    assert walk.loader.tolist() == [100.0] and walk.finish["x"] == 110.0
+    est = walk.estimate("y")  # its prefetch runs while x runs, from x's load's end
+    assert float(est.hidden[0]) == 10.0
+    walk.commit("y", 0, est, "")
+    assert walk.finish["y"] == 100.0 + 200.0 + 10.0  # not 210: the loads do not overlap

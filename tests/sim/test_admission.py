@@ -297,3 +297,27 @@ def test_cli_admission_flags_and_table(tmp_path):
     text = run.output
     assert "adm attain" in text and "goodput/s" in text and "not run" in text
 
+
+
+def test_a_task_is_judged_once_when_its_worker_takes_it_not_again_after_its_load():
+    """A real worker checks a task's ``expires`` when it takes the message; the model
+    load comes after, inside the task. A task taken before its latest start runs, even
+    when the load it waited for ends past that start (the plan counted the load in its
+    tail): the simulator used to judge it again then and drop a job that met its
+    deadline. One taken after its latest start is still dropped."""
+    engine = Engine()
+    done, shed = [], []
+    specs = slo_workload().cluster.workers  # 150 MB at 1,500 MB/s: a 100 ms load
+    cluster = SimCluster(specs, engine, {"m": 150.0}, shared=False,
+                         on_done=lambda t, w: done.append(t), on_failed=shed.append,
+                         on_shed=lambda t, w: shed.append(t))
+    (worker,) = cluster.workers
+    # planned: load 100 + run 30 from its start, due at 140 ms: latest start 10 ms
+    taken = SimTask("J", "a", "m", 30.0, due_s=0.14, tail_ms=130.0)
+    cluster.send(taken, worker.name)
+    engine.run()
+    assert done == [taken] and not shed and taken.start_at == 100.0
+    late = SimTask("K", "b", "m", 30.0, due_s=0.14, tail_ms=130.0)  # latest start passed
+    cluster.send(late, worker.name)
+    engine.run()
+    assert done == [taken] and shed == [late] and late.dropped
