@@ -109,13 +109,7 @@ def reassign(
         raise PlanningError(f"no live workers to re-place task {task.name!r} on")
     arr = worker_arrays(cluster)
     mask = candidates(arr, task, size)
-    total = sum(inputs_kb_by_worker.values())
-    kb = np.full(len(arr), float(total))
-    for name, here in inputs_kb_by_worker.items():
-        i = arr.index.get(name)
-        if i is not None:
-            kb[i] = total - here
-    transfer = kb * arr.ms_per_kb
+    transfer = _transfer_ms(arr, inputs_kb_by_worker)
     avail = arr.backlog_left_ms(cluster.now)
     start = start_ms(avail, transfer, arr.hop_ms)
     load, hidden = _load(task, arr, size, transfer, start, cluster)
@@ -159,6 +153,17 @@ def reassign(
         prefetch_ms=float(hidden[best]),
         hop_ms=float(arr.hop_ms[best]),
     )
+
+
+def _transfer_ms(arr: WorkerArrays, inputs_kb_by_worker: Mapping[str, float]) -> np.ndarray:
+    """Per worker: ms to pull the inputs it does not hold already."""
+    total = sum(inputs_kb_by_worker.values())
+    kb = np.full(len(arr), float(total))
+    for name, here in inputs_kb_by_worker.items():
+        i = arr.index.get(name)
+        if i is not None:
+            kb[i] = total - here
+    return kb * arr.ms_per_kb
 
 
 def _load(task: TaskSpec, arr: WorkerArrays, size: float, ready: np.ndarray,
