@@ -92,8 +92,7 @@ class WorkerArrays:
     #: the last answer, for the decisions a producer makes on one snapshot at one clock
     _flights: dict[str, tuple[Any, np.ndarray, float, Flight]] = field(default_factory=dict)
     #: :meth:`loads_ahead`'s last answer, with the ``loading`` and the clock it was read at
-    _ahead: dict[str, tuple[Any, float, np.ndarray, dict[tuple[int, str], float]]] = field(
-        default_factory=dict)
+    _ahead: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.names)
@@ -166,21 +165,53 @@ class WorkerArrays:
         last = self._ahead.get("at")
         if last is not None and last[0] is self.loading and last[1] == now:
             return last[2], last[3]
+        rows = self._ahead_rows(sizes_mb)
         busy = np.zeros(len(self))
         ends_by: dict[tuple[int, str], float] = {}
+        if rows is not None:  # a running sum per worker, in the order its loads end
+            keys_, at, whole, began, ends, groups, last_of = rows
+            acc = whole * left_shares(began, ends, now)
+            for a, b in groups:  # sequential, as a Python sum: float for float
+                acc[a:b] = np.add.accumulate(acc[a:b])
+            busy[at[last_of]] = acc[last_of]
+            ends_by = dict(zip(keys_, acc.tolist(), strict=True))
+        busy.flags.writeable = False
+        self._ahead["at"] = (self.loading, now, busy, ends_by)
+        return busy, ends_by
+
+    def _ahead_rows(self, sizes_mb: Mapping[str, float]) -> tuple[Any, ...] | None:
+        """The loads under way as rows for :meth:`loads_ahead`, kept while ``loading``, the
+        sizes and the load columns are the same objects (the clock moves far more often
+        than the loads change): per row
+        its (worker, model), worker, whole load ms, span; each worker's rows in the order
+        its loads end; the slices of workers with more than one; each worker's last row."""
+        kept = self._ahead.get("rows")
+        if kept is not None and kept[0] is self.loading and kept[1] is sizes_mb \
+                and kept[2] is self._fetch:  # the load columns it read are the same too
+            return kept[3]
+        keys_: list[tuple[int, str]] = []
+        spans: list[tuple[float, float, float]] = []
+        groups: list[tuple[int, int]] = []
+        last_of: list[int] = []
         for i, on in self.loading.items():
-            total = 0.0
+            first = len(keys_)
             for model, (began, ends) in sorted(on.items(), key=lambda kv: kv[1][1]):
                 size = sizes_mb.get(model)
                 if model not in self.models or size is None:
                     continue
-                whole = float(self.load_columns(model, float(size))[0][i])
-                total += whole * left_share(began, ends, now)
-                ends_by[(i, model)] = total
-            busy[i] = total
-        busy.flags.writeable = False
-        self._ahead["at"] = (self.loading, now, busy, ends_by)
-        return busy, ends_by
+                keys_.append((i, model))
+                spans.append((float(self.load_columns(model, float(size))[0][i]), began, ends))
+            if len(keys_) - first > 1:
+                groups.append((first, len(keys_)))
+            if len(keys_) > first:
+                last_of.append(len(keys_) - 1)
+        rows = None
+        if keys_:
+            whole, began, ends = (np.array(c, dtype=float) for c in zip(*spans, strict=True))
+            at = np.array([i for i, _ in keys_], dtype=np.intp)
+            rows = (keys_, at, whole, began, ends, groups, np.array(last_of, dtype=np.intp))
+        self._ahead["rows"] = (self.loading, sizes_mb, self._fetch, rows)
+        return rows
 
     def queued_flight(self, model: str, size_mb: float, sizes_mb: Mapping[str, float],
                       now: float) -> Flight:
