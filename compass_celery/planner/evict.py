@@ -259,10 +259,20 @@ def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray) -> np.n
     behind it, and past capacity that is everyone's: edge-vision at twice its knee
     chased queue imbalances of a second or two with loads (2x the loads per job).
     ``hidden``: an array, a ``cost.Hidden`` or None (nothing hidden); never negative."""
-    if hasattr(hidden, "array"):  # a cost.Hidden: worked out per worker when read
-        hidden = hidden.array()
-    paid = load if hidden is None else load - hidden
-    return paid * np.minimum(avail_ms / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
+    out = np.zeros(len(load))
+    # 0 where nothing loads or nothing waits (idle workers, the model resident): worked out
+    # only at the other rows, which at light load are few
+    rows = np.flatnonzero((load > 0.0) & (avail_ms > 0.0))
+    if not len(rows):
+        return out
+    paid = load[rows]
+    if isinstance(hidden, np.ndarray):
+        paid = paid - hidden[rows]
+    elif hidden is not None:  # a cost.Hidden: per row when few, else whole
+        got = [hidden[i] for i in rows.tolist()] if len(rows) <= 32 else hidden.array()[rows]
+        paid = paid - np.asarray(got, dtype=float)
+    out[rows] = paid * np.minimum(avail_ms[rows] / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
+    return out
 
 
 class _Victims:
