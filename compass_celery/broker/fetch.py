@@ -24,7 +24,7 @@ import logging
 import time
 from typing import Any
 
-from ..planner.priority import HIGHEST
+from ..planner.priority import HIGHEST, PLANNED_EPS_MS
 from ..state.keys import JOB_HEADER
 from ..state.scripts import script
 
@@ -299,7 +299,7 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     if held is not None:
         planned, member, hold_key, bound = held
         extra_keys = (planned, hold_key, pre + bell_name(own, channel.sep))
-        extra = (len(bells), repr(bound), member,
+        extra = (len(bells), repr(bound), member, repr(PLANNED_EPS_MS), HIGHEST,
                  *(_list_level(pri) for pri in channel.priority_steps for _ in queues))
     look = (*how, 3 + len(lists) + len(bells) + len(extra_keys), pre + channel.unacked_key,
             pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, *extra_keys,

@@ -28,6 +28,9 @@ LOWEST, HIGHEST = 0, 9
 DEFAULT_PRIORITY = LOWEST
 LEVELS = tuple(range(LOWEST, HIGHEST + 1))
 DEFAULT_CLASSES: dict[str, int] = {"interactive": HIGHEST, "batch": LOWEST}
+#: Planned ms at or below this count as none (what float sums of charges and releases
+#: leave behind): the held slot's threshold, in ``worker.core`` and in the fetch script.
+PLANNED_EPS_MS = 1e-6
 
 
 class PriorityError(ValueError):

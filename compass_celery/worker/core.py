@@ -47,7 +47,7 @@ from typing import Generic, Protocol, TypeVar
 from ..planner.admission import latest_start
 from ..planner.batch import BatchSpec, hold_until_ms
 from ..planner.cost import MS_PER_S
-from ..planner.priority import aged
+from ..planner.priority import PLANNED_EPS_MS, aged
 
 
 class Waiting(Protocol):
@@ -94,11 +94,6 @@ def expires_at_s(due_s: float | None, tail_ms: float | None) -> float | None:
     if due_s is None or tail_ms is None:
         return None
     return latest_start(due_s, tail_ms)
-
-
-#: Planned ms at or below this count as none (what float sums of charges and releases
-#: leave behind).
-PLANNED_EPS_MS = 1e-6
 
 
 def held_below(planned: Mapping[int, float]) -> int | None:

@@ -199,16 +199,18 @@ def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
 def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
                 bound_ms: float, bells: tuple[str, ...] = ()) -> list[bytes] | None:
     """A look with the held slot on (as broker.fetch sends it for worker f0)."""
+    from compass_celery.planner.priority import HIGHEST, PLANNED_EPS_MS
     from compass_celery.state import keys
 
     lists = layout.lists(QUEUE)
-    levels = [9 - s for s in layout.steps]
+    levels = [HIGHEST - s for s in layout.steps]
     return client.eval(_fetch_script(), 3 + len(lists) + len(bells) + 3, "unacked",
                        "unacked_index", queues.leases_key, *lists, *bells,
                        keys.key(keys.PENDING_QUEUED, "compass"),
                        keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
                        "1.0", len(lists),
-                       len(bells), repr(bound_ms), "f0\x1f", *levels)
+                       len(bells), repr(bound_ms), "f0\x1f", repr(PLANNED_EPS_MS), HIGHEST,
+                       *levels)
 
 
 def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planned(
@@ -218,6 +220,7 @@ def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planne
     cleared (a push wakes it), an interactive message is still taken; once the planned
     count is released the batch message is taken; and with the count left set, it is
     taken once the bound has passed."""
+    from compass_celery.planner.priority import PLANNED_EPS_MS
     from compass_celery.state import keys
 
     client = redis.Redis.from_url(compass_redis_url)
@@ -241,7 +244,8 @@ def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planne
         == "later"
     assert not client.exists(hold)  # taking a message ends the hold
     assert _fetch_held(client, queues, layout, 5000.0)[0] == b"\0held"
-    client.hset(planned, "f0\x1f9", 0.0)  # the successor was sent elsewhere, or shed
+    # the successor was sent elsewhere, or shed: what float sums leave counts as none
+    client.hset(planned, "f0\x1f9", PLANNED_EPS_MS / 2)
     assert json.loads(_fetch_held(client, queues, layout, 5000.0)[1])["headers"]["id"] \
         == "batch"
     # the count left set (a leak): held for the bound, then taken

@@ -8,7 +8,9 @@
 --       and its own queue's bell
 -- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists);
 --       a held slot only: 3 the bells' count, 4 the bound (real ms), 5 the worker's
---       pending-queued member prefix ('<worker>\x1f'), 6 .. 5+n each list's highest level
+--       pending-queued member prefix ('<worker>\x1f'), 6 the planned ms that count as none
+--       (planner.priority.PLANNED_EPS_MS), 7 the highest level (planner.priority.HIGHEST),
+--       8 .. 7+n each list's highest level
 -- (inflight.lua is put in front of this script.)
 -- Returns {list, raw message}; nil when every list is empty, and then the bells are
 -- cleared: their tokens were rung for messages already taken, and the worker blocks on
@@ -32,9 +34,10 @@ if bound > 0 then
   bells = last + tonumber(ARGV[3])
   local planned = KEYS[bells + 1]
   hold_key = KEYS[bells + 2]
-  for level = 9, 1, -1 do
+  local eps = tonumber(ARGV[6])
+  for level = tonumber(ARGV[7]), 1, -1 do
     local ms = tonumber(redis.call('HGET', planned, ARGV[5] .. level) or '0') or 0
-    if ms > 1e-6 then top = level break end
+    if ms > eps then top = level break end
   end
   if top < 0 then
     redis.call('DEL', hold_key)
@@ -44,7 +47,7 @@ if bound > 0 then
   end
 end
 for k = 4, last do
-  if top >= 0 and left > 0 and tonumber(ARGV[2 + k]) < top
+  if top >= 0 and left > 0 and tonumber(ARGV[4 + k]) < top
       and redis.call('LLEN', KEYS[k]) > 0 then
     redis.call('SET', hold_key, string.format('%.6f', since), 'PX', math.ceil(left) + 1000)
     redis.call('DEL', KEYS[bells + 3])
