@@ -143,14 +143,14 @@ def arrival_span(bucket: int, bucket_s: float, last: float | None, now: float
     Placing them at the bucket's middle instead biased a reading by the bucket edges'
     phase against the polls: a poll in the second half of its bucket put that bucket's
     first part at the middle, already past, so the last seconds held only part of a
-    bucket's arrivals; a poll in the first half held a whole bucket more. With polls
-    every 3 s, a 6 s stretch read 5.5 to 6.5 s of arrivals as 6, and the up-fast test
-    (the last eighth of the rate window) fired or not by that phase alone (the real
-    controller held 3 workers where its simulation went to 4: docs/results/
-    autoscale-real-2.txt). Split at the polls, each stretch ends where a poll was: a
-    window whose edges fall on polls counts exactly what arrived in it. A count that
-    lands in a bucket wholly before the previous poll (a producer's late write) is
-    placed over its whole bucket."""
+    bucket's arrivals; a poll in the first half held up to half a bucket more. With
+    polls every 3 s, a 6 s stretch read 5.5 to 6.5 s of arrivals as 6, and the up-fast
+    test (the last eighth of the rate window) fired or not by that phase alone (the
+    real controller held 3 workers where its simulation went to 4:
+    docs/results/autoscale-real-2.txt). Split at the polls, each stretch ends where a
+    poll was: a window whose edges fall on polls counts exactly what arrived in it. A
+    count that lands in a bucket wholly before the previous poll (a producer's late
+    write) is placed over its whole bucket."""
     start, end = bucket * bucket_s, (bucket + 1) * bucket_s
     lo = start if last is None or last >= end else max(start, last)
     return lo, max(min(end, now), lo)
