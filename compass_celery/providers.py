@@ -147,6 +147,9 @@ class Autoscaler:
         self.since: dict[str, float] = {}
         self.billed_s = 0.0
         self.decisions: list[tuple[float, int, int]] = []  # (t, target, live)
+        #: Per tick, what the rule read and asked (sim.scaling.reading: the simulator's
+        #: compass-plan records the same, to compare tick by tick).
+        self.readings: list[dict[str, Any]] = []
         self._draining: dict[str, threading.Thread] = {}
         self._lock = threading.Lock()
 
@@ -197,22 +200,28 @@ class Autoscaler:
                 for n in mine if n not in live]
         return out
 
-    def tick(self) -> Any:
-        """One decision, carried out: workers added with their preloads, or drained."""
+    def tick(self, now: float | None = None) -> Any:
+        """One decision, carried out: workers added with their preloads, or drained.
+        ``now``: the tick's time on the clock (None: the clock's reading). A periodic
+        loop passes its schedule's time (``k x period``), as the simulator ticks: a loop
+        that sleeps a period after each tick drifts (3.01 s apart, not 3), and the
+        damper, which holds a recommendation while it is at most ``down_window_s`` old,
+        then drops it one tick before the simulator does."""
         from .planner.scaling import decide
-        from .sim.scaling import loads_at
+        from .sim.scaling import loads_at, reading
 
         self.read_arrivals()
-        now = self.clock()
+        now = self.clock() if now is None else now
         members = self.members()
-        d = decide(loads_at(self.workload, self.window.rates(now)), members,
-                   self.workload.models, self.damper, now, horizon_s=self.horizon_s,
-                   gpu_mb=self.gpu_mb, headroom=self.headroom)
+        classes = loads_at(self.workload, self.window.rates(now))
+        d = decide(classes, members, self.workload.models, self.damper, now,
+                   horizon_s=self.horizon_s, gpu_mb=self.gpu_mb, headroom=self.headroom)
         for hint in d.add:
             self.add(hint)
         for name in d.remove:
             self._drain(name)
         self.decisions.append((round(now, 2), d.target, len(members)))
+        self.readings.append(reading(now, classes, members, d))
         return d
 
     def close(self) -> float:

@@ -60,16 +60,23 @@ def _initial(scaler: Autoscaler, workload: Workload, rate: float, gpu_mb: float)
         scaler.add(hint)
 
 
-def _ticker(scaler: Autoscaler, period_s: float, end_s: float, stop: threading.Event
-            ) -> threading.Thread:
-    """Every ``period_s`` (real seconds) until ``end_s`` (the scaler's clock): one
-    decision (the tick reads the arrivals the producers counted in Redis)."""
+def _ticker(scaler: Autoscaler, period_s: float, end_s: float, stop: threading.Event,
+            time_scale: float = 1.0) -> threading.Thread:
+    """One decision at each multiple of ``period_s`` on the scaler's clock (real seconds
+    are ``time_scale`` times longer) until ``end_s``, each at its scheduled time, as the
+    simulator ticks (the tick reads the arrivals the producers counted in Redis). Ticks
+    on a fixed schedule, not a period after the last one: those drift (3.01 s apart),
+    and the damper then drops a recommendation a tick early. A tick missed under load is
+    skipped, not run late twice."""
 
     def run() -> None:
-        while not stop.wait(period_s):
-            if scaler.clock() >= end_s:
+        k = 1
+        while not stop.wait(max(k * period_s - scaler.clock(), 0.0) * time_scale):
+            k = max(k, int(scaler.clock() // period_s))  # behind: the latest one due
+            if k * period_s >= end_s:
                 return
-            scaler.tick()
+            scaler.tick(k * period_s)
+            k += 1
 
     thread = threading.Thread(target=run, name="compass-autoscaler", daemon=True)
     thread.start()
@@ -160,6 +167,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
                    "the first workers")
         initial = {n: scaler.first_seen.pop(n) for n in first}
         t0[0] = time.monotonic()
+        scaler.read_arrivals()  # the first tick reads from here (a poll reads from its last)
         scaler.since.update({n: 0.0 for n in first})
         dags = _dags(app, workload, kind, batched_nodes)
         clock = lambda: (time.monotonic() - t0[0]) * 1000.0 / opts.time_scale  # noqa: E731
@@ -167,7 +175,7 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         waiter.start()
         stack.callback(waiter.stopping.set)
         stop = threading.Event()
-        ticker = _ticker(scaler, poll_s / c * opts.time_scale, trace.duration_s, stop)
+        ticker = _ticker(scaler, poll_s / c, trace.duration_s, stop, opts.time_scale)
         sent = _send_stream(stream, dags, t0[0], clock, waiter, opts, "autoscale", echo,
                             lambda: 0, workload)
         _wait_for_jobs(sent, waiter, clock, opts, "autoscale", echo)
@@ -184,8 +192,8 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
         provider.close()
         result.update(_delivery_counts(client, client, PREFIX, stranded))
         _check_logs(log_dir, {**initial, **scaler.first_seen})
-    sim = scaling.run(workload, "compass-plan",
-                      scaling.Setup(trace, cold_start_s=cold_start_s, poll_s=poll_s), seed)
+    sim = scaling.run(workload, "compass-plan", scaling.Setup(
+        trace, cold_start_s=cold_start_s, poll_s=poll_s, readings=True), seed)
     return {"trace": trace.name, "duration_s": trace.duration_s, "peak": trace.peak_per_s,
             "compression": c, "seed": seed, "jobs": len(stream),
             "worker_s": round(worker_s, 1), "sim_worker_s": sim["worker_s"],
@@ -193,4 +201,5 @@ def run_autoscaled(workload: Workload, trace: Trace, opts: BenchOptions, *, seed
             "arrivals_counted": dict(sorted(scaler.counted.items())),
             "added": scaler.first_seen, "initial": initial, "exited": exited,
             "decisions": scaler.decisions, "sim_timeline": sim["timeline"],
+            "readings": scaler.readings, "sim_readings": sim["readings"],
             "sim_slo": sim["slo"]["all"], "result": result}

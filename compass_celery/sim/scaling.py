@@ -47,6 +47,7 @@ from ..planner.scaling import (
     DEFAULT_TREND_SIGMA,
     ClassLoad,
     Damper,
+    Decision,
     Member,
     RateWindow,
     decide,
@@ -195,6 +196,22 @@ def loads_at(workload: Workload, rates: Mapping[str, tuple[float, float]]) -> li
     return out
 
 
+def reading(now_s: float, classes: Sequence[ClassLoad], members: Sequence[Member],
+            d: Decision) -> dict[str, Any]:
+    """One tick as the rule saw it: each class's (rate, trend), the fleet's backlogs
+    (ready workers; a starting one is None), the need's terms and the damped target. The
+    simulator's compass-plan and the real controller (``providers.Autoscaler``) record
+    the same, so a run's decisions can be compared with its simulation's tick by tick."""
+    need = d.need
+    return {"t": round(now_s, 3),
+            "rates": {c.name: [round(c.rate_per_s, 3), round(c.trend_per_s2, 4)]
+                      for c in classes},
+            "backlog_ms": [round(m.backlog_ms, 1) if m.ready else None for m in members],
+            "now": need.now, "horizon": need.horizon,
+            "work": round(need.work_workers, 3), "backlog": round(need.backlog_workers, 3),
+            "target": d.target}
+
+
 def class_rates(workload: Workload, rate: float) -> dict[str, tuple[float, float]]:
     """Class -> (jobs per second at a total of ``rate``, no trend), by the mix."""
     total = sum(workload.mix.values())
@@ -251,11 +268,12 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
 
 
 def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: float,
-                 variant: str = "", cold_start_s: float = COLD_START_S) -> Tick:
+                 variant: str = "", cold_start_s: float = COLD_START_S,
+                 log: list[dict[str, Any]] | None = None) -> Tick:
     """The rule from the plan (``planner.scaling``), fed the arrivals as they come;
     ``variant`` leaves out one of its parts (``PLAN_VARIANTS``), to measure it, and sets
     its knobs (``PLAN_KNOBS``), to sweep them; the horizon is ``cold_start_s`` unless a
-    knob sets it."""
+    knob sets it. With ``log``, each tick's :func:`reading` is appended to it."""
     part, knobs = plan_knobs(variant)
     if not any(item.startswith("horizon=") for item in variant.split("+")):
         knobs["horizon"] = cold_start_s
@@ -271,10 +289,12 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
             window.observe(classes[name], t / MS_PER_S)
             seen[0] += 1
         members = fleet.members()
-        d = decide(loads_at(workload, window.rates(now_s)), members, workload.models,
-                   damper, now_s, horizon_s=knobs["horizon"] / c,
-                   gpu_mb=fleet.template.gpu_mem_mb, max_util=knobs["max_util"],
-                   headroom=knobs["headroom"])
+        loads = loads_at(workload, window.rates(now_s))
+        d = decide(loads, members, workload.models, damper, now_s,
+                   horizon_s=knobs["horizon"] / c, gpu_mb=fleet.template.gpu_mem_mb,
+                   max_util=knobs["max_util"], headroom=knobs["headroom"])
+        if log is not None:
+            log.append(reading(now_s, loads, members, d))
         for hint in d.add:
             fleet.add(() if part == "no-hints" else hint)
         for name in (fleet.newest(len(d.remove)) if part == "newest" else d.remove):
@@ -360,13 +380,16 @@ class Setup:
     trace: Trace
     cold_start_s: float = COLD_START_S
     poll_s: float = KEDA_POLL_S
+    #: Record compass-plan's reading at each tick (the record's ``readings``).
+    readings: bool = False
 
 
 def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
         make_sim: Callable[..., Simulation] | None = None) -> dict[str, Any]:
     """One autoscaler over the trace: the simulation's record plus ``gpu_hours``
     (trace scale), ``worker_s``, ``cold_starts``, ``workers`` (mean, peak) and
-    ``timeline`` ([seconds, workers], each change)."""
+    ``timeline`` ([seconds, workers], each change); with ``setup.readings``,
+    compass-plan's per-tick ``readings``."""
     kind, target, variant = parse(autoscaler)
     trace, c = setup.trace, setup.trace.compression
     times = trace.times_ms(seed)
@@ -378,9 +401,10 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
     build = make_sim if make_sim is not None else _simulation
     sim = build(workload, stream, n0, trace.peak_per_s if fixed else start_rate)
     fleet = Fleet(sim, workload.cluster.workers[0], setup.cold_start_s / c * MS_PER_S)
+    log: list[dict[str, Any]] | None = [] if setup.readings else None
     tick: Tick | None = {
         "compass-plan": lambda: compass_plan(workload, stream, c, variant,
-                                             setup.cold_start_s),
+                                             setup.cold_start_s, log),
         "keda-queue": lambda: keda_queue(c, target or KEDA_LIST_LENGTH),
         "ray-ongoing": lambda: ray_ongoing(c, target or RAY_TARGET),
         "fixed-peak": lambda: None,
@@ -406,6 +430,8 @@ def run(workload: Workload, autoscaler: str, setup: Setup, seed: int = 0,
                 "workers": {"mean": round(fleet.billed_ms / last, 2),
                             "peak": max(counts)},
                 "timeline": [[round(t, 2), n] for t, n in fleet.timeline]})
+    if log is not None:
+        out["readings"] = log
     return out
 
 

@@ -1,12 +1,16 @@
 """The controller loop (providers.Autoscaler) against a recording provider and a cluster
 it describes: it scales out with the rule's hints, records whether a new worker's first
 record held them, drains the worker the rule chose once the down window passed, and bills
-each worker from its add to the end of its drain."""
+each worker from its add to the end of its drain; ticked on the simulator's schedule, its
+damper holds a recommendation as long as the simulator's does."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Sequence
 
+from compass_celery.bench.autoscaled import _ticker
 from compass_celery.cli.common import load
 from compass_celery.planner.types import WorkerView
 from compass_celery.providers import Autoscaler
@@ -96,3 +100,67 @@ def test_a_provider_that_cannot_name_its_workers_yet_is_driven_all_the_same() ->
     scaler.tick()
     assert len(provider.added) == d.target  # and are not asked for twice
     assert scaler.close() == 0.0  # nothing it could bill
+
+
+def _ticks(scheduled: bool) -> list[dict[str, object]]:
+    """A burst, then nothing, ticked every 3 s by a loop whose clock drifts 0.01 s a tick
+    (a sleep of a period after each tick); ``scheduled``: each tick given its schedule's
+    time, as the simulator ticks."""
+    workload = load("autoscale-mix")
+    now = [0.0]
+    scaler = Autoscaler(Recording(), workload, lambda: [], window_s=10.0,
+                        down_window_s=30.0, horizon_s=2.0, gpu_mb=4000.0,
+                        clock=lambda: now[0])
+    for i in range(300):  # 30 interactive jobs/s for 10 s
+        scaler.observe("interactive", i / 30.0)
+    for k in range(4, 30):
+        now[0] = 3.0 * k + 0.01 * k
+        scaler.tick(3.0 * k if scheduled else None)
+    return scaler.readings
+
+
+def _held_for(readings: list[dict[str, object]]) -> float:
+    """Seconds from the last tick that asked for more than the final fleet to the first
+    tick whose target came down to it."""
+    final = readings[-1]["target"]
+    asked = [r["t"] for r in readings if max(r["now"], r["horizon"]) > final]  # type: ignore[call-overload]
+    down = next(r["t"] for r in readings if r["t"] > asked[-1] and r["target"] == final)
+    return float(down) - float(asked[-1])  # type: ignore[arg-type]
+
+
+def test_scheduled_ticks_hold_a_recommendation_for_the_whole_down_window() -> None:
+    """The damper holds a recommendation while it is at most down_window_s (30 s) old: on
+    the simulator's ticks (3 s apart) for 10 ticks, so the fleet shrinks 33 s after the
+    last tick that asked for more. A loop whose ticks drift (3.01 s apart) shrank it one
+    tick early (the real controller scaled in 3 s before its simulation each time)."""
+    scheduled = _ticks(scheduled=True)
+    assert [r["t"] for r in scheduled] == [3.0 * k for k in range(4, 30)]
+    assert _held_for(scheduled) == 33.0
+    assert _held_for(_ticks(scheduled=False)) < 31.0  # a tick early
+
+
+class _Clocked:
+    """What the ticker drives: a clock and a tick that records when it was scheduled."""
+
+    def __init__(self, slow_s: float = 0.0) -> None:
+        self.t0, self.slow_s = time.monotonic(), slow_s
+        self.ticks: list[tuple[float, float]] = []  # (scheduled, clock at the tick)
+
+    def clock(self) -> float:
+        return time.monotonic() - self.t0
+
+    def tick(self, now: float | None = None) -> None:
+        self.ticks.append((float(now if now is not None else -1.0), self.clock()))
+        if len(self.ticks) == 1:
+            time.sleep(self.slow_s)  # a slow first tick: the ticks it overran are skipped
+
+
+def test_the_ticker_ticks_on_a_fixed_schedule_and_skips_what_it_overran() -> None:
+    scaler = _Clocked(slow_s=0.6)
+    stop = threading.Event()
+    _ticker(scaler, 0.25, 2.0, stop).join(timeout=10.0)  # type: ignore[arg-type]
+    due = [s for s, _ in scaler.ticks]
+    assert due[0] == 0.25 and all(s % 0.25 == 0 for s in due)  # k x period, exactly
+    assert all(b > a for a, b in zip(due, due[1:], strict=False))  # none run twice
+    assert 0.5 not in due  # overrun by the slow first tick: skipped, not run late
+    assert due[-1] == 1.75 and all(at >= s - 1e-3 for s, at in scaler.ticks)

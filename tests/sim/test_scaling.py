@@ -85,6 +85,26 @@ def test_fixed_peak_never_scales_and_compass_plan_follows_a_step() -> None:
         == plan["jobs"]
 
 
+def test_compass_plan_records_what_it_read_at_each_tick_when_asked() -> None:
+    """The per-tick readings (rates, need, target) a real run's controller records too,
+    to compare the two tick by tick: one per tick, on the poll's schedule, with the
+    targets the fleet followed; left out unless asked for."""
+    trace = traces.step(60.0, 24.0, compression=120.0)
+    plain = scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
+    plan = scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace, readings=True))
+    assert "readings" not in plain and plan["timeline"] == plain["timeline"]
+    ticks = plan["readings"]
+    poll = scaling.KEDA_POLL_S / trace.compression
+    assert [r["t"] for r in ticks] == pytest.approx([poll * k for k in
+                                                     range(1, len(ticks) + 1)])
+    assert len(ticks) == int(trace.duration_s / poll - 1e-9)
+    assert set(ticks[-1]["rates"]) == {"interactive", "standard"}
+    assert max(r["target"] for r in ticks) == max(n for _, n in plan["timeline"])
+    assert all(r["target"] >= max(r["now"], r["horizon"]) for r in ticks)  # held, damped
+    peak = max(ticks, key=lambda r: sum(v[0] for v in r["rates"].values()))
+    assert peak["work"] > ticks[0]["work"]
+
+
 def test_the_baselines_scale_on_messages_and_name_bad_targets() -> None:
     trace = traces.step(40.0, 24.0, compression=120.0)
     keda = scaling.run(WORKLOAD, "keda-queue:1", scaling.Setup(trace))

@@ -55,10 +55,38 @@ def test_each_arrival_is_read_once_late_writes_included(compass_redis_url: str) 
     count_arrival(r, "arr", "interactive", now[0] - 2.0)  # late, into a bucket already read
     again = counter.poll()
     assert _totals(again) == {"interactive": 2}
-    # each at its bucket's middle (the current one's is not past yet: age 0)
-    assert sorted(round(age, 2) for _, age, _ in again) == [0.0, 1.75]
+    # each in the middle of its bucket's stretch since the last poll: the current
+    # bucket's first quarter second, the late one's bucket after the last poll
+    assert sorted(age for _, age, _ in again) == [pytest.approx(0.125),
+                                                  pytest.approx(1.625)]
     ttl = r.ttl(arrivals_key("arr", bucket_of(now[0])))
     assert 0 < ttl <= ARRIVAL_TTL_S  # buckets expire on their own
+
+
+@pytest.mark.parametrize("phase", [0.0, 0.3, 0.55, 0.8])
+def test_a_stretch_between_polls_reads_what_arrived_in_it(compass_redis_url: str,
+                                                           phase: float) -> None:
+    """Read every 3 s, the arrivals of the last 3, 6 and 12 s are exactly those that came
+    in them, whatever the phase of the second buckets' edges against the polls. Placed at
+    their bucket's middle, a poll in a bucket's second half read 5.5 s of arrivals as the
+    last 6 s (the controller's up-fast test looks that far back), one in its first half
+    6.5 s."""
+    r = redis.Redis.from_url(compass_redis_url)
+    prefix, base = f"arrs{int(phase * 100)}", 5_000_000.0 + phase
+    now = [base]
+    counter = ArrivalCounter(r, prefix, wall=lambda: now[0])
+    assert counter.poll() == []
+    times = [base + 0.05 + 0.1 * i for i in range(300)]  # 10 a second for 30 s
+    placed: list[tuple[float, int]] = []
+    for k in range(1, 11):
+        for t in times[30 * (k - 1):30 * k]:
+            count_arrival(r, prefix, "interactive", t)
+        now[0] = base + 3.0 * k
+        placed += [(now[0] - age, n) for _, age, n in counter.poll()]
+    assert [t for t, _ in placed] == sorted(t for t, _ in placed)  # in time order
+    for span in (3.0, 6.0, 12.0):
+        got = sum(n for t, n in placed if t >= now[0] - span)
+        assert got == sum(1 for t in times if t > now[0] - span) == 10 * span
 
 
 def test_a_minute_lost_from_redis_gets_its_ttl_again(compass_redis_url: str) -> None:
