@@ -174,6 +174,13 @@ class TaskPath:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
         if model is not None:  # the worker's served rates are judged from its first start
             self.served.serving()
+        # taken: it waits no longer, and the worker is busy from now on, its model's load
+        # included (a load hid it: a plan saw the worker idle and put an urgent task behind
+        # it, docs/results/mixed/real-sheds.txt)
+        self._started_queued(decision)
+        charge = decision.charge_ms if decision is not None and \
+            decision.worker == self.name else 0.0
+        self._span(request.id, picked, charge)
         # a model declared by size only is the task's own code's to load: not acquired here,
         # but its run is learned and served under its name all the same
         held = model is not None and self.cache.loadable(model)
@@ -186,20 +193,21 @@ class TaskPath:
                 with self.cpu.excluding():  # the model's cost, not the scheduler's
                     self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
-        self._started_queued(decision)
         loaded = time.monotonic()
-        charge = decision.charge_ms if decision is not None and \
-            decision.worker == self.name else 0.0
-        began = time.time()  # its run begins once its model is in
+        self._span(request.id, time.time(), charge)  # its run begins once its model is in
         with self._lock:
-            if charge:
-                self._spans[request.id] = (
-                    began, began + wall_s(charge, self.cfg.time_scale), charge)
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
-        if charge:
-            self._wake.set()  # published: a plan counts only what is left of it
+
+    def _span(self, task_id: str, began: float, charge: float) -> None:
+        """Publish a task as running here from ``began`` (wall s) for its ``charge`` (ms):
+        a plan counts only what is left of it. Nothing for a task charged elsewhere."""
+        if not charge:
+            return
+        with self._lock:
+            self._spans[task_id] = (began, began + wall_s(charge, self.cfg.time_scale), charge)
+        self._wake.set()
 
     def batch_member_started(self, request: Any, decision: Decision | None,
                              started: float) -> None:
