@@ -9,6 +9,8 @@ A busy process does not wait for reads at all: once its snapshot is older than `
 the reader's own reads the store and swaps the new snapshot in. Only a process that has
 been idle longer than that reads before it decides. Either way a decision sees state at
 most ``ttl_s + refresh_ahead_s`` old.
+A decision may ask for younger state (``get``'s ``max_age_s``: a job with a deadline reads
+the store at its submission) and then waits for the read.
 
 A process in use keeps its snapshot fresh: for ``keep_fresh_s`` after a decision, the
 reader's thread reads again before the snapshot gets too old to use (halfway through the
