@@ -31,6 +31,7 @@ from redis import RedisError
 
 from .. import ledger
 from .. import refused as refusals
+from .. import tracing as trace
 from ..admission import NO_CLASS, admit, due_at
 from ..dag_validation import DagValidationError
 from ..errors import Rejected, RetriesExhausted, SendFailed
@@ -63,7 +64,7 @@ from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .limits import check_submission
 from .retry import done_if, retry_transient
-from .send import publish_node, published
+from .send import publish_node, published, state_max_age_s
 
 if TYPE_CHECKING:
     from ..context import CompassContext
@@ -122,6 +123,9 @@ def submit(c: CompassContext, spec: DagSpec, nodes: dict[str, dict[str, Any]], *
         _count_refused_arrival(c, slo)
         raise
     _stamp_deadline(c, nodes, plan, slo, verdict.sheds)
+    if trace.enabled():
+        trace.event("plan", job=job_id, snap_taken=snapshot.taken_at if snapshot else None,
+                    sources={n: p.worker for n, p in plan.items() if not nodes[n]["preds"]})
     timeout = timeout_s if timeout_s is not None else cfg.job_timeout_s
     pending = pending_work(plan, {n: v["preds"] for n, v in nodes.items()})
     try:
@@ -211,8 +215,9 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
     in flight, against ``slo``'s deadline budget (``planner.compass.plan_job``); the
     snapshot it was made on, and whether it loads a model no worker holds; a model
     larger than every live GPU is refused here."""
-    try:
-        snapshot = c.reader.get()
+    try:  # a job with a deadline on state read now (send.state_max_age_s)
+        snapshot = c.reader.get(max_age_s=state_max_age_s(
+            slo is not None and slo.deadline_ms is not None))
     except StateUnavailable:
         return {}, None, False
     live = snapshot.workers

@@ -9,6 +9,8 @@ A busy process does not wait for reads at all: once its snapshot is older than `
 the reader's own reads the store and swaps the new snapshot in. Only a process that has
 been idle longer than that reads before it decides. Either way a decision sees state at
 most ``ttl_s + refresh_ahead_s`` old.
+A decision may ask for younger state (``get``'s ``max_age_s``: a job with a deadline reads
+the store at its submission) and then waits for the read.
 
 A process in use keeps its snapshot fresh: for ``keep_fresh_s`` after a decision, the
 reader's thread reads again before the snapshot gets too old to use (halfway through the
@@ -79,15 +81,21 @@ class SnapshotReader:
         self._read_done = threading.Condition(self._lock)
         self._thread_pid: int | None = None
 
-    def get(self, refresh_ahead_s: float | None = None) -> Snapshot:
+    def get(self, refresh_ahead_s: float | None = None,
+            max_age_s: float | None = None) -> Snapshot:
         """The cached snapshot while younger than ``ttl_s``; past that, still the cached one
         while a fresh one is read ahead (within ``refresh_ahead_s``, this reader's unless
-        given), else a fresh one."""
+        given), else a fresh one. ``max_age_s``: a cached snapshot older than this is not
+        used at all, the store is read now (a decision that must not plan on a worker's
+        past: :func:`compass_celery.jobs.send.state_max_age_s`)."""
         now = self.clock()
         ahead_s = self.refresh_ahead_s if refresh_ahead_s is None else refresh_ahead_s
         with self._lock:
             self._used_at = now
             snap = self._snap
+            fresh = max_age_s is not None  # read now unless young enough for this decision
+            if fresh and snap is not None and now - snap.taken_at > max_age_s:
+                snap = None
             if snap is not None:
                 age = now - snap.taken_at
                 if age <= self.ttl_s:
@@ -101,7 +109,7 @@ class SnapshotReader:
             if now < self._down_until:  # failed moments ago: fail fast, don't wait again
                 raise StateUnavailable(self._down_why)
             self.waits += 1
-            if self._refreshing and self._thread_pid == os.getpid():
+            if self._refreshing and self._thread_pid == os.getpid() and not fresh:
                 # the reader's thread is reading (this process got no core for a while):
                 # take what it reads rather than reading the same changes again
                 self._read_done.wait(self.retry_after_s)

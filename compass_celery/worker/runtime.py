@@ -51,6 +51,8 @@ if TYPE_CHECKING:
     from ..context import CompassContext
 
 logger = logging.getLogger("compass_celery.worker")
+#: How soon the reconcile looks again when a task's charges were changing (s).
+RECONCILE_RETRY_S = 0.05
 
 
 class WorkerRuntime:
@@ -266,23 +268,31 @@ class WorkerRuntime:
             return None
 
     def _reconcile_loop(self) -> None:
-        while not self._stopping.wait(self.cfg.reconcile_s):
+        wait = self.cfg.reconcile_s
+        while not self._stopping.wait(wait):
+            wait = self.cfg.reconcile_s
             try:
-                self._reconcile()
+                if not self._reconcile():  # a task's charges were changing: soon again
+                    wait = min(RECONCILE_RETRY_S, wait)
             except (StateUnavailable, RedisError, OSError):
                 continue  # Redis away: the publisher says so once
             except Exception:  # never let bookkeeping kill the worker
                 logger.exception("compass: backlog reconciliation failed")
 
-    def _reconcile(self) -> None:
+    def _reconcile(self) -> bool:
         """Age what waits here, then set the backlog (in total and queued per priority
-        level) from what runs and waits. A broker that cannot be peeked (AMQP) leaves the
-        charges as they are while its queue holds messages."""
+        level) from what runs and waits, between this worker's own changes to them (else
+        a task's start or end would count twice or not at all); False: one was under way,
+        nothing set. A broker that cannot be peeked (AMQP) leaves the charges as they are
+        while its queue holds messages."""
         queues = self.compass.queues
         if queues is not None and self.cfg.priority_age_s:
             queues.age(self.queue, time.time(), self.cfg.priority_age_s)
         if queues is not None and not queues.peekable and queues.waiting(self.queue):
-            return
+            return True
+        epoch = self.tasks.ledger_epoch()
+        if epoch is None:
+            return False
         store = self.compass.store
         waiting = [d for d in self.queued_decisions() if d.worker == self.name]
         # every level is written, so one that emptied is set back to 0
@@ -300,8 +310,9 @@ class WorkerRuntime:
         for batch, n in inputs.items():
             store.set_backlog(forming_member(self.name, batch), n, pipe=pipe, table="forming")
         self._batch_keys |= inputs.keys()  # once seen, always set: a stale count is reset
-        if pipe is not None:
-            store.execute(pipe)  # type: ignore[attr-defined]
+        if pipe is None:
+            return True
+        return self.tasks.write_if_settled(epoch, lambda: store.execute(pipe))
 
     # -- messages this worker cannot run: kept, never dropped ---------------------------
     def _dead_letter(self, raw: Any, why: str, queue: str | None = None) -> None:

@@ -44,6 +44,9 @@ logger = logging.getLogger("compass_celery.worker")
 #: How far into a task its queue is peeked for models to prefetch (the peek is skipped
 #: for tasks that are over by then: a load would hardly overlap them).
 PREFETCH_AFTER_S = 0.005
+#: How long a task's change to its charges may take before the reconcile stops waiting for
+#: it (a message taken and never started, a write lost): the reconcile corrects what is left.
+MOVING_MAX_S = 5.0
 
 #: Backoff between tries of a job completion against Redis (doubling up to the cap).
 COMPLETION_BACKOFF_S, COMPLETION_BACKOFF_CAP_S = 0.2, 2.0
@@ -73,6 +76,12 @@ class TaskPath:
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
         self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
         self.cpu = cpu  # what these handlers cost a task (a counter)
+        # tasks whose charges this worker is changing in Redis (taken and not yet released
+        # from its queued work; ended and their end not yet written), by when that began,
+        # and a count of such changes: the reconcile writes only between them
+        self._ledger_lock = threading.Lock()
+        self._moving: dict[str, float] = {}
+        self._epoch = 0
 
     # -- what runs now ------------------------------------------------------------------
     def running(self) -> int:
@@ -138,6 +147,7 @@ class TaskPath:
     # -- the path -------------------------------------------------------------------------
     def task_received(self, request: Any) -> None:
         """Lease the message's tag; revoke a job node whose job already failed or expired."""
+        self.moving(request.id)  # out of its list, still counted queued: until it starts
         tag = getattr(getattr(request, "message", None), "delivery_tag", None)
         if isinstance(tag, str) and tag:
             self.leases.hold(request.id, tag)  # leased from now until it is acked
@@ -174,6 +184,16 @@ class TaskPath:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
         if model is not None:  # the worker's served rates are judged from its first start
             self.served.serving()
+        # taken: it waits no longer, and the worker is busy from now on, its model's load
+        # included (a load hid it: a plan saw the worker idle and put an urgent task behind
+        # it, docs/results/mixed/real-sheds.txt)
+        self._started_queued(decision)
+        charge = decision.charge_ms if decision is not None and \
+            decision.worker == self.name else 0.0
+        self._span(request.id, picked, charge)
+        with self._lock:  # running (its charge counted) from here, its load included
+            self._running[request.id] = (decision, model, False, time.monotonic())
+        self.settled(request.id)
         # a model declared by size only is the task's own code's to load: not acquired here,
         # but its run is learned and served under its name all the same
         held = model is not None and self.cache.loadable(model)
@@ -186,20 +206,21 @@ class TaskPath:
                 with self.cpu.excluding():  # the model's cost, not the scheduler's
                     self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
-        self._started_queued(decision)
         loaded = time.monotonic()
-        charge = decision.charge_ms if decision is not None and \
-            decision.worker == self.name else 0.0
-        began = time.time()  # its run begins once its model is in
+        self._span(request.id, time.time(), charge)  # its run begins once its model is in
         with self._lock:
-            if charge:
-                self._spans[request.id] = (
-                    began, began + wall_s(charge, self.cfg.time_scale), charge)
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
-        if charge:
-            self._wake.set()  # published: a plan counts only what is left of it
+
+    def _span(self, task_id: str, began: float, charge: float) -> None:
+        """Publish a task as running here from ``began`` (wall s) for its ``charge`` (ms):
+        a plan counts only what is left of it. Nothing for a task charged elsewhere."""
+        if not charge:
+            return
+        with self._lock:
+            self._spans[task_id] = (began, began + wall_s(charge, self.cfg.time_scale), charge)
+        self._wake.set()
 
     def batch_member_started(self, request: Any, decision: Decision | None,
                              started: float) -> None:
@@ -239,6 +260,15 @@ class TaskPath:
         """Release the model, uncharge, learn the run time, record a job node's end."""
         self.hop.ended(time.time())
         trace.ended(request.id, time.time())
+        self.moving(request.id)  # off the running set before its end is written: until then
+        try:
+            self._finish(task, request, decision, state, retval)
+        finally:
+            self.settled(request.id)
+
+    def _finish(self, task: Any, request: Any, decision: Decision | None,
+                state: str | None, retval: Any = None) -> None:
+        """:meth:`task_finished`'s work, while its charges are marked as changing."""
         with self._lock:
             _, model, held, started = self._running.pop(request.id, (None, None, False, None))
             timing = self._timing.pop(request.id, {})
@@ -295,13 +325,53 @@ class TaskPath:
     def task_revoked(self, request: Any) -> None:
         """Take a revoked task's charge off this worker's backlog."""
         decision = Decision.from_header(_header(request, "compass"))
-        if decision is not None and decision.worker == self.name and decision.charge_ms:
-            with contextlib.suppress(StateUnavailable):
-                ledger.ended(self.compass.store, decision)
-            with self._lock:
-                started = request.id in self._running
-            if not started:  # it never ran: it no longer waits either
-                self._started_queued(decision)
+        self.moving(request.id)
+        try:
+            if decision is not None and decision.worker == self.name and decision.charge_ms:
+                with contextlib.suppress(StateUnavailable):
+                    ledger.ended(self.compass.store, decision)
+                with self._lock:
+                    started = request.id in self._running
+                if not started:  # it never ran: it no longer waits either
+                    self._started_queued(decision)
+        finally:
+            self.settled(request.id)
+
+    # -- the reconcile's turn: between this worker's own changes to its charges -----------
+    def moving(self, task_id: str) -> None:
+        """``task_id``'s charges are being changed in Redis (:meth:`settled` ends it)."""
+        with self._ledger_lock:
+            self._moving[task_id] = time.monotonic()
+            self._epoch += 1
+
+    def settled(self, task_id: str) -> None:
+        """``task_id``'s change to its charges is written (or was never begun)."""
+        with self._ledger_lock:
+            if self._moving.pop(task_id, None) is not None:
+                self._epoch += 1
+
+    def ledger_epoch(self) -> int | None:
+        """A mark of this worker's changes to its charges, None while one is under way (one
+        older than :data:`MOVING_MAX_S` is given up: a message never started)."""
+        with self._ledger_lock:
+            now = time.monotonic()
+            for task_id, since in list(self._moving.items()):
+                if now - since > MOVING_MAX_S:
+                    del self._moving[task_id]
+            return None if self._moving else self._epoch
+
+    def write_if_settled(self, epoch: int, write: Callable[[], Any]) -> bool:
+        """Run ``write`` (the reconcile's absolute counts, worked out since ``epoch``) only
+        if this worker changed none of its charges since, nor is changing one: else they
+        would count a task's start or end twice, or not at all (the ended task is off the
+        running set before its end's release reaches Redis: a reconcile in between set the
+        backlog without it, and the release took it off again, docs/results/mixed/
+        real-sheds.txt). False: not written, look again soon."""
+        with self._ledger_lock:
+            if self._moving or self._epoch != epoch:
+                return False
+            write()
+            return True
 
     def task_expired(self, request: Any) -> None:
         """A task Celery dropped unrun because it expired: compass set its expiry to the

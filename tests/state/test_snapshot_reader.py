@@ -175,3 +175,20 @@ def test_a_decision_past_the_window_takes_the_read_already_under_way(setup):
     caller.join(5)
     assert [w.name for w in got[0].workers] == ["a", "b"]
     assert store.threads.count("compass-snapshot") == 1 and len(store.threads) == 2
+
+
+def test_a_decision_that_must_not_plan_on_the_past_reads_the_store_now(setup):
+    """``max_age_s`` (a job with a deadline: 0) reads the store even inside the TTL, in the
+    caller's thread, and sees what changed since; without it the cached snapshot serves."""
+    now, store, reader = setup
+    first = reader.get()
+    store.publish(view("a", free=100.0))  # a worker changed (it took a task)
+    now[0] += 0.01  # well inside the TTL
+    assert reader.get() is first
+    reads = reader.reads
+    fresh = reader.get(max_age_s=0.0)
+    assert reader.reads == reads + 1 and fresh is not first
+    assert store.threads[-1] == threading.current_thread().name
+    assert fresh.workers[0].gpu_free_mb == 100.0
+    assert reader.get(max_age_s=1.0) is fresh  # young enough: no read
+    assert reader.reads == reads + 1
