@@ -414,9 +414,10 @@ class RedisStateStore:
         logger.debug("compass: %s %r not learned: written by others %d times meanwhile",
                      table, field, LEARN_TRIES)
 
-    def execute(self, pipe: Any) -> None:
-        """Run what was queued on ``pipe`` (one round trip); this process's reads then
-        skip the counter changes it made (their values came back here)."""
+    def execute(self, pipe: Any) -> list[Any]:
+        """Run what was queued on ``pipe`` (one round trip) and return its replies; this
+        process's reads then skip the counter changes it made (their values came back
+        here)."""
         replies = self._call(lambda: run_pipeline(pipe))
         with _own_lock:
             own = _own_queued.pop(pipe, ())
@@ -425,6 +426,7 @@ class RedisStateStore:
             self._mirror.note_own(member, replies[at])
         for at, call in learned:
             self._settle(call, replies[at])
+        return replies
 
     def snapshot(self, now: float, heartbeat_timeout_s: float) -> Snapshot:
         """Every live worker, from what changed since this process's last read."""

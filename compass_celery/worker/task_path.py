@@ -146,7 +146,7 @@ class TaskPath:
         if not isinstance(job, dict) or self.jobs is None:
             return
         try:
-            state = self.jobs.job_state(job.get("id", ""))
+            state = self.jobs.job_state(job.get("id", ""), _sent(job))
         except (StateUnavailable, RedisError):
             return  # run it; a late completion is ignored if the job has ended
         if state in ("FAILURE", "UNKNOWN"):
@@ -167,26 +167,32 @@ class TaskPath:
         job = getattr(request, JOB_HEADER, None)
         trace.started(request.id, self.name, decision.priority if decision else None, job,
                       picked, getattr(task, "name", ""))
+        # a model declared by size only is the task's own code's to load: not acquired here,
+        # but its run is learned and served under its name all the same
+        held = model is not None and self.cache.loadable(model)
+        loads = held and model not in self.cache.resident()
+        # with no load ahead it no longer waits from here: said in its inputs' round trip
+        pipe = None if loads else self._started_pipe(decision)
         if isinstance(job, dict) and self.jobs is not None:
             try:
-                self.jobs.resolve_inputs(job, args)
+                self.jobs.resolve_inputs(job, args, pipe)
             except JobError as exc:
                 self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
         if model is not None:  # the worker's served rates are judged from its first start
             self.served.serving()
-        # a model declared by size only is the task's own code's to load: not acquired here,
-        # but its run is learned and served under its name all the same
-        held = model is not None and self.cache.loadable(model)
         if held:
-            if model in self.cache.resident():  # a hit: the queue peek only feeds the
-                self.cache.acquire(model)        # prefetch, so it is made off this path
+            if not loads:  # a hit: the queue peek only feeds the prefetch, so it is made
+                self.cache.acquire(model)  # off this path
                 self._prefetch_due.set()  # (by the prefetch loop)
             else:  # a load: what is queued next decides what it may evict
                 queued = self._queued_models()
                 with self.cpu.excluding():  # the model's cost, not the scheduler's
                     self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
-        self._started_queued(decision)
+        if loads:
+            self._started_queued(decision)
+        else:
+            self._run_started(pipe)  # unless the inputs' read ran it
         loaded = time.monotonic()
         charge = decision.charge_ms if decision is not None and \
             decision.worker == self.name else 0.0
@@ -222,17 +228,30 @@ class TaskPath:
         """A task that starts no longer waits: take it off its level's queued work, which
         tasks of higher priority skip, and off its batch key's count of waiting inputs
         (best effort: reconciliation corrects both)."""
+        self._run_started(self._started_pipe(decision))
+
+    def _started_pipe(self, decision: Decision | None) -> Any:
+        """:meth:`_started_queued`'s writes queued on a pipeline, not yet run (None:
+        nothing to write, or written already where the store has no pipelines)."""
         if decision is None or decision.worker != self.name:
-            return
+            return None
         if not ledger.waiting(decision):
-            return
+            return None
         store = self.compass.store
-        with contextlib.suppress(StateUnavailable, RedisError, OSError):  # one round trip
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):
             pipe = store.client.pipeline(transaction=False) \
                 if store.client is not None else None
             ledger.started(store, decision, pipe)
-            if pipe is not None:
-                store.execute(pipe)  # type: ignore[attr-defined]
+            return pipe
+        return None
+
+    def _run_started(self, pipe: Any) -> None:
+        """Run :meth:`_started_pipe`'s pipeline, if something is still queued on it (one
+        round trip, best effort)."""
+        if pipe is None or not len(pipe):
+            return
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):
+            self.compass.store.execute(pipe)  # type: ignore[attr-defined]
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
@@ -440,6 +459,14 @@ def _header(request: Any, name: str) -> Any:
     if value is None:
         value = (getattr(request, "_request_dict", None) or {}).get(name)
     return value
+
+
+def _sent(job: dict) -> float:
+    """When a job node's message was sent (its header; 0 when it does not say)."""
+    try:
+        return float(job.get("sent") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _task_model(task: Any, decision: Decision | None) -> str | None:
