@@ -21,7 +21,9 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..planner.priority import HIGHEST, PLANNED_EPS_MS
@@ -119,19 +121,85 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
     commands = _Commands()
     put(channel, queue, message, **{**kwargs, "_publish_batch": commands})
     push = _as_push(commands.commands)
-    with channel.conn_or_acquire() as client:
-        if push is not None:
-            pre = channel.global_keyprefix or ""
-            key, body, expiring, expiry = push
-            front = [JOB_HEADER, FRONT_SCAN] if is_later_step(message) else []
-            run_script(client, "push", [pre + key, pre + bell, *(pre + k for k in expiring)],
-                       [body, BELL_TTL_MS, expiry if expiring else "", *front])
+    if push is not None:
+        pre = channel.global_keyprefix or ""
+        key, body, expiring, expiry = push
+        front = [JOB_HEADER, FRONT_SCAN] if is_later_step(message) else []
+        keys = [pre + key, pre + bell, *(pre + k for k in expiring)]
+        args = [body, BELL_TTL_MS, expiry if expiring else "", *front]
+        held = getattr(_held, "pushes", None)
+        if held is not None and not pre:  # sent with the others (held_pushes)
+            held.pushes.append((channel, keys, args))
             return
-        with client.pipeline() as pipe:
-            for name, args in commands.commands:  # none on a kombu without publish batches:
-                getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
-            ring(pipe, bell)
-            pipe.execute()
+        with channel.conn_or_acquire() as client:
+            run_script(client, "push", keys, args)
+        return
+    with channel.conn_or_acquire() as client, client.pipeline() as pipe:
+        for name, args in commands.commands:  # none on a kombu without publish batches:
+            getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
+        ring(pipe, bell)
+        pipe.execute()
+
+
+#: This thread's held pushes (:func:`held_pushes`); None: none held.
+_held = threading.local()
+
+
+class HeldPushes:
+    """Pushes onto compass queues (push.lua's keys and arguments, with their channel)
+    held by :func:`held_pushes` until :meth:`send`."""
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[Any, list[str], list[Any]]] = []
+
+    def send(self) -> None:
+        """Send what is held: one pipeline per channel (each push still one script, as
+        alone). A send that fails raises, with any push of the pipeline possibly done."""
+        pushes, self.pushes = self.pushes, []
+        _send_held(pushes)
+
+
+@contextlib.contextmanager
+def held_pushes() -> Iterator[HeldPushes]:
+    """Within the block, this thread's pushes onto compass queues are held, to be sent
+    together (:meth:`HeldPushes.send`; at the block's end, what is still held): a worker
+    sending several successors of one node waits for one round trip, not one a
+    successor. Pushes of a channel with a ``global_keyprefix`` are not held. Nested
+    blocks are one (the outermost sends)."""
+    outer = getattr(_held, "pushes", None)
+    if outer is not None:
+        yield outer
+        return
+    held = _held.pushes = HeldPushes()
+    try:
+        yield held
+    finally:
+        _held.pushes = None
+        held.send()
+
+
+def _send_held(held: list[tuple[Any, list[str], list[Any]]]) -> None:
+    """Run held pushes (:func:`held_pushes`) by EVALSHA, one pipeline per channel; one
+    Redis did not know runs whole (EVAL, which loads it)."""
+    from redis.exceptions import NoScriptError
+
+    channels: dict[int, tuple[Any, list[tuple[list[str], list[Any]]]]] = {}
+    for channel, keys, args in held:
+        channels.setdefault(id(channel), (channel, []))[1].append((keys, args))
+    for channel, pushes in channels.values():
+        with channel.conn_or_acquire() as client:
+            if len(pushes) == 1:
+                run_script(client, "push", *pushes[0])
+                continue
+            with client.pipeline(transaction=False) as pipe:
+                for keys, args in pushes:
+                    pipe.execute_command("EVALSHA", _sha("push"), len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            for (keys, args), reply in zip(pushes, replies, strict=True):
+                if isinstance(reply, NoScriptError):  # nothing ran: sent whole
+                    client.execute_command("EVAL", _source("push"), len(keys), *keys, *args)
+                elif isinstance(reply, Exception):
+                    raise reply
 
 
 #: How many waiting entries, from a list's front, a later step's push reads at most (only

@@ -19,6 +19,7 @@ from redis import RedisError
 
 from .. import ledger
 from .. import tracing as trace
+from ..broker.fetch import held_pushes
 from ..errors import JobError, JobTimeout
 from ..needs import learned_loads
 from ..placement import Decision
@@ -250,11 +251,7 @@ class JobRuntime:
         if specs is None:
             specs = [json.loads(r[2]) for r in released]
         try:
-            for (succ, task_id, _, plan, where), spec in zip(released, specs, strict=True):
-                planned = json.loads(plan) if plan else None
-                decision = self._send_successor(job_id, succ, task_id, spec,
-                                                planned, json.loads(where), unsettled_ms)
-                sent.append((succ, task_id, decision, planned))
+            self._publish_released(job_id, released, specs, unsettled_ms, sent)
         finally:
             if sent:
                 pipe = pipe if pipe is not None else c.store.client.pipeline(transaction=False)
@@ -267,6 +264,30 @@ class JobRuntime:
                                     planned.get("level"), -1, pipe)  # no longer pending
                 c.store.execute(pipe)  # type: ignore[attr-defined]
         return [tid for _, tid, _, _ in sent]
+
+    def _publish_released(self, job_id: str, released: list[tuple[str, ...]],
+                          specs: list[dict[str, Any]], unsettled_ms: float,
+                          sent: list[tuple[str, str, Decision, dict[str, Any] | None]]
+                          ) -> None:
+        """Place and publish each released successor, adding each one sent to ``sent``
+        (to confirm). Several successors' pushes go in one round trip: if that fails,
+        none of them counts as sent (a resumed completion sends them again); an error
+        before it leaves those already placed to be sent and confirmed."""
+        with held_pushes() if len(released) > 1 else contextlib.nullcontext() as held:
+            try:
+                for (succ, task_id, _, plan, where), spec in zip(released, specs,
+                                                                 strict=True):
+                    planned = json.loads(plan) if plan else None
+                    decision = self._send_successor(job_id, succ, task_id, spec, planned,
+                                                    json.loads(where), unsettled_ms)
+                    sent.append((succ, task_id, decision, planned))
+            finally:
+                if held is not None:
+                    try:
+                        held.send()
+                    except BaseException:
+                        sent.clear()
+                        raise
 
     def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
                         planned: dict[str, Any] | None, where: dict[str, float],
