@@ -341,9 +341,7 @@ def counted_pass(task: Any, n: int, run: Callable[[], T]) -> T:
     """``run()``, one batched pass over ``n`` inputs, as the benchmark's ledger counts it:
     its start and end, then its size and how long it was held open for more inputs."""
     hold = held_ms(task)
-    count_execution(task, keys.BENCH_STARTS)
-    out = run()
-    count_execution(task, keys.BENCH_EXECS)
+    out = counted(task, run)
     record_batch(task, n, hold)
     return out
 
