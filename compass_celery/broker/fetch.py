@@ -308,6 +308,31 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
 
     _brpop_start.compass_fetch = True  # type: ignore[attr-defined]
     channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
+    _skip_taken_append(kredis.QoS)
+
+
+def _skip_taken_append(qos: Any) -> None:
+    """kombu's consumer writes a delivered message's unacked entry and index score (a
+    pipeline: one round trip between a task's fetch and its start); one fetch.lua took
+    into flight already has both, so only kombu's own in-memory count of it is kept
+    (the index keeps the look's stamp: at most kombu's BRPOP timeout early). A message
+    kombu's BRPOP took (a queue that does not ring) is written as kombu writes it."""
+    from kombu.transport import virtual
+
+    if getattr(qos.append, "compass_fetch", False):
+        return
+    append = qos.append
+
+    def _append(self: Any, message: Any, delivery_tag: Any) -> None:
+        channel = self.channel
+        if delivery_tag is not None and getattr(channel, "_compass_taken", None) == delivery_tag:
+            channel._compass_taken = None
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        append(self, message, delivery_tag)
+
+    _append.compass_fetch = True  # type: ignore[attr-defined]
+    qos.append = _append
 
 
 def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
@@ -459,14 +484,23 @@ def _other_message(channel: Any, woke: Any) -> tuple[Any, Any] | None:
 
 
 def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
-    """Hand one message to kombu's consumer, as its BRPOP read does."""
+    """Hand one message to kombu's consumer, as its BRPOP read does (``prefixed``: the
+    look's, taken into flight by fetch.lua)."""
     import kombu.transport.redis as kredis
     from kombu.utils.encoding import bytes_to_str
 
     dest = _queue_of(channel, src, prefixed)
     with contextlib.suppress(ValueError):
         channel._queue_cycle.rotate(dest)
-    channel.connection._deliver(kredis.loads(bytes_to_str(raw)), dest)
+    payload = kredis.loads(bytes_to_str(raw))
+    if prefixed:  # fetch.lua's: in flight already, kombu's consumer need not write it
+        props = payload.get("properties") if isinstance(payload, dict) else None
+        channel._compass_taken = props.get("delivery_tag") if isinstance(props, dict) \
+            else None
+    try:
+        channel.connection._deliver(payload, dest)
+    finally:
+        channel._compass_taken = None
     return True
 
 
