@@ -172,10 +172,53 @@ def count_execution(task: Any, template: str) -> None:
                        task_id, exc)
 
 
+def counted(task: Any, run: Callable[[], T]) -> T:
+    """``run()``, counted in the ledger as :func:`count_execution` counts it (a start
+    before, an execution after) in one round trip, not two: the start's HINCRBY is sent
+    before the run and its reply read with the end's, so a task killed mid-run is still
+    counted as started (Redis has the command) and both counts are in before the task
+    returns. The worker times the run with this in it, and the simulator replays what
+    the workers measured: each ledger round trip is one more per task."""
+    client = _ledger()
+    task_id = task.request.id
+    if client is None or not task_id:
+        return run()
+    prefix = task.app.compass.settings.key_prefix
+    pool, conn = client.connection_pool, None
+    try:
+        conn = pool.get_connection()
+        conn.send_command("HINCRBY", keys.key(keys.BENCH_STARTS, prefix), task_id, 1)
+    except Exception as exc:  # the ledger is bookkeeping, never the task's outcome
+        if conn is not None:
+            conn.disconnect()
+            pool.release(conn)
+            conn = None
+        logger.warning("bench ledger unavailable, start of %s not counted: %s", task_id, exc)
+    try:
+        out = run()
+    except BaseException:
+        if conn is not None:  # the start's reply unread: the connection starts over
+            conn.disconnect()
+            pool.release(conn)
+        raise
+    if conn is None:
+        count_execution(task, keys.BENCH_EXECS)
+        return out
+    try:
+        conn.send_command("HINCRBY", keys.key(keys.BENCH_EXECS, prefix), task_id, 1)
+        conn.read_response()
+        conn.read_response()
+    except Exception as exc:
+        conn.disconnect()
+        logger.warning("bench ledger unavailable, execution of %s not counted: %s",
+                       task_id, exc)
+    finally:
+        pool.release(conn)
+    return out
+
+
 def _run(self: Any, model: str | None, exec_ms: float, data: Any) -> dict[str, Any]:
-    count_execution(self, keys.BENCH_STARTS)
-    current_cache().run(exec_ms)
-    count_execution(self, keys.BENCH_EXECS)
+    counted(self, lambda: current_cache().run(exec_ms))
     return {"model": model, "worker": self.request.hostname or socket.gethostname(),
             "exec_ms": exec_ms, "data": data}
 
@@ -298,9 +341,7 @@ def counted_pass(task: Any, n: int, run: Callable[[], T]) -> T:
     """``run()``, one batched pass over ``n`` inputs, as the benchmark's ledger counts it:
     its start and end, then its size and how long it was held open for more inputs."""
     hold = held_ms(task)
-    count_execution(task, keys.BENCH_STARTS)
-    out = run()
-    count_execution(task, keys.BENCH_EXECS)
+    out = counted(task, run)
     record_batch(task, n, hold)
     return out
 

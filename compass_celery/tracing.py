@@ -9,7 +9,9 @@ Each worker process appends JSON lines to ``$COMPASS_TRACE_DIR/<pid>.jsonl``:
 - ``start``: a task this worker started: when it was sent, when it was picked, and what
   this worker ran between the two (each span's level, node, start and end relative to
   the send), so a wait past plan is seen next to what took the worker meanwhile;
-- ``expired``: a task dropped unrun past its latest start, with the same spans.
+- ``expired``: a task dropped unrun past its latest start, with the same spans;
+- ``end``: a task's run ended here (``t``), so a successor's release and a busy worker's
+  gap between tasks can be timed from it.
 
 ``compass-celery bench trace-waits`` joins them by task id. Nothing here decides anything; with
 the variable unset every call returns at once. The variable is read once, at import (every
@@ -143,6 +145,7 @@ def ended(task_id: str, at: float) -> None:
         if span is not None:
             span["end"] = at
             _recent.append(span)
+        _write({"kind": "end", "t": at, "id": task_id})
 
 
 def expired(task_id: str, worker: str, level: int | None, job: dict[str, Any] | None) -> None:

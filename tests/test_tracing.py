@@ -104,3 +104,25 @@ def test_a_compass_app_configured_after_the_variable_is_set_traces(tmp_path, mon
     finally:
         monkeypatch.delenv(trace.TRACE_ENV)
         trace.configure()
+
+
+def test_the_hops_report_times_releases_busy_gaps_and_idle_picks(traced):
+    """From start, send and end lines: a successor's send after its sender's end of that
+    job, a busy worker's gap from one end to the next pick of a task sent before that
+    end, and an idle worker's pick after the send (workload ms at scale 0.5)."""
+    t0 = 1000.0
+    trace.started("j.a", "w", 0, {"id": "j", "node": "a", "sent": t0 - 0.01}, t0)
+    trace.started("k.c", "w2", 0, {"id": "k", "node": "c", "sent": t0 - 0.02}, t0 - 0.01)
+    trace.ended("k.c", t0 - 0.005)
+    trace.ended("j.a", t0 + 0.100)
+    trace.event("send", t=t0 + 0.104, id="j.b", job="j", by="w", node="b", level=0)
+    trace.started("j.b", "w2", 0, {"id": "j", "node": "b", "sent": t0 + 0.104}, t0 + 0.110)
+    trace.started("m.d", "w", 0, {"id": "m", "node": "d", "sent": t0 + 0.05}, t0 + 0.108)
+    for tid, at in (("j.b", t0 + 0.2), ("m.d", t0 + 0.3)):
+        trace.ended(tid, at)
+    hops = trace_waits.hop_times(trace_waits.load(str(traced)), scale=0.5)
+    assert hops["release"] == [pytest.approx(8.0)]
+    assert hops["busy gap"] == [pytest.approx(16.0)]
+    assert sorted(hops["idle pick"]) == pytest.approx([12.0, 20.0, 20.0])  # b; a, c
+    assert "busy gap   n=   1  p50   16.0" in trace_waits.hops_report(
+        trace_waits.load(str(traced)), 0.5)

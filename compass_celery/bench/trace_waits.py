@@ -88,3 +88,46 @@ def report(lines: list[dict[str, Any]], scale: float, level: int = 9) -> str:
         out.append(f"  {key:60s} n={counts[key]:3d}  {ms:7.0f} ms  ({ms / counts[key]:4.0f} each)")
     return "\n".join(out)
 
+
+
+def hop_times(lines: list[dict[str, Any]], scale: float) -> dict[str, list[float]]:
+    """What a job's hops cost on the way, from ``start``, ``send`` and ``end`` lines, in
+    workload ms: ``release``, each successor's send after its sender's last end of that
+    job (completion recorded, successor placed and pushed); ``busy gap``, a busy
+    worker's time from one task's end to its next pick, when that next one was sent
+    before the end (its settling, ack, fetch and receipt); ``idle pick``, a task's pick
+    after its send on a worker idle at the send (the wake-up)."""
+    starts = {e["id"]: e for e in lines if e["kind"] == "start"}
+    ends = {e["id"]: e["t"] for e in lines if e["kind"] == "end"}
+    runs: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+    by_job: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for tid, s in starts.items():
+        if tid in ends:
+            runs[s["worker"]].append((s["t"], ends[tid], float(s["sent"])))
+            by_job[(str(s.get("job")), s["worker"])].append(ends[tid])
+    out: dict[str, list[float]] = {"release": [], "busy gap": [], "idle pick": []}
+    for e in lines:
+        if e["kind"] == "send":
+            before = [t for t in by_job.get((str(e.get("job")), e.get("by")), ()) if t <= e["t"]]
+            if before:
+                out["release"].append(1000 * (e["t"] - max(before)) / scale)
+    for spans in runs.values():
+        spans.sort()
+        last_end = None
+        for pick, end, sent in spans:
+            if last_end is not None and sent <= last_end <= pick:
+                out["busy gap"].append(1000 * (pick - last_end) / scale)
+            elif last_end is None or last_end <= sent:
+                out["idle pick"].append(1000 * (pick - sent) / scale)
+            last_end = end if last_end is None else max(last_end, end)
+    return out
+
+
+def hops_report(lines: list[dict[str, Any]], scale: float) -> str:
+    """:func:`hop_times` as lines of p50, p90 and mean."""
+    out = ["what the hops cost (workload ms):"]
+    for name, xs in hop_times(lines, scale).items():
+        mean = sum(xs) / len(xs) if xs else float("nan")
+        out.append(f"  {name:10s} n={len(xs):4d}  p50 {_q(xs, 0.5):6.1f}  "
+                   f"p90 {_q(xs, 0.9):6.1f}  mean {mean:6.1f} ms")
+    return "\n".join(out)

@@ -21,7 +21,9 @@ import functools
 import hashlib
 import json
 import logging
+import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ..planner.priority import HIGHEST, PLANNED_EPS_MS
@@ -119,19 +121,85 @@ def _put_ringing(channel: Any, put: Any, queue: str, message: Any, **kwargs: Any
     commands = _Commands()
     put(channel, queue, message, **{**kwargs, "_publish_batch": commands})
     push = _as_push(commands.commands)
-    with channel.conn_or_acquire() as client:
-        if push is not None:
-            pre = channel.global_keyprefix or ""
-            key, body, expiring, expiry = push
-            front = [JOB_HEADER, FRONT_SCAN] if is_later_step(message) else []
-            run_script(client, "push", [pre + key, pre + bell, *(pre + k for k in expiring)],
-                       [body, BELL_TTL_MS, expiry if expiring else "", *front])
+    if push is not None:
+        pre = channel.global_keyprefix or ""
+        key, body, expiring, expiry = push
+        front = [JOB_HEADER, FRONT_SCAN] if is_later_step(message) else []
+        keys = [pre + key, pre + bell, *(pre + k for k in expiring)]
+        args = [body, BELL_TTL_MS, expiry if expiring else "", *front]
+        held = getattr(_held, "pushes", None)
+        if held is not None and not pre:  # sent with the others (held_pushes)
+            held.pushes.append((channel, keys, args))
             return
-        with client.pipeline() as pipe:
-            for name, args in commands.commands:  # none on a kombu without publish batches:
-                getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
-            ring(pipe, bell)
-            pipe.execute()
+        with channel.conn_or_acquire() as client:
+            run_script(client, "push", keys, args)
+        return
+    with channel.conn_or_acquire() as client, client.pipeline() as pipe:
+        for name, args in commands.commands:  # none on a kombu without publish batches:
+            getattr(pipe, name)(*args)        # its _put pushed, the bell rings after
+        ring(pipe, bell)
+        pipe.execute()
+
+
+#: This thread's held pushes (:func:`held_pushes`); None: none held.
+_held = threading.local()
+
+
+class HeldPushes:
+    """Pushes onto compass queues (push.lua's keys and arguments, with their channel)
+    held by :func:`held_pushes` until :meth:`send`."""
+
+    def __init__(self) -> None:
+        self.pushes: list[tuple[Any, list[str], list[Any]]] = []
+
+    def send(self) -> None:
+        """Send what is held: one pipeline per channel (each push still one script, as
+        alone). A send that fails raises, with any push of the pipeline possibly done."""
+        pushes, self.pushes = self.pushes, []
+        _send_held(pushes)
+
+
+@contextlib.contextmanager
+def held_pushes() -> Iterator[HeldPushes]:
+    """Within the block, this thread's pushes onto compass queues are held, to be sent
+    together (:meth:`HeldPushes.send`; at the block's end, what is still held): a worker
+    sending several successors of one node waits for one round trip, not one a
+    successor. Pushes of a channel with a ``global_keyprefix`` are not held. Nested
+    blocks are one (the outermost sends)."""
+    outer = getattr(_held, "pushes", None)
+    if outer is not None:
+        yield outer
+        return
+    held = _held.pushes = HeldPushes()
+    try:
+        yield held
+    finally:
+        _held.pushes = None
+        held.send()
+
+
+def _send_held(held: list[tuple[Any, list[str], list[Any]]]) -> None:
+    """Run held pushes (:func:`held_pushes`) by EVALSHA, one pipeline per channel; one
+    Redis did not know runs whole (EVAL, which loads it)."""
+    from redis.exceptions import NoScriptError
+
+    channels: dict[int, tuple[Any, list[tuple[list[str], list[Any]]]]] = {}
+    for channel, keys, args in held:
+        channels.setdefault(id(channel), (channel, []))[1].append((keys, args))
+    for channel, pushes in channels.values():
+        with channel.conn_or_acquire() as client:
+            if len(pushes) == 1:
+                run_script(client, "push", *pushes[0])
+                continue
+            with client.pipeline(transaction=False) as pipe:
+                for keys, args in pushes:
+                    pipe.execute_command("EVALSHA", _sha("push"), len(keys), *keys, *args)
+                replies = pipe.execute(raise_on_error=False)
+            for (keys, args), reply in zip(pushes, replies, strict=True):
+                if isinstance(reply, NoScriptError):  # nothing ran: sent whole
+                    client.execute_command("EVAL", _source("push"), len(keys), *keys, *args)
+                elif isinstance(reply, Exception):
+                    raise reply
 
 
 #: How many waiting entries, from a list's front, a later step's push reads at most (only
@@ -240,6 +308,31 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
 
     _brpop_start.compass_fetch = True  # type: ignore[attr-defined]
     channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
+    _skip_taken_append(kredis.QoS)
+
+
+def _skip_taken_append(qos: Any) -> None:
+    """kombu's consumer writes a delivered message's unacked entry and index score (a
+    pipeline: one round trip between a task's fetch and its start); one fetch.lua took
+    into flight already has both, so only kombu's own in-memory count of it is kept
+    (the index keeps the look's stamp: at most kombu's BRPOP timeout early). A message
+    kombu's BRPOP took (a queue that does not ring) is written as kombu writes it."""
+    from kombu.transport import virtual
+
+    if getattr(qos.append, "compass_fetch", False):
+        return
+    append = qos.append
+
+    def _append(self: Any, message: Any, delivery_tag: Any) -> None:
+        channel = self.channel
+        if delivery_tag is not None and getattr(channel, "_compass_taken", None) == delivery_tag:
+            channel._compass_taken = None
+            virtual.QoS.append(self, message, delivery_tag)
+            return
+        append(self, message, delivery_tag)
+
+    _append.compass_fetch = True  # type: ignore[attr-defined]
+    qos.append = _append
 
 
 def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
@@ -391,14 +484,23 @@ def _other_message(channel: Any, woke: Any) -> tuple[Any, Any] | None:
 
 
 def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
-    """Hand one message to kombu's consumer, as its BRPOP read does."""
+    """Hand one message to kombu's consumer, as its BRPOP read does (``prefixed``: the
+    look's, taken into flight by fetch.lua)."""
     import kombu.transport.redis as kredis
     from kombu.utils.encoding import bytes_to_str
 
     dest = _queue_of(channel, src, prefixed)
     with contextlib.suppress(ValueError):
         channel._queue_cycle.rotate(dest)
-    channel.connection._deliver(kredis.loads(bytes_to_str(raw)), dest)
+    payload = kredis.loads(bytes_to_str(raw))
+    if prefixed:  # fetch.lua's: in flight already, kombu's consumer need not write it
+        props = payload.get("properties") if isinstance(payload, dict) else None
+        channel._compass_taken = props.get("delivery_tag") if isinstance(props, dict) \
+            else None
+    try:
+        channel.connection._deliver(payload, dest)
+    finally:
+        channel._compass_taken = None
     return True
 
 

@@ -261,11 +261,17 @@ def fault_table(folder: str) -> None:
               show_default=True, help="the run's time scale (times shown in workload ms)")
 @click.option("--level", type=click.IntRange(0, 9), default=9, show_default=True,
               help="the priority level of the successors followed")
-def trace_waits(folder: str, time_scale: float, level: int) -> None:
+@click.option("--hops", is_flag=True,
+              help="also what every hop cost: each successor's release after its "
+              "sender's end, a busy worker's gap between tasks, an idle worker's pick")
+def trace_waits(folder: str, time_scale: float, level: int, hops: bool) -> None:
     """Print the wait report."""
-    from ..bench.trace_waits import load, report
+    from ..bench.trace_waits import hops_report, load, report
 
-    click.echo(report(load(folder), time_scale, level))
+    lines = load(folder)
+    click.echo(report(lines, time_scale, level))
+    if hops:
+        click.echo(hops_report(lines, time_scale))
 
 
 @bench.command(name="slo-table",

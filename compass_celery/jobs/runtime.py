@@ -19,6 +19,7 @@ from redis import RedisError
 
 from .. import ledger
 from .. import tracing as trace
+from ..broker.fetch import held_pushes
 from ..errors import JobError, JobTimeout
 from ..needs import learned_loads
 from ..placement import Decision
@@ -43,8 +44,10 @@ logger = logging.getLogger("compass_celery.jobs")
 
 #: How long a job this worker saw running (its own completion of one of the job's nodes
 #: released successors) counts as running at a successor's receipt, without asking Redis
-#: again. A failure here forgets it at once; one on another worker within this window
-#: may let one more node run here, whose completion is then refused as late.
+#: again; so does a job whose node was sent this recently (its sender saw it running: a
+#: producer that made it, a worker whose completion released the node). A failure here
+#: forgets it at once; one on another worker within this window may let one more node
+#: run here, whose completion is then refused as late.
 SEEN_RUNNING_S = 1.0
 
 
@@ -109,7 +112,8 @@ class JobRuntime:
     def __init__(self, compass: CompassContext, worker_name: str) -> None:
         self.c, self.name = compass, worker_name
         self.outputs = OutputCache(int(compass.settings.output_cache_mb * 2**20))
-        self._seen_running: OrderedDict[str, float] = OrderedDict()  # job id -> monotonic
+        # job id -> when this worker saw it running (monotonic); None: it failed here
+        self._seen_running: OrderedDict[str, float | None] = OrderedDict()
         client = compass.store.client
         self._complete = register_script(client, "complete")
 
@@ -117,24 +121,39 @@ class JobRuntime:
         """The Redis keys of job ``job_id`` under this app's key prefix."""
         return JobKeys.of(self.c.settings.key_prefix, job_id)
 
-    def job_state(self, job_id: str) -> str:
+    def job_state(self, job_id: str, sent: float = 0.0) -> str:
         """Job ``job_id``'s state: ``RUNNING`` if this worker completed one of its nodes
         within ``SEEN_RUNNING_S`` (a collocated successor's receipt asks Redis nothing),
-        else Redis's, or ``UNKNOWN`` once its record is gone."""
-        seen = self._seen_running.get(job_id)
-        if seen is not None and time.monotonic() - seen < SEEN_RUNNING_S:
+        or if the node received was ``sent`` (its sender's wall clock, epoch s) within it
+        (a node sent moments ago by another worker or a producer asks nothing either: its
+        round trip sat between a busy worker's tasks), unless the job failed here; else
+        Redis's, or ``UNKNOWN`` once its record is gone."""
+        if job_id in self._seen_running:
+            seen = self._seen_running[job_id]
+            if seen is None:  # failed here: always asked
+                sent = 0.0
+            elif time.monotonic() - seen < SEEN_RUNNING_S:
+                return "RUNNING"
+        if sent and 0.0 <= time.time() - sent < SEEN_RUNNING_S:
             return "RUNNING"
         state = self.c.store.client.hget(self.keys(job_id).job, "state")
         return state.decode() if state else "UNKNOWN"
 
-    def _saw_running(self, job_id: str) -> None:
-        self._seen_running[job_id] = time.monotonic()
+    def _saw_running(self, job_id: str, failed: bool = False) -> None:
+        self._seen_running[job_id] = None if failed else time.monotonic()
         self._seen_running.move_to_end(job_id)
         while len(self._seen_running) > 4096:
             self._seen_running.popitem(last=False)
 
-    def resolve_inputs(self, job: dict[str, Any], args: Any) -> None:
-        """Replace the input reference (first arg) in place with the predecessors' outputs."""
+    def _failed_here(self, job_id: str) -> None:
+        """This worker failed the job: its nodes received here ask Redis again, however
+        recently they were sent."""
+        self._saw_running(job_id, failed=True)
+
+    def resolve_inputs(self, job: dict[str, Any], args: Any, pipe: Any = None) -> None:
+        """Replace the input reference (first arg) in place with the predecessors' outputs.
+        Outputs this worker does not hold are read on ``pipe`` when given, with what the
+        caller queued there (its start's bookkeeping): one round trip for both."""
         if not isinstance(args, list) or not args or not isinstance(args[0], dict) \
                 or INPUT_REF not in args[0]:
             return
@@ -149,7 +168,12 @@ class JobRuntime:
             else:
                 missing.append(p)
         if missing:
-            raw = self.c.store.client.hmget(self.keys(job_id).outputs, missing)
+            key = self.keys(job_id).outputs
+            if pipe is not None:
+                pipe.hmget(key, missing)
+                raw = self.c.store.execute(pipe)[-1]  # type: ignore[attr-defined]
+            else:
+                raw = self.c.store.client.hmget(key, missing)
             for p, r in zip(missing, raw, strict=True):
                 if r is None:
                     raise JobError(f"job {job_id}: output of {p!r} is gone (expired?)")
@@ -227,11 +251,7 @@ class JobRuntime:
         if specs is None:
             specs = [json.loads(r[2]) for r in released]
         try:
-            for (succ, task_id, _, plan, where), spec in zip(released, specs, strict=True):
-                planned = json.loads(plan) if plan else None
-                decision = self._send_successor(job_id, succ, task_id, spec,
-                                                planned, json.loads(where), unsettled_ms)
-                sent.append((succ, task_id, decision, planned))
+            self._publish_released(job_id, released, specs, unsettled_ms, sent)
         finally:
             if sent:
                 pipe = pipe if pipe is not None else c.store.client.pipeline(transaction=False)
@@ -244,6 +264,30 @@ class JobRuntime:
                                     planned.get("level"), -1, pipe)  # no longer pending
                 c.store.execute(pipe)  # type: ignore[attr-defined]
         return [tid for _, tid, _, _ in sent]
+
+    def _publish_released(self, job_id: str, released: list[tuple[str, ...]],
+                          specs: list[dict[str, Any]], unsettled_ms: float,
+                          sent: list[tuple[str, str, Decision, dict[str, Any] | None]]
+                          ) -> None:
+        """Place and publish each released successor, adding each one sent to ``sent``
+        (to confirm). Several successors' pushes go in one round trip: if that fails,
+        none of them counts as sent (a resumed completion sends them again); an error
+        before it leaves those already placed to be sent and confirmed."""
+        with held_pushes() if len(released) > 1 else contextlib.nullcontext() as held:
+            try:
+                for (succ, task_id, _, plan, where), spec in zip(released, specs,
+                                                                 strict=True):
+                    planned = json.loads(plan) if plan else None
+                    decision = self._send_successor(job_id, succ, task_id, spec, planned,
+                                                    json.loads(where), unsettled_ms)
+                    sent.append((succ, task_id, decision, planned))
+            finally:
+                if held is not None:
+                    try:
+                        held.send()
+                    except BaseException:
+                        sent.clear()
+                        raise
 
     def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
                         planned: dict[str, Any] | None, where: dict[str, float],
@@ -331,7 +375,7 @@ class JobRuntime:
             "worker": self.name, "exc_type": "DeadlineMissed",
             "exc": f"shed before node {where!r} ran: starting it now could no longer meet "
                    f"the job's deadline", "why": "deadline"})
-        self._seen_running.pop(job["id"], None)
+        self._failed_here(job["id"])
         for _, _, _, plan, _ in released:  # released, so fail_job does not count them
             planned = json.loads(plan) if plan else None
             if planned and planned.get("worker") not in (None, SHARED):
@@ -372,7 +416,7 @@ class JobRuntime:
     def fail(self, job: dict[str, Any], task_id: str, exc: BaseException, why: str = "",
              task: str | None = None) -> str:
         """Fail the job once (fail.lua), revoke its outstanding tasks, release pending."""
-        self._seen_running.pop(job["id"], None)  # its queued nodes here are checked again
+        self._failed_here(job["id"])  # its queued nodes here are checked again
         self.outputs.drop_job(job["id"])
         return fail_job(self.c, job["id"], {
             "job": job["id"], "node": job["node"], "task": task, "task_id": task_id,

@@ -26,12 +26,11 @@ from ..cache import current_cache, default_registry, get_model
 from ..emulated import (
     batched_from_env,
     configured_app,
-    count_execution,
+    counted,
     counted_pass,
     timed_base,
 )
 from ..jobs.dag import Dag
-from ..state import keys
 from . import models as pm
 from .search import EXAMPLE_LINES, example_clip, rank_lines
 
@@ -162,9 +161,7 @@ def _register_tasks(app: Celery) -> None:
 
 def _node(task: Any, model: str | None, data: Any) -> dict[str, Any]:
     """Run a workload node's canned forward pass, counted in the benchmark's ledger."""
-    count_execution(task, keys.BENCH_STARTS)
-    out = _canned(model, data)
-    count_execution(task, keys.BENCH_EXECS)
+    out = counted(task, lambda: _canned(model, data))
     return {"model": model, "worker": _worker(task), "out": out}
 
 

@@ -156,7 +156,7 @@ class TaskPath:
         if not isinstance(job, dict) or self.jobs is None:
             return
         try:
-            state = self.jobs.job_state(job.get("id", ""))
+            state = self.jobs.job_state(job.get("id", ""), _sent(job))
         except (StateUnavailable, RedisError):
             return  # run it; a late completion is ignored if the job has ended
         if state in ("FAILURE", "UNKNOWN"):
@@ -177,17 +177,18 @@ class TaskPath:
         job = getattr(request, JOB_HEADER, None)
         trace.started(request.id, self.name, decision.priority if decision else None, job,
                       picked, getattr(task, "name", ""))
-        if isinstance(job, dict) and self.jobs is not None:
-            try:
-                self.jobs.resolve_inputs(job, args)
-            except JobError as exc:
-                self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
-        if model is not None:  # the worker's served rates are judged from its first start
-            self.served.serving()
         # taken: it waits no longer, and the worker is busy from now on, its model's load
         # included (a load hid it: a plan saw the worker idle and put an urgent task behind
-        # it, docs/results/mixed/real-sheds.txt)
-        self._started_queued(decision)
+        # it, docs/results/mixed/real-sheds.txt); said in its inputs' round trip
+        pipe = self._started_pipe(decision)
+        if isinstance(job, dict) and self.jobs is not None:
+            try:
+                self.jobs.resolve_inputs(job, args, pipe)
+            except JobError as exc:
+                self.jobs.fail(job, request.id, exc, "inputs unavailable", task=task.name)
+        self._run_started(pipe)  # unless the inputs' read ran it
+        if model is not None:  # the worker's served rates are judged from its first start
+            self.served.serving()
         charge = decision.charge_ms if decision is not None and \
             decision.worker == self.name else 0.0
         self._span(request.id, picked, charge)
@@ -243,17 +244,30 @@ class TaskPath:
         """A task that starts no longer waits: take it off its level's queued work, which
         tasks of higher priority skip, and off its batch key's count of waiting inputs
         (best effort: reconciliation corrects both)."""
+        self._run_started(self._started_pipe(decision))
+
+    def _started_pipe(self, decision: Decision | None) -> Any:
+        """:meth:`_started_queued`'s writes queued on a pipeline, not yet run (None:
+        nothing to write, or written already where the store has no pipelines)."""
         if decision is None or decision.worker != self.name:
-            return
+            return None
         if not ledger.waiting(decision):
-            return
+            return None
         store = self.compass.store
-        with contextlib.suppress(StateUnavailable, RedisError, OSError):  # one round trip
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):
             pipe = store.client.pipeline(transaction=False) \
                 if store.client is not None else None
             ledger.started(store, decision, pipe)
-            if pipe is not None:
-                store.execute(pipe)  # type: ignore[attr-defined]
+            return pipe
+        return None
+
+    def _run_started(self, pipe: Any) -> None:
+        """Run :meth:`_started_pipe`'s pipeline, if something is still queued on it (one
+        round trip, best effort)."""
+        if pipe is None or not len(pipe):
+            return
+        with contextlib.suppress(StateUnavailable, RedisError, OSError):
+            self.compass.store.execute(pipe)  # type: ignore[attr-defined]
 
     def task_finished(self, task: Any, request: Any, decision: Decision | None,
                       state: str | None, retval: Any = None) -> None:
@@ -510,6 +524,14 @@ def _header(request: Any, name: str) -> Any:
     if value is None:
         value = (getattr(request, "_request_dict", None) or {}).get(name)
     return value
+
+
+def _sent(job: dict) -> float:
+    """When a job node's message was sent (its header; 0 when it does not say)."""
+    try:
+        return float(job.get("sent") or 0.0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _task_model(task: Any, decision: Decision | None) -> str | None:

@@ -163,6 +163,45 @@ def test_a_publish_onto_a_compass_queue_is_one_script_that_survives_a_script_flu
     client.delete(layout.bell(queue), *layout.lists(queue))
 
 
+def test_held_pushes_go_in_one_round_trip_when_sent_and_survive_a_script_flush(
+        compass_redis_url):
+    """Pushes held by held_pushes() reach Redis only when sent, all in one pipeline (each
+    still push.lua: its list and its bell); a Redis that lost the script still gets
+    every message; a push outside the block is not held."""
+    from kombu import Connection
+
+    from compass_celery.broker.fetch import held_pushes
+
+    ring_compass_queues("compass.w.", SHARED)
+    client = redis.Redis.from_url(compass_redis_url)
+    layout = RedisLayout()
+    queues = ("compass.w.held1", "compass.w.held2")
+    client.delete(*(layout.bell(q) for q in queues), *(k for q in queues
+                                                       for k in layout.lists(q)))
+    with Connection(compass_redis_url) as conn, conn.SimpleQueue(queues[0]) as q1, \
+            conn.SimpleQueue(queues[1]) as q2:
+        q1.put({"n": 0}, priority=9)  # declares it, loads the script
+        client.delete(layout.list_for(queues[0], 9), layout.bell(queues[0]))
+        client.script_flush()
+        with held_pushes() as held:
+            q1.put({"n": 1}, priority=9)
+            q2.put({"n": 2}, priority=0)
+            assert not client.exists(layout.list_for(queues[0], 9))  # held, not sent
+            assert len(held.pushes) == 2
+            client.config_resetstat()
+            held.send()
+            stats = client.info("commandstats")
+            assert not held.pushes
+        q2.put({"n": 3}, priority=0)  # not held
+    assert client.llen(layout.list_for(queues[0], 9)) == 1
+    assert client.llen(layout.list_for(queues[1], 0)) == 2
+    assert client.llen(layout.bell(queues[0])) == 1 and client.llen(layout.bell(queues[1])) == 2
+    assert stats.get("cmdstat_evalsha", {}).get("calls") == 2  # both NOSCRIPT after the flush
+    assert stats.get("cmdstat_eval", {}).get("calls") == 2  # ... so each sent whole
+    client.delete(*(layout.bell(q) for q in queues), *(k for q in queues
+                                                       for k in layout.lists(q)))
+
+
 def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
         compass_redis_url):
     """The worker's look runs fetch.lua by EVALSHA; after Redis lost its scripts the look
@@ -180,6 +219,7 @@ def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
     install_atomic_fetch(queue, queues.leases_key)
     client.config_resetstat()
     with Connection(compass_redis_url) as conn, conn.SimpleQueue(queue) as q:
+        execs = _calls(client, "exec")  # the queue's declaration's
         for n in range(4):
             if n == 2:
                 client.script_flush()
@@ -191,9 +231,17 @@ def test_a_consumer_fetches_atomically_by_evalsha_and_after_a_script_flush(
             assert client.zscore(queues.leases_key, tag) is not None  # ... with a lease
             message.ack()
             assert not client.hexists("unacked", tag)
-    assert client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0) >= 4
+    stats = client.info("commandstats")
+    assert stats.get("cmdstat_evalsha", {}).get("calls", 0) >= 4
     assert client.info("errorstats").get("errorstat_NOSCRIPT", {}).get("count", 0) >= 1
     assert not client.llen(queue)
+    # kombu's consumer did not write the entries again (its MULTI/EXEC a delivery): the
+    # only transactions are the four acks
+    assert _calls(client, "exec") - execs == 4
+
+
+def _calls(client: redis.Redis, command: str) -> int:
+    return int(client.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
 def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,

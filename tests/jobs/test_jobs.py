@@ -254,6 +254,29 @@ def test_a_job_seen_running_here_is_not_asked_again_until_it_fails_here(compass_
     assert jobs.job_state("gone") == "UNKNOWN"
 
 
+def test_a_node_sent_moments_ago_is_not_asked_about_unless_its_job_failed_here(
+        compass_redis_url):
+    """A receipt trusts a node sent within SEEN_RUNNING_S (its sender saw the job running):
+    no round trip between a busy worker's tasks. An older send, one from a clock ahead of
+    this one, or a job failed on this worker asks Redis."""
+    import time
+
+    from compass_celery.jobs.runtime import SEEN_RUNNING_S, JobRuntime
+
+    app = make_app(compass_redis_url, compass_key_prefix="fresh")
+    jobs = JobRuntime(app.compass, "w@fresh")
+    log = redis.Redis.from_url(compass_redis_url)
+    log.hset(jobs.keys("j2").job, "state", "FAILURE")  # failed elsewhere since the send
+    now = time.time()
+    assert jobs.job_state("j2", now - 0.01) == "RUNNING"  # trusted: Redis is not asked
+    assert jobs.job_state("j2", now - 2 * SEEN_RUNNING_S) == "FAILURE"  # too old: asked
+    assert jobs.job_state("j2", now + 5.0) == "FAILURE"  # a send "from the future": asked
+    assert jobs.job_state("j2") == "FAILURE"  # no send time: asked
+    log.hset(jobs.keys("j3").job, "state", "RUNNING")
+    jobs.fail({"id": "j3", "node": "b"}, "j3.b", ValueError("boom"), "failed here")
+    assert jobs.job_state("j3", time.time()) == "FAILURE"  # failed here: always asked
+
+
 def test_planned_work_counts_at_its_level_and_is_released_when_sent(cluster):
     """A successor waiting for its input is planned work at its job's level
     (PENDING_QUEUED), which an urgent plan reads to skip what it will overtake; sending
@@ -275,3 +298,35 @@ def test_planned_work_counts_at_its_level_and_is_released_when_sent(cluster):
     wait_until(lambda: all(float(v) == 0 for v in app.log.hvals(level_key)), 10,
                "planned work at level 9 released")
     assert all(float(v) == 0 for v in app.log.hvals(keys.key(keys.PENDING, "compass")))
+
+
+def test_inputs_read_from_redis_ride_the_callers_pipeline_in_one_round_trip(
+        compass_redis_url):
+    """A successor's start reads the outputs its worker does not hold on the pipeline
+    its start's bookkeeping is queued on: one round trip runs both; with every output
+    held here nothing is read, and the bookkeeping is left for the caller to run."""
+    import json
+
+    from compass_celery.jobs.keys import INPUT_REF
+    from compass_celery.jobs.runtime import JobRuntime
+
+    app = make_app(compass_redis_url, compass_key_prefix="inpipe")
+    jobs = JobRuntime(app.compass, "w@inpipe")
+    log = redis.Redis.from_url(compass_redis_url)
+    log.hset(jobs.keys("j4").outputs, mapping={"a": json.dumps([1]), "b": json.dumps("x")})
+    client = app.compass.store.client
+    pipe = client.pipeline(transaction=False)
+    pipe.set("inpipe:mark", "1")  # the caller's bookkeeping
+    log.config_resetstat()
+    args = [{INPUT_REF: {"preds": ["a", "b"], "single": False}}, 7]
+    jobs.resolve_inputs({"id": "j4", "node": "c"}, args, pipe)
+    stats = log.info("commandstats")
+    assert args == [[[1], "x"], 7]
+    assert log.get("inpipe:mark") == b"1" and not len(pipe)  # ran with the read
+    assert stats["cmdstat_hmget"]["calls"] == 1 and stats["cmdstat_set"]["calls"] == 1
+    jobs.outputs.put("j5", "a", {"k": 2}, 8)  # held here: nothing to read
+    pipe.set("inpipe:mark", "2")
+    args = [{INPUT_REF: {"preds": ["a"], "single": True}}]
+    jobs.resolve_inputs({"id": "j5", "node": "c"}, args, pipe)
+    assert args == [{"k": 2}] and len(pipe) == 1  # left to the caller
+    pipe.reset()

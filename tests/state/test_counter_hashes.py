@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -129,6 +130,52 @@ def test_learned_values_follow_one_rule_in_both_stores(compass_redis_url):
         code = path.read_text()
         assert not any(word in code for word in ("alpha", "tau", "exec_ms", "error_ms")), \
             f"{path.name} carries a learning rule: keep it in Python (state/records.py)"
+
+
+def test_a_pipelined_update_found_stale_rides_the_next_pipeline_not_a_round_trip(
+        compass_redis_url):
+    """An update on a pipeline that another process's write made stale costs no round
+    trip of its own: the rule is applied to the value found and the write goes at the
+    front of the next pipelined update; two stale ones of a field apply in order. The
+    values end as one writer applying the runs in the order they landed would leave
+    them (a carried run lands after the other writer's later one)."""
+    redis_store = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    other = RedisStateStore(compass_redis_url, queue_prefix=QP)
+    client = redis.Redis.from_url(compass_redis_url)
+    profiles = keys.key(keys.PROFILES, "compass")
+    client.delete(profiles)
+
+    def learn(store: Any, key: str, ms: float, pipe: Any = None) -> None:
+        store.record_run(key, ms, 0.3, pipe=pipe)
+
+    def n(key: str) -> int:
+        raw = client.hget(profiles, key)
+        return json.loads(raw)["n"] if raw else 0
+
+    learn(redis_store, "t|m", 100.0)
+    learn(other, "t|m", 200.0)  # redis_store's last write is stale now
+    pipe = redis_store.client.pipeline(transaction=False)
+    learn(redis_store, "t|m", 50.0, pipe)
+    client.config_resetstat()
+    redis_store.execute(pipe)
+    assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == 1  # no retry
+    assert n("t|m") == 2  # carried, not written yet
+    learn(other, "t|m", 300.0)  # stale again: the carried write and the next one both
+    pipe = redis_store.client.pipeline(transaction=False)
+    learn(redis_store, "t|m", 70.0, pipe)
+    redis_store.execute(pipe)
+    assert n("t|m") == 3
+    pipe = redis_store.client.pipeline(transaction=False)
+    learn(redis_store, "u|m", 10.0, pipe)  # another field's update carries them
+    redis_store.execute(pipe)
+    assert n("t|m") == 5 and n("u|m") == 1
+    memory = MemoryStateStore()
+    for key, ms in (("t|m", 100.0), ("t|m", 200.0), ("t|m", 300.0), ("t|m", 50.0),
+                    ("t|m", 70.0), ("u|m", 10.0)):
+        memory.record_run(key, ms, 0.3)
+    got = redis_store.snapshot(time.time(), 30.0).profiles
+    assert got == pytest.approx(memory.snapshot(time.time(), 30.0).profiles)
+    client.delete(profiles)
 
 
 def test_planned_work_is_read_by_level_and_forgotten_with_its_worker(compass_redis_url):
