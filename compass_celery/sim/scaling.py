@@ -41,6 +41,7 @@ from typing import Any
 
 from ..planner.capacity import DEFAULT_MAX_UTIL
 from ..planner.cost import MS_PER_S
+from ..planner.priority import resolve_priority
 from ..planner.scaling import (
     DEFAULT_HEADROOM,
     DEFAULT_NOISE_SIGMA,
@@ -162,15 +163,17 @@ def messages(fleet: Fleet) -> int:
     return sum(len(w.queue) + (w.running is not None) for w in fleet.ready())
 
 
-def class_loads(workload: Workload) -> dict[str, tuple[dict[str, float], float, float | None]]:
+def class_loads(workload: Workload
+                ) -> dict[str, tuple[dict[str, float], float, float | None, int]]:
     """SLO class -> (GPU ms one of its jobs plans per model, its mean critical path in
-    ms, its deadline), averaged over its templates by the mix."""
+    ms, its deadline, its priority level), averaged over its templates by the mix."""
     acc: dict[str, list[Any]] = {}
     total = sum(workload.mix.values())
     for name, weight in workload.mix.items():
         slo = workload.slo(name)
         cls = slo.name if slo is not None else "none"
-        entry = acc.setdefault(cls, [{}, 0.0, 0.0, slo.deadline_ms if slo else None])
+        level = resolve_priority(slo.priority if slo is not None else None)
+        entry = acc.setdefault(cls, [{}, 0.0, 0.0, slo.deadline_ms if slo else None, level])
         dag = workload.dags[name]
         share = weight / total
         for spec in dag.nodes.values():
@@ -182,7 +185,7 @@ def class_loads(workload: Workload) -> dict[str, tuple[dict[str, float], float, 
             finish[node] = start + dag.nodes[node].exec_ms
         entry[1] += share * max(finish.values(), default=0.0)
         entry[2] += share
-    return {c: ({m: ms / e[2] for m, ms in e[0].items()}, e[1] / e[2], e[3])
+    return {c: ({m: ms / e[2] for m, ms in e[0].items()}, e[1] / e[2], e[3], e[4])
             for c, e in acc.items()}
 
 
@@ -190,9 +193,9 @@ def loads_at(workload: Workload, rates: Mapping[str, tuple[float, float]]) -> li
     """The classes at these (rate, trend) pairs, as :func:`planner.scaling.decide` takes
     them."""
     out = []
-    for cls, (work, path, deadline) in class_loads(workload).items():
+    for cls, (work, path, deadline, level) in class_loads(workload).items():
         rate, trend = rates.get(cls, (0.0, 0.0))
-        out.append(ClassLoad(cls, rate, work, deadline, path, trend))
+        out.append(ClassLoad(cls, rate, work, deadline, path, trend, level))
     return out
 
 
@@ -237,10 +240,13 @@ Tick = Callable[[Fleet, float], None]
 #: compass-plan's sizing knobs (``compass-plan:KEY=VALUE+KEY=VALUE``): the work term's
 #: factor (``planner.scaling``'s headroom), the utilisation cap, the rate window, horizon
 #: (default: the cold start) and down window in real seconds, the trend's noise threshold
-#: in sigmas, and the standard errors taken off the window's rate (noise_sigma).
+#: in sigmas, the standard errors taken off the window's rate (noise_sigma), and whether
+#: the work term counts priority levels (levels: 1, the default; 0 sums every class as
+#: one level, the rule before).
 PLAN_KNOBS = {"headroom": DEFAULT_HEADROOM, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
               "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
-              "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA}
+              "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA,
+              "levels": 1.0}
 
 
 def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
@@ -260,10 +266,10 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
             knobs[key] = float(value)
         except ValueError:
             raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
-        zero_ok = key in ("down", "trend_sigma", "noise_sigma")
+        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels")
         if not knobs[key] >= 0 or (not zero_ok and not knobs[key] > 0):
             raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma, "
-                             f"noise_sigma >= 0)")
+                             f"noise_sigma, levels >= 0)")
     return part, knobs
 
 
@@ -292,7 +298,8 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
         loads = loads_at(workload, window.rates(now_s))
         d = decide(loads, members, workload.models, damper, now_s,
                    horizon_s=knobs["horizon"] / c, gpu_mb=fleet.template.gpu_mem_mb,
-                   max_util=knobs["max_util"], headroom=knobs["headroom"])
+                   max_util=knobs["max_util"], headroom=knobs["headroom"],
+                   by_level=knobs["levels"] > 0)
         if log is not None:
             log.append(reading(now_s, loads, members, d))
         for hint in d.add:

@@ -39,6 +39,29 @@ def test_the_work_term_is_the_classes_work_over_their_utilisation_bound() -> Non
     assert need.now == math.ceil(expect)
 
 
+def test_a_lower_priority_class_fills_the_room_a_higher_ones_bound_leaves() -> None:
+    # interactive at 0.75 (100 ms of a 400 ms deadline), batch capped at 0.8, 2 workers each
+    tight = ClassLoad("i", 20.0, {"a": 100.0}, deadline_ms=400.0, path_ms=100.0, priority=9)
+    loose = ClassLoad("s", 20.0, {"b": 100.0}, deadline_ms=None, path_ms=100.0)
+    level = workers_needed([tight, loose], [member("w")], SIZES, max_util=0.8, headroom=1.0)
+    # the batch level waits behind both classes' 4 workers of work at its 0.8 bound; the
+    # interactive level behind its own only (2 / 0.75): the larger is needed
+    assert level.work_workers == pytest.approx(4.0 / 0.8)
+    summed = workers_needed([tight, loose], [member("w")], SIZES, max_util=0.8,
+                            headroom=1.0, by_level=False)
+    assert summed.work_workers == pytest.approx(2.0 / 0.75 + 2.0 / 0.8)
+    assert (level.now, summed.now) == (5, 6)
+    # one level (equal priorities): the sum, whatever by_level says
+    same = ClassLoad("i", 20.0, {"a": 100.0}, deadline_ms=400.0, path_ms=100.0)
+    assert workers_needed([same, loose], [member("w")], SIZES, max_util=0.8,
+                          headroom=1.0).work_workers == pytest.approx(summed.work_workers)
+    # the higher level binds when its own bound is the tighter need
+    heavy = ClassLoad("i", 30.0, {"a": 100.0}, deadline_ms=200.0, path_ms=100.0, priority=9)
+    light = ClassLoad("s", 1.0, {"b": 100.0}, deadline_ms=None, path_ms=100.0)
+    top = workers_needed([heavy, light], [member("w")], SIZES, max_util=0.8, headroom=1.0)
+    assert top.work_workers == pytest.approx(3.0 / target_utilisation(100.0, 200.0, 0.8))
+
+
 def test_a_rising_rate_asks_for_workers_ahead_and_a_falling_one_keeps_now() -> None:
     rising = ClassLoad("i", 10.0, {"a": 100.0}, path_ms=100.0, trend_per_s2=1.0)
     need = workers_needed([rising], [member("w")], SIZES, horizon_s=30.0)
@@ -145,6 +168,23 @@ def test_a_rise_within_the_noise_keeps_the_window_rate() -> None:
     for i in range(100):  # 2 jobs/s for 5 s, then 18 jobs/s: the last eighth's 22
         window.observe("i", 10.0 + i * 0.5 if i < 10 else 15.0 + (i - 10) / 18.0)
     assert window.rates(20.0)["i"][0] == pytest.approx(10.0)  # 22 < 12.5 + 3 sigma
+
+
+def test_a_few_arrivals_pass_the_burst_test_by_the_poisson_law_not_its_normal_guess() -> None:
+    """A short stretch (the last 5 s of 40) expecting about one arrival: five come 0.6%
+    of the time by chance (the normal approximation's 3 sigma, 1.1 + 3.2, called that a
+    burst), eight 0.03%: only the latter is one."""
+    def window_with(last: int) -> RateWindow:
+        window = RateWindow(window_s=40.0, noise_sigma=0.0)
+        for t in (22.0, 28.0, 34.0, 39.0):  # four in the window's first half ...
+            window.observe("i", t)
+        for i in range(last):  # ... then `last` in its final eighth
+            window.observe("i", 55.5 + i * 0.5)
+        return window
+
+    five, eight = window_with(5).rates(60.0)["i"], window_with(8).rates(60.0)["i"]
+    assert five == (pytest.approx(9 / 40.0), 0.0)  # the window's rate, no trend either
+    assert eight[0] == pytest.approx(8 / 5.0)  # taken as the burst's own rate
 
 
 def test_a_trend_counts_only_past_its_sigmas_of_the_halves_noise() -> None:

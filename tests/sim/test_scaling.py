@@ -154,6 +154,28 @@ def test_compass_plan_looks_ahead_one_cold_start_unless_told(
     assert seen and all(h == pytest.approx(240.0 / 120.0) for h in seen)
 
 
+def test_the_classes_carry_their_priority_and_the_levels_knob_reaches_the_rule(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Interactive jobs run first (level 9), standard ones as batch (0): the rule sizes
+    by level unless ``levels=0``."""
+    levels = {c.name: c.priority for c in scaling.loads_at(WORKLOAD, {})}
+    assert levels == {"interactive": 9, "standard": 0}
+    seen: list[bool] = []
+    real = scaling.decide
+
+    def spy(*args: object, **kw: object) -> object:
+        seen.append(bool(kw["by_level"]))
+        return real(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(scaling, "decide", spy)
+    trace = traces.step(6.0, 10.0, compression=120.0)
+    scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
+    assert seen and all(seen)
+    seen.clear()
+    scaling.run(WORKLOAD, "compass-plan:levels=0", scaling.Setup(trace))
+    assert seen and not any(seen)
+
+
 def test_traces_have_their_shape_and_are_seeded() -> None:
     day = traces.diurnal(240.0, 30.0, low=0.1)
     assert day.rate(40.0) == pytest.approx(3.0)  # 04:00, the trough
