@@ -701,6 +701,15 @@ class Hidden:
             return 0.0
         return _np_min(_np_max(float(self._start[i]) - _np_max(r, f), 0.0), load)
 
+    def sound(self) -> bool:
+        """Whether a value can be NaN only where the task's start is (then so is its
+        finish): the loader column it read holds no NaN."""
+        loader = self._loader
+        if isinstance(loader, np.ndarray):
+            top = float(np.maximum.reduce(loader)) if len(loader) else 0.0
+            return top == top
+        return loader == loader
+
     def array(self) -> np.ndarray:
         """Every worker's value (what :func:`hidden_load_ms` gives, with what was written)."""
         out = hidden_load_ms(self._ready, self._start, self._load, self._fits, self._loader)
@@ -725,11 +734,17 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
     base = load  # what is hidden is made before the start: of the load as it was asked
-    if isinstance(loader_free, np.ndarray) and loader_free.any():
+    # (count_nonzero: the same answer as any(), NaN counted, without its wrapper)
+    if isinstance(loader_free, np.ndarray) and np.count_nonzero(loader_free):
         # a load begins once the worker's loader is free: what of that falls after the
         # start delays the task too (hidden is then 0: nothing of it ran before the start)
-        behind = loader_free - start
-        load = np.where((load > 0.0) & (behind > 0.0), load + behind, load)
+        # at the few rows where it is (loader_free > start is behind > 0, float for
+        # float: a difference of two doubles is above 0 exactly when the first is larger)
+        rows = (loader_free > start).nonzero()[0]
+        if len(rows):
+            was = load[rows]
+            load = load.copy()  # ``base`` keeps the load as asked
+            load[rows] = np.where(was > 0.0, was + (loader_free[rows] - start[rows]), was)
     if in_flight is not None and len(in_flight.at):
         at = in_flight.at
         # the rewrite below changes the load only at ``at``, where nothing is hidden
