@@ -170,11 +170,20 @@ class WorkerArrays:
         ends_by: dict[tuple[int, str], float] = {}
         if rows is not None:  # a running sum per worker, in the order its loads end
             keys_, at, whole, began, ends, groups, last_of = rows
-            acc = whole * left_shares(began, ends, now)
-            for a, b in groups:  # sequential, as a Python sum: float for float
-                acc[a:b] = np.add.accumulate(acc[a:b])
-            busy[at[last_of]] = acc[last_of]
-            ends_by = dict(zip(keys_, acc.tolist(), strict=True))
+            if len(keys_) > _FEW_LOADS:
+                acc = whole * left_shares(began, ends, now)
+                for a, b in groups:  # sequential, as a Python sum: float for float
+                    acc[a:b] = np.add.accumulate(acc[a:b])
+                busy[at[last_of]] = acc[last_of]
+                ends_by = dict(zip(keys_, acc.tolist(), strict=True))
+            else:  # a few loads (the usual case): the same operations in Python floats
+                got = [w * _left_share_as_np(b, e, now) for w, b, e in
+                       zip(whole.tolist(), began.tolist(), ends.tolist(), strict=True)]
+                for a, b in groups:
+                    for k in range(a + 1, b):
+                        got[k] = got[k - 1] + got[k]
+                busy[at[last_of]] = [got[k] for k in last_of.tolist()]
+                ends_by = dict(zip(keys_, got, strict=True))
         busy.flags.writeable = False
         self._ahead["at"] = (self.loading, now, busy, ends_by)
         return busy, ends_by
@@ -343,6 +352,20 @@ def left_share(began: float, ends: float, now: float) -> float:
     if ends <= began:
         return 0.0
     return min(max((ends - now) / (ends - began), 0.0), 1.0)
+
+
+#: Loads under way up to which ``WorkerArrays.loads_ahead`` sums in Python floats.
+_FEW_LOADS = 64
+
+
+def _left_share_as_np(began: float, ends: float, now: float) -> float:
+    """One element of :func:`left_shares`, float for float (its NaN and tie rules, which
+    :func:`left_share` does not keep for a NaN span)."""
+    span = ends - began
+    if not span > 0.0:
+        return 0.0
+    share = (ends - now) / span
+    return 0.0 if share < 0.0 else 1.0 if share > 1.0 else share
 
 
 def left_shares(began: np.ndarray, ends: np.ndarray, now: float) -> np.ndarray:
