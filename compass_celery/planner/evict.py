@@ -181,8 +181,9 @@ class EvictionPricer:
         if self._sound:
             settle = ~evicts if mask is None else mask & ~evicts
             # the least finish where nothing is evicted (inf: no such worker; a NaN there
-            # is the least, as argmin takes it): one reduction, no gather
-            bound = np.minimum.reduce(finish, where=settle, initial=math.inf)
+            # is the least, as argmin takes it): one reduction over the rows picked out
+            # (a reduction with where= costs more than the gather)
+            bound = np.minimum.reduce(finish[settle], initial=math.inf)
             if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
                 near = finish <= bound
                 for i in keep:
@@ -210,7 +211,7 @@ class EvictionPricer:
             return busy_load_price(load, hidden, avail_ms)
         loads = load > 0.0
         free = ~loads if mask is None else mask & ~loads
-        bound = np.minimum.reduce(finish, where=free, initial=math.inf)
+        bound = np.minimum.reduce(finish[free], initial=math.inf)
         if not bound < math.inf:
             return busy_load_price(load, hidden, avail_ms)
         near = finish <= bound
@@ -278,8 +279,10 @@ class EvictionPricer:
 
 
 def _finite(values: np.ndarray) -> bool:
-    """Whether no value is NaN or +inf (one reduction: the max propagates NaN)."""
-    return not len(values) or float(np.maximum.reduce(values)) < math.inf
+    """Whether every value is finite (and below 1e154): their sum of squares is then a
+    number below inf; a NaN or an infinity, of either sign, makes it NaN or inf. One
+    BLAS dot, cheaper than a numpy reduction; too large a value only says no."""
+    return float(np.dot(values, values)) < math.inf
 
 
 def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray,
