@@ -26,7 +26,7 @@ from .cost import (
     start_ms,
     worker_arrays,
 )
-from .evict import EvictionPricer, busy_load_price
+from .evict import EvictionPricer
 from .types import ClusterView, Placement, PlanningError, TaskSpec, WorkerView
 
 # The authors' rule: a successor moves when its worker's backlog exceeds 1.5x its run time.
@@ -122,9 +122,10 @@ def reassign(
         # a load on a busy worker costs the work queued behind it too (busy_load_price):
         # part of the score the eviction price is added to, so pricing only where the
         # choice can fall still holds (both terms are never negative)
-        base = finish + busy_load_price(load, hidden, avail)
+        keep = () if p is None else (p,)
+        base = finish + pricer.busy_price(load, hidden, avail, finish, mask, keep)
         score = base + pricer.choice_price(task.model, size, arr.gpu_free_mb, load, base,
-                                           mask, () if p is None else (p,))
+                                           mask, keep)
     best = choose(score, avail, mask)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")

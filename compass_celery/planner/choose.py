@@ -68,7 +68,7 @@ def choose(finish: np.ndarray, backlog: np.ndarray, mask: np.ndarray | None) -> 
     ties = f == best
     if np.count_nonzero(ties) == 1:
         return i
-    tied = np.flatnonzero(ties)
+    tied = ties.nonzero()[0]
     return int(tied[int(np.argmin(backlog[tied]))])  # argmin keeps the lowest index
 
 

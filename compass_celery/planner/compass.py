@@ -67,12 +67,15 @@ class CompassPolicy:
             model = dag.nodes[name].model
             score, evict = est.finish, None
             if pricer is not None and model is not None:
-                busy = busy_load_price(est.load, est.hidden, walk.avail)
                 if tails is None:  # priced where the choice or a collocation can fall
+                    near = self._near(walk, name)
+                    busy = pricer.busy_price(est.load, est.hidden, walk.avail, est.finish,
+                                             est.restrict, near)
                     evict = busy + pricer.choice_price(model, walk.sizes[name], walk.free,
                                                        est.load, est.finish + busy,
-                                                       est.restrict, self._near(walk, name))
+                                                       est.restrict, near)
                 else:  # a copy is chosen by score among the cold workers: price them all
+                    busy = busy_load_price(est.load, est.hidden, walk.avail)
                     evict = busy + pricer.price(model, walk.sizes[name], walk.free, est.load)
                 score = est.finish + evict
             i = choose(score, walk.avail, est.restrict)

@@ -170,11 +170,20 @@ class WorkerArrays:
         ends_by: dict[tuple[int, str], float] = {}
         if rows is not None:  # a running sum per worker, in the order its loads end
             keys_, at, whole, began, ends, groups, last_of = rows
-            acc = whole * left_shares(began, ends, now)
-            for a, b in groups:  # sequential, as a Python sum: float for float
-                acc[a:b] = np.add.accumulate(acc[a:b])
-            busy[at[last_of]] = acc[last_of]
-            ends_by = dict(zip(keys_, acc.tolist(), strict=True))
+            if len(keys_) > _FEW_LOADS:
+                acc = whole * left_shares(began, ends, now)
+                for a, b in groups:  # sequential, as a Python sum: float for float
+                    acc[a:b] = np.add.accumulate(acc[a:b])
+                busy[at[last_of]] = acc[last_of]
+                ends_by = dict(zip(keys_, acc.tolist(), strict=True))
+            else:  # a few loads (the usual case): the same operations in Python floats
+                got = [w * _left_share_as_np(b, e, now) for w, b, e in
+                       zip(whole.tolist(), began.tolist(), ends.tolist(), strict=True)]
+                for a, b in groups:
+                    for k in range(a + 1, b):
+                        got[k] = got[k - 1] + got[k]
+                busy[at[last_of]] = [got[k] for k in last_of.tolist()]
+                ends_by = dict(zip(keys_, got, strict=True))
         busy.flags.writeable = False
         self._ahead["at"] = (self.loading, now, busy, ends_by)
         return busy, ends_by
@@ -343,6 +352,20 @@ def left_share(began: float, ends: float, now: float) -> float:
     if ends <= began:
         return 0.0
     return min(max((ends - now) / (ends - began), 0.0), 1.0)
+
+
+#: Loads under way up to which ``WorkerArrays.loads_ahead`` sums in Python floats.
+_FEW_LOADS = 64
+
+
+def _left_share_as_np(began: float, ends: float, now: float) -> float:
+    """One element of :func:`left_shares`, float for float (its NaN and tie rules, which
+    :func:`left_share` does not keep for a NaN span)."""
+    span = ends - began
+    if not span > 0.0:
+        return 0.0
+    share = (ends - now) / span
+    return 0.0 if share < 0.0 else 1.0 if share > 1.0 else share
 
 
 def left_shares(began: np.ndarray, ends: np.ndarray, now: float) -> np.ndarray:
@@ -701,6 +724,15 @@ class Hidden:
             return 0.0
         return _np_min(_np_max(float(self._start[i]) - _np_max(r, f), 0.0), load)
 
+    def sound(self) -> bool:
+        """Whether a value can be NaN only where the task's start is (then so is its
+        finish): the loader column it read holds no NaN."""
+        loader = self._loader
+        if isinstance(loader, np.ndarray):  # its sum of squares is NaN if one is NaN
+            top = float(np.dot(loader, loader))  # (one BLAS dot: cheaper than a max)
+            return top == top
+        return loader == loader
+
     def array(self) -> np.ndarray:
         """Every worker's value (what :func:`hidden_load_ms` gives, with what was written)."""
         out = hidden_load_ms(self._ready, self._start, self._load, self._fits, self._loader)
@@ -725,11 +757,17 @@ def load_terms(columns: tuple[np.ndarray, np.ndarray], size_mb: float, free_mb: 
     fits = size_mb <= free_mb
     load = np.where(fits, fit, evict)  # == load_ms, from precomputed columns
     base = load  # what is hidden is made before the start: of the load as it was asked
-    if isinstance(loader_free, np.ndarray) and loader_free.any():
+    # (count_nonzero: the same answer as any(), NaN counted, without its wrapper)
+    if isinstance(loader_free, np.ndarray) and np.count_nonzero(loader_free):
         # a load begins once the worker's loader is free: what of that falls after the
         # start delays the task too (hidden is then 0: nothing of it ran before the start)
-        behind = loader_free - start
-        load = np.where((load > 0.0) & (behind > 0.0), load + behind, load)
+        # at the few rows where it is (loader_free > start is behind > 0, float for
+        # float: a difference of two doubles is above 0 exactly when the first is larger)
+        rows = (loader_free > start).nonzero()[0]
+        if len(rows):
+            was = load[rows]
+            load = load.copy()  # ``base`` keeps the load as asked
+            load[rows] = np.where(was > 0.0, was + (loader_free[rows] - start[rows]), was)
     if in_flight is not None and len(in_flight.at):
         at = in_flight.at
         # the rewrite below changes the load only at ``at``, where nothing is hidden

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import WorkerArrays, worker_arrays
+from .cost import Hidden, WorkerArrays, worker_arrays
 from .demand import replica_targets
 from .types import ClusterView, ModelDemand
 
@@ -181,14 +181,43 @@ class EvictionPricer:
         if self._sound:
             settle = ~evicts if mask is None else mask & ~evicts
             # the least finish where nothing is evicted (inf: no such worker; a NaN there
-            # is the least, as argmin takes it): one reduction, no gather
-            bound = np.minimum.reduce(finish, where=settle, initial=math.inf)
+            # is the least, as argmin takes it): one reduction over the rows picked out
+            # (a reduction with where= costs more than the gather)
+            bound = np.minimum.reduce(finish[settle], initial=math.inf)
             if bound < math.inf:  # not NaN, not infinite: a choice by score, not the fallback
                 near = finish <= bound
                 for i in keep:
                     near[i] = True
                 evicts &= near
         return self._price_rows(model, need, evicts)
+
+    def busy_price(self, load: np.ndarray, hidden: Any, avail_ms: np.ndarray,
+                   finish: np.ndarray, mask: np.ndarray | None,
+                   keep: Iterable[int] = ()) -> np.ndarray:
+        """:func:`busy_load_price`, worked out only where a choice of the least ``finish``
+        + busy price + :meth:`choice_price` over ``mask`` (None: every worker) can fall,
+        and at ``keep``; 0 elsewhere.
+
+        Where nothing loads (``load`` not above 0) both prices are 0 by their rules, so
+        the least ``finish`` there, ``bound``, is a score the choice can have; both
+        prices are never negative (``_sound``, and finite finishes and hidden parts:
+        checked), so a worker whose finish is past ``bound`` scores past it with or
+        without them. The choice, its ties and every score at or below ``bound`` are
+        as with every price (``choice_price`` then prunes the same rows); past capacity
+        most workers are busy and cold, and their hidden loads cost seven passes."""
+        if not (self._sound and _finite(finish) and (
+                hidden is None or (hidden.sound() if isinstance(hidden, Hidden)
+                                   else _finite(hidden)))):
+            return busy_load_price(load, hidden, avail_ms)
+        loads = load > 0.0
+        free = ~loads if mask is None else mask & ~loads
+        bound = np.minimum.reduce(finish[free], initial=math.inf)
+        if not bound < math.inf:
+            return busy_load_price(load, hidden, avail_ms)
+        near = finish <= bound
+        for i in keep:
+            near[i] = True
+        return busy_load_price(load, hidden, avail_ms, loads & near)
 
     def _evicts(self, model: str, need: np.ndarray, load: np.ndarray) -> np.ndarray:
         """Per worker: a load of ``model`` there evicts something (it needs memory that
@@ -202,7 +231,7 @@ class EvictionPricer:
     def _price_rows(self, model: str, need: np.ndarray, evicts: np.ndarray) -> np.ndarray:
         """:meth:`price` at the rows ``evicts`` marks, 0 elsewhere."""
         n = len(self.arr)
-        rows = np.flatnonzero(evicts)
+        rows = evicts.nonzero()[0]  # np.flatnonzero of a 1-D mask, without its wrappers
         out = np.zeros(n)
         if not len(rows):
             return out
@@ -249,7 +278,15 @@ class EvictionPricer:
         return got
 
 
-def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray) -> np.ndarray:
+def _finite(values: np.ndarray) -> bool:
+    """Whether every value is finite (and below 1e154): their sum of squares is then a
+    number below inf; a NaN or an infinity, of either sign, makes it NaN or inf. One
+    BLAS dot, cheaper than a numpy reduction; too large a value only says no."""
+    return float(np.dot(values, values)) < math.inf
+
+
+def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray,
+                    rows: np.ndarray | None = None) -> np.ndarray:
     """ms of other jobs' time a load on each worker costs: the part of it not made while
     the task waits (``hidden``), times how busy the worker is (its queued work
     ``avail_ms`` over ``BUSY_HORIZON_MS``, at most 1), times ``BUSY_WEIGHT``.
@@ -258,20 +295,31 @@ def busy_load_price(load: np.ndarray, hidden: Any, avail_ms: np.ndarray) -> np.n
     that is all it costs; on a busy one the load's time comes out of the tasks queued
     behind it, and past capacity that is everyone's: edge-vision at twice its knee
     chased queue imbalances of a second or two with loads (2x the loads per job).
-    ``hidden``: an array, a ``cost.Hidden`` or None (nothing hidden); never negative."""
+    ``hidden``: an array, a ``cost.Hidden`` or None (nothing hidden); never negative.
+    ``rows`` (bool per worker, written over): work it out there only, 0 elsewhere
+    (:meth:`EvictionPricer.busy_price`)."""
     out = np.zeros(len(load))
     # 0 where nothing loads or nothing waits (idle workers, the model resident): worked out
-    # only at the other rows, which at light load are few
-    rows = np.flatnonzero((load > 0.0) & (avail_ms > 0.0))
-    if not len(rows):
+    # only at the other rows, a cost.Hidden read per row when they are few (light load)
+    busy = (load > 0.0) if rows is None else rows
+    busy &= avail_ms > 0.0
+    count = int(np.count_nonzero(busy))
+    if not count:
         return out
-    paid = load[rows]
-    if isinstance(hidden, np.ndarray):
-        paid = paid - hidden[rows]
-    elif hidden is not None:  # a cost.Hidden: per row when few, else whole
-        got = [hidden[i] for i in rows.tolist()] if len(rows) <= 32 else hidden.array()[rows]
-        paid = paid - np.asarray(got, dtype=float)
-    out[rows] = paid * np.minimum(avail_ms[rows] / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
+    if hidden is not None and not isinstance(hidden, np.ndarray) and count <= 32:
+        rows = busy.nonzero()[0]
+        paid = load[rows] - np.asarray([hidden[i] for i in rows.tolist()], dtype=float)
+        out[rows] = paid * np.minimum(avail_ms[rows] / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
+        return out
+    # many rows (past capacity, most workers): the same operations over every row, kept
+    # to the busy ones by ``where=`` (no gathers, no scatter; nothing else is computed)
+    if hidden is None:
+        np.copyto(out, load, where=busy)
+    else:
+        np.subtract(load, hidden if isinstance(hidden, np.ndarray) else hidden.array(),
+                    out=out, where=busy)
+    np.multiply(out, np.minimum(avail_ms / BUSY_HORIZON_MS, 1.0), out=out, where=busy)
+    out *= BUSY_WEIGHT
     return out
 
 

@@ -140,7 +140,8 @@ class Walk:
         masks = self._masks.get(size)
         if masks is None:
             mask = candidates(arr, task, size)
-            masks = self._masks[size] = (mask, None if mask.all() else mask)
+            every = np.count_nonzero(mask) == len(mask)  # mask.all(), without its wrapper
+            masks = self._masks[size] = (mask, None if every else mask)
         preds = self.preds[name]
         done, transfer = 0.0, self._zeros
         if preds:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planner.cost import KB_PER_MB, MS_PER_S, WorkerArrays, evolve, run_rate
+from ..planner.cost import KB_PER_MB, MIN_SPAN, MS_PER_S, WorkerArrays, evolve
 from ..planner.types import WorkerView
 
 
@@ -51,6 +51,7 @@ class LiveColumns:
         self.loading: dict[int, Mapping[str, tuple[float, float]]] = {}  # rows loading now
         # what each row runs now (a simulated worker runs one task, or one batched pass)
         self.run = np.zeros((3, n, 1))  # began, ends, charge
+        self.rate = np.zeros((n, 1))  # each row's ``run_rate``, written with its span
         self._spans: list[tuple[float, float, float]] = [(0.0, 0.0, 0.0)] * n  # as in run
         self._busy: set[int] = set()  # rows with a charge running
         self._idle = tuple(np.zeros((3, n, 0)))  # the run columns while nothing runs
@@ -101,6 +102,7 @@ class LiveColumns:
         if span != self._spans[i]:  # most updates change the backlog, not what runs
             self._spans[i] = span
             self.run[:, i, 0] = span
+            self.rate[i, 0] = _rate(*span)
             self._ran = None
             if span[2] > 0:
                 self._busy.add(i)
@@ -156,14 +158,21 @@ class LiveColumns:
         backlog charges), so the rates are worked out once per change of what runs."""
         if not self._busy:
             return (*self._idle, {})
-        if self._ran is None:
+        if self._ran is None:  # the rates kept row by row: two copies, no pass
             began, ends, charge = self.run.copy()
-            rate = run_rate(began, ends, charge)
+            rate = self.rate.copy()
             for col in (began, ends, charge, rate):
                 col.flags.writeable = False
             self._ran = (began, ends, charge, rate)
         began, ends, charge, rate = self._ran
         return began, ends, charge, {None: rate}
+
+
+def _rate(began: float, ends: float, charge: float) -> float:
+    """``planner.cost.run_rate`` of one span in Python floats, float for float (the
+    maximum as ``np.maximum`` takes it: a NaN span stays NaN)."""
+    span = ends - began
+    return charge / (span if span >= MIN_SPAN or span != span else MIN_SPAN)
 
 
 #: The columns of :class:`LiveColumns` fixed for a worker's lifetime (and ``WorkerArrays``'

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import fields, replace
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -310,3 +311,32 @@ def test_a_load_planned_earlier_in_the_plan_holds_the_loader_for_the_next():
     assert float(est.hidden[0]) == 10.0
     walk.commit("y", 0, est, "")
     assert walk.finish["y"] == 100.0 + 200.0 + 10.0  # not 210: the loads do not overlap
+
+
+@pytest.mark.parametrize("seed", range(15))
+def test_loads_ahead_sums_a_few_loads_in_python_as_numpy_does(seed, monkeypatch):
+    """A few loads under way are summed in Python floats (the usual case): the same
+    numbers, bit for bit, as the numpy pass a cluster full of loads takes (spans past,
+    to come, empty and NaN; several loads a worker)."""
+    import math
+    import random
+
+    from compass_celery.planner import cost
+
+    rng = random.Random(seed)
+    sizes = {f"m{j}": float(rng.choice((150, 750, 1500, 3000))) for j in range(6)}
+    workers = []
+    for i in range(12):
+        loading = {}
+        for m in rng.sample(sorted(sizes), rng.randint(0, 3)):
+            began = rng.uniform(-5.0, 5.0)
+            loading[m] = (began, rng.choice((began, began + rng.uniform(0, 8), math.nan)))
+        workers.append(worker(f"w{i:02d}", gpu_total_mb=8000.0, loading=loading))
+    cluster = ClusterView.of(workers, sizes, now=1.0)
+    few = worker_arrays(cluster).loads_ahead(sizes, 1.0)
+    monkeypatch.setattr(cost, "_FEW_LOADS", 0)
+    many = build_worker_arrays(cluster).loads_ahead(sizes, 1.0)
+    assert np.array_equal(few[0], many[0], equal_nan=True)
+    assert list(few[1]) == list(many[1])
+    assert all(a == b or (a != a and b != b) for a, b in
+               zip(few[1].values(), many[1].values(), strict=True))

@@ -160,3 +160,95 @@ def test_rank_of_terms_is_the_pricers_rank(seed: int) -> None:
     want = _rank(EvictionPricer(arr, cluster.demand, MODELS))
     assert got == want
     assert {type(x) for v in got.values() for x in v} == {float}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_busy_price_chooses_as_the_full_busy_price(seed: int) -> None:
+    """``EvictionPricer.busy_price`` (the busy-load price worked out only where the
+    choice can fall and at ``keep``) gives the choice, the chosen worker's and the kept
+    workers' scores of the full ``busy_load_price``, bit for bit, and prices only rows
+    at or below the bound (past capacity: most workers busy and cold)."""
+    from compass_celery.planner.evict import busy_load_price
+
+    rng = random.Random(seed)
+    cluster = _cluster(rng, rng.choice((5, 40, 300)))
+    arr = worker_arrays(cluster)
+    n = len(arr)
+    nprng = np.random.default_rng(seed)
+    for _ in range(10):
+        model = rng.choice(sorted(MODELS))
+        size = MODELS[model]
+        pricer = EvictionPricer(arr, cluster.demand, MODELS)
+        avail = np.where(nprng.random(n) < 0.2, 0.0, nprng.uniform(0, 3000, n))
+        ready = nprng.uniform(0, 50, n)
+        start = np.maximum(avail, ready)
+        loader = np.where(nprng.random(n) < 0.1, nprng.uniform(0, 4000, n), 0.0)
+        load, hidden = load_terms(arr.load_columns(model, size), size, arr.gpu_free_mb,
+                                  ready, start, loader)
+        finish = np.round(start + load + rng.uniform(10, 500), -1 if seed % 2 else 0)
+        mask = arr.fits(size) if seed % 3 else None
+        keep = tuple(rng.sample(range(n), min(2, n)))
+        full = busy_load_price(load, hidden.array(), avail)
+        part = pricer.busy_price(load, hidden, avail, finish, mask, keep)
+        priced = part != 0
+        assert np.array_equal(part[priced], full[priced])
+        assert all(part[k] == full[k] for k in keep)
+        best = choose(finish + full, avail, mask)
+        assert choose(finish + part, avail, mask) == best
+        assert part[best] == full[best]
+        cheap = finish + part
+        evict = pricer.choice_price(model, size, arr.gpu_free_mb, load, cheap, mask, keep)
+        whole = full + pricer.choice_price(model, size, arr.gpu_free_mb, load, finish + full,
+                                           mask, keep)
+        assert choose(cheap + evict, avail, mask) == choose(finish + whole, avail, mask)
+
+
+def test_busy_price_prices_every_row_when_unsound() -> None:
+    """A NaN or infinite finish, a NaN loader or no worker free of loads: no pruning."""
+    w = WorkerView("a", "a", 14336.0, 14336.0 - 5700.0, frozenset({"m6"}))
+    cluster = ClusterView((w, WorkerView("b", "b", 14336.0, 14336.0, frozenset())), MODELS,
+                          0.0, {m: ModelDemand(1000.0, 4.0) for m in MODELS})
+    pricer = EvictionPricer(worker_arrays(cluster), cluster.demand, MODELS)
+    avail = np.array([100.0, 900.0])
+    load = np.array([0.0, 500.0])
+    start = np.array([100.0, 900.0])
+    cases = [(np.array([150.0, math.inf]), 0.0), (np.array([math.nan, 1900.0]), 0.0),
+             (np.array([150.0, 1900.0]), np.array([0.0, math.nan]))]
+    for finish, loader in cases:
+        hidden = Hidden(0.0, start, load, np.array([True, True]), loader)
+        got = pricer.busy_price(load, hidden, avail, finish, None)
+        assert np.array_equal(got, busy_load_price_full(load, hidden, avail), equal_nan=True)
+    hidden = Hidden(0.0, start, load, np.array([True, True]), 0.0)
+    pruned = pricer.busy_price(load, hidden, avail, np.array([150.0, 1900.0]), None)
+    assert pruned.tolist() == [0.0, 0.0]  # b finishes past a's 150 ms: not priced
+    all_cold = np.array([500.0, 500.0])
+    got = pricer.busy_price(all_cold, None, avail, np.array([1.0, 2.0]), None)
+    assert np.array_equal(got, busy_load_price_full(all_cold, None, avail))
+
+
+def busy_load_price_full(load: np.ndarray, hidden: object, avail: np.ndarray) -> np.ndarray:
+    """The unpruned price, every row."""
+    from compass_celery.planner.evict import busy_load_price
+
+    return busy_load_price(load, hidden.array() if isinstance(hidden, Hidden) else hidden,
+                           avail)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_loader_rewrite_is_the_full_pass(seed: int) -> None:
+    """``load_terms`` rewrites the load only where the loader is free after the start,
+    float for float as the pass over every worker (NaN, infinities, negative starts)."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    fit = np.where(rng.random(n) < 0.3, 0.0, rng.uniform(0, 900, n))
+    free = rng.choice([0.0, 5000.0], n)
+    start = rng.uniform(-50, 800, n)
+    loader = np.where(rng.random(n) < 0.3, rng.uniform(0, 900, n), 0.0)
+    if seed % 3 == 0:
+        start[:2], loader[2:4], start[5] = math.nan, (math.inf, math.nan), -math.inf
+    load, _ = load_terms((fit, fit * 2), 1000.0, free, 0.0, start, loader)
+    asked = np.where(free >= 1000.0, fit, fit * 2)
+    with np.errstate(invalid="ignore"):
+        behind = loader - start
+        expect = np.where((asked > 0.0) & (behind > 0.0), asked + behind, asked)
+    assert np.array_equal(load, expect, equal_nan=True)

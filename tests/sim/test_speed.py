@@ -44,6 +44,9 @@ def test_live_columns_equal_a_fresh_build_throughout_a_run(policy, refresh_ms):
         snap = sim.cluster.snapshot()
         live, fresh = worker_arrays(snap), build_worker_arrays(snap)
         assert_same_arrays(live, fresh)
+        # the run rates kept row by row give a fresh build's backlogs, float for float
+        for at in (snap.now, snap.now + 37.0):
+            assert np.array_equal(live.backlog_left_ms(at), fresh.backlog_left_ms(at))
         # the memos the live columns hand on between snapshots answer as a fresh build's
         for model, size in snap.model_sizes_mb.items():
             flights = live.in_flight(model, size, snap.now)
