@@ -85,6 +85,17 @@ def _taken_by_one(app, loading: bool) -> None:
     wait_until(taken, 10, "one taking the batch task")
 
 
+def _placed_on_the_free_worker(app, batch) -> None:
+    """The interactive job goes to two (free) and meets its deadline; the batch task
+    stays on one."""
+    job, took_ms, failed = _interactive(app)
+    where = job.placement()["a"]["planned"]  # (if placed on one, it never ran: shed)
+    assert where.endswith("two") and failed is None, (where, failed, took_ms,
+                                                      worker_logs(app.workers))
+    assert took_ms < DEADLINE_MS, (took_ms, worker_logs(app.workers))
+    assert batch.get(timeout=30)["worker"].endswith("one")
+
+
 @pytest.fixture
 def loading_cluster(compass_redis_url, compass_workers):
     app = _cluster(compass_redis_url, compass_workers, STEP, ttl_s=0.0)
@@ -99,12 +110,7 @@ def test_a_worker_loading_a_batch_tasks_model_is_planned_busy(loading_cluster):
     app = loading_cluster
     batch = _batch_on_one(app)
     _taken_by_one(app, loading=True)
-    job, took_ms, failed = _interactive(app)
-    where = job.placement()["a"]["planned"]  # (it never ran, shed)
-    assert where.endswith("two") and failed is None, (where, failed, took_ms,
-                                                      worker_logs(app.workers))
-    assert took_ms < DEADLINE_MS, (took_ms, worker_logs(app.workers))
-    assert batch.get(timeout=30)["worker"].endswith("one")
+    _placed_on_the_free_worker(app, batch)
 
 
 @pytest.fixture
@@ -123,9 +129,4 @@ def test_a_deadline_job_is_planned_on_state_read_now(stale_cluster):
     app.compass.reader.get()  # both idle, as this producer last saw them
     batch = _batch_on_one(app)
     _taken_by_one(app, loading=False)
-    job, took_ms, failed = _interactive(app)
-    where = job.placement()["a"]["planned"]  # (it never ran, shed)
-    assert where.endswith("two") and failed is None, (where, failed, took_ms,
-                                                      worker_logs(app.workers))
-    assert took_ms < DEADLINE_MS, (took_ms, worker_logs(app.workers))
-    assert batch.get(timeout=30)["worker"].endswith("one")
+    _placed_on_the_free_worker(app, batch)
