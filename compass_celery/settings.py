@@ -141,6 +141,10 @@ OPTIONS: dict[str, Option] = {
     "priority_age_s": Option(10.0, (int, float), "ageing rule: a task waiting this long is "
                              "promoted one priority level per period, so batch work is never "
                              "starved (0: off; Redis broker)", "s", 0.0),
+    "deadline_state_max_age_ms": Option(0.0, (int, float), "how old the workers' state "
+                                        "a job with a deadline may be planned on (0: "
+                                        "read at its submission, one state read a job)",
+                                        "ms", 0.0),
     "hold_max_ms": Option(0.0, (int, float), "held slot: a worker does not start a task "
                           "of a lower priority level while a higher level's later step is "
                           "planned on it (a job's successor not yet sent), for at most "

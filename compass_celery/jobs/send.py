@@ -22,21 +22,16 @@ if TYPE_CHECKING:
     from ..context import CompassContext
 
 
-#: How old the state a job with a deadline may be planned on (s): not at all, its plan
-#: reads the store. Traced on the real cluster at 160% load (docs/results/mixed/
-#: real-sheds.txt), admission planned on snapshots 40 ms old at the median, 68 ms at p90;
-#: in that time a worker the plan saw finishing had often started a batch task (it takes
-#: one the moment it is free), and one first step in six waited a batch run the plan did
-#: not count: the sheds of the interactive jobs there.
-DEADLINE_STATE_MAX_AGE_S = 0.0
-
-
-def state_max_age_s(has_deadline: bool) -> float | None:
+def state_max_age_s(has_deadline: bool, deadline_max_age_ms: float) -> float | None:
     """How old a snapshot a job's placement may plan on (``SnapshotReader.get``'s
-    ``max_age_s``): :data:`DEADLINE_STATE_MAX_AGE_S` for a job with a deadline, the
-    reader's own bounds (None) for others, which the batch that a fresh read would
-    cost a round trip each need not pay."""
-    return DEADLINE_STATE_MAX_AGE_S if has_deadline else None
+    ``max_age_s``): ``compass_deadline_state_max_age_ms`` for a job with a deadline, the
+    reader's own bounds (None) for others, which need not pay a read each.
+
+    Traced on the real cluster at 160% load (docs/results/mixed/real-sheds.txt), admission
+    planned on snapshots 40 ms old at the median, 68 ms at p90; in that time a worker the
+    plan saw finishing had often started a batch task (it takes one the moment it is
+    free), and one first step in six waited a batch run the plan did not count."""
+    return deadline_max_age_ms / 1000.0 if has_deadline else None
 
 
 def publish_node(c: CompassContext, job_id: str, name: str, node: dict[str, Any],

@@ -217,7 +217,8 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
     larger than every live GPU is refused here."""
     try:  # a job with a deadline on state read now (send.state_max_age_s)
         snapshot = c.reader.get(max_age_s=state_max_age_s(
-            slo is not None and slo.deadline_ms is not None))
+            slo is not None and slo.deadline_ms is not None,
+            c.settings.deadline_state_max_age_ms))
     except StateUnavailable:
         return {}, None, False
     live = snapshot.workers

@@ -32,7 +32,7 @@ BATCH_MS = 1500.0  # a step behind it on one misses the deadline
 DEADLINE_MS = 1500.0
 
 
-def _cluster(url: str, compass_workers, one_preload: str, ttl_s: float):
+def _cluster(url: str, compass_workers, one_preload: str, ttl_s: float, **conf):
     env = {"COMPASS_BROKER_URL": url, "COMPASS_REDIS_URL": url,
            "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
     common = ["--compass-emulate-gpu-mb", "3200"]
@@ -42,7 +42,7 @@ def _cluster(url: str, compass_workers, one_preload: str, ttl_s: float):
           compass_workers("compass_celery.emulated_app", "sees@two",
                           "--compass-emulate-gpu-mb", "1000", env=env)]
     app = emulated_app(url, state_url=url, compass_snapshot_ttl_s=ttl_s,
-                       compass_models=MODELS)
+                       compass_models=MODELS, **conf)
     # the batch producer: another process's app, whose sends the interactive one's
     # snapshot learns of only by reading the state
     batch_app = emulated_app(url, state_url=url, compass_snapshot_ttl_s=0.0,
@@ -130,3 +130,27 @@ def test_a_deadline_job_is_planned_on_state_read_now(stale_cluster):
     batch = _batch_on_one(app)
     _taken_by_one(app, loading=False)
     _placed_on_the_free_worker(app, batch)
+
+
+@pytest.fixture
+def lenient_cluster(compass_redis_url, compass_workers):
+    # the same, with a job with a deadline allowed state a minute old
+    app = _cluster(compass_redis_url, compass_workers, f"{STEP},{BATCH}", ttl_s=30.0,
+                   compass_deadline_state_max_age_ms=60_000.0)
+    yield app
+    app.batch_app.compass.close()
+    app.compass.close()
+
+
+def test_a_deadline_job_plans_on_state_as_old_as_compass_deadline_state_max_age_ms(
+        lenient_cluster):
+    """compass_deadline_state_max_age_ms bounds the read (a large cluster trades the
+    fresh read for stale state): within it, the job plans on the snapshot read before
+    one took the batch task, and puts its step on one, where its model is."""
+    app = lenient_cluster
+    app.compass.reader.get()  # both idle, as this producer last saw them
+    batch = _batch_on_one(app)
+    _taken_by_one(app, loading=False)
+    job, took_ms, failed = _interactive(app)
+    assert job.placement()["a"]["planned"].endswith("one"), (failed, took_ms)
+    assert batch.get(timeout=30)["worker"].endswith("one")
