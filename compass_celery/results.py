@@ -134,6 +134,28 @@ def _slo_counts(jobs: Sequence[JobOutcome], span_s: float) -> dict[str, object]:
             "rejection_ms": latency_summary(refusal_ms)}
 
 
+def left_capacity_share(jobs: Sequence[JobOutcome], work_ms: Mapping[str, float],
+                        gpus: int) -> dict[str, float] | None:
+    """How much of the capacity that deadline work leaves the work without one used.
+
+    Over every job: the span runs from the first arrival to the last no-deadline job's
+    end; what is left is ``gpus`` x the span less the declared run time (``work_ms`` by
+    template) of the deadline jobs that met their deadline; the share is the declared run
+    time of the no-deadline jobs answered over what is left. None without both classes.
+    A Dag's last steps run alone at the end of the span, so the share stays below 1."""
+    batch = [j for j in jobs if j.deadline_ms is None]
+    ends = [j.end_ms for j in batch if j.completed]
+    if not ends or len(batch) == len(jobs) or not jobs:
+        return None
+    span_ms = max(ends) - min(j.arrival_ms for j in jobs)  # type: ignore[type-var]
+    met_ms = sum(work_ms.get(j.dag, 0.0) for j in jobs if j.deadline_ms is not None and j.met)
+    left_ms = gpus * span_ms - met_ms
+    done_ms = sum(work_ms.get(j.dag, 0.0) for j in batch if j.completed)
+    return {"span_ms": round(span_ms, 3), "left_ms": round(left_ms, 3),
+            "done_ms": round(done_ms, 3),
+            "share": round(done_ms / left_ms, 4) if left_ms > 0 else 0.0}
+
+
 def duplicate_count(executions: Mapping[str, int]) -> int:
     """Executions beyond the first, summed over task ids: what at-least-once cost."""
     return sum(max(0, int(n) - 1) for n in executions.values())

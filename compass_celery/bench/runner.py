@@ -38,6 +38,7 @@ from ..results import (
     duplicated_ids,
     job_records,
     latency_summary,
+    left_capacity_share,
     policy_result,
 )
 from ..state import keys
@@ -373,6 +374,11 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
                               for o in sent.outcomes if o.completed
                               and o.index >= int(len(sent.outcomes) * opts.warmup_frac)]
     result["per_job"] = job_records(sent.outcomes)  # warm-up included, marked by index
+    work = {name: sum(t.exec_ms for t in dag.nodes.values())
+            for name, dag in workload.dags.items()}
+    share = left_capacity_share(sent.outcomes, work, len(workload.cluster.workers))
+    if share is not None:
+        result["batch_share"] = share
     return result
 
 

@@ -98,6 +98,17 @@ def bench_options(args: ClusterArgs) -> Any:
         extra_env={"COMPASS_HOLD_MAX_MS": str(args.hold_max_ms)} if args.hold_max_ms else {})
 
 
+def batch_share_lines(result: dict[str, Any]) -> str:
+    """A line per policy with the no-deadline work's share of the capacity left it."""
+    lines = []
+    for name, r in result["policies"].items():
+        share = r.get("batch_share")
+        if share:
+            lines.append(f"  {name:<16} {100 * share['share']:.1f}% (span "
+                         f"{share['span_ms'] / 1000:.1f} s)")
+    return "\n".join(lines)
+
+
 def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
                  time_scale: float) -> None:
     """The result table, what its columns mean, and the SLO outcomes when there are any."""
@@ -113,6 +124,10 @@ def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
     if slos:
         click.echo(f"\nSLO outcomes (admission {args.admission}; after warm-up; goodput: "
                    f"jobs that met their deadline per second):\n{slos}")
+    shares = batch_share_lines(result)
+    if shares:
+        click.echo("\nShare of the capacity deadline work leaves that work without a "
+                   "deadline used (every job; declared run times):\n" + shares)
 
 
 @click.command(name="cluster", help="A real Redis-backed Celery cluster of emulated-GPU "

@@ -13,7 +13,7 @@ from compass_celery.bench.runner import admission_on
 from compass_celery.bench.slo import apply_record, expiring_dag, read_records, slo_table, submit
 from compass_celery.errors import Rejected
 from compass_celery.planner.admission import Slo
-from compass_celery.results import JobOutcome, policy_result
+from compass_celery.results import JobOutcome, left_capacity_share, policy_result
 from compass_celery.settings import resolve
 
 INTERACTIVE = Slo("interactive", 400.0, "reject", "interactive")
@@ -183,3 +183,23 @@ def test_every_job_is_in_the_json_with_its_outcome():
     rows = job_records(jobs)
     assert [r["outcome"] for r in rows] == ["met", "late", "rejected", "shed", "lost"]
     assert rows[0]["latency_ms"] == 100.0 and rows[2]["latency_ms"] is None
+
+
+def test_left_capacity_share_counts_batch_work_against_what_interactive_leaves() -> None:
+    """2 GPUs over a 1,000 ms span leave 2,000 ms; a met interactive job of 400 ms takes
+    that to 1,600; two batch jobs of 600 ms answered use 1,200 of it: 75%. A late
+    interactive job leaves its time to batch, and an unanswered batch job counts nothing."""
+    jobs = [JobOutcome(0, "qa", 0.0, 300.0, slo="interactive", deadline_ms=500.0),
+            JobOutcome(1, "qa", 100.0, 900.0, slo="interactive", deadline_ms=500.0),
+            JobOutcome(2, "tr", 0.0, 800.0, slo="batch"),
+            JobOutcome(3, "tr", 200.0, 1000.0, slo="batch"),
+            JobOutcome(4, "tr", 300.0, None, slo="batch")]
+    share = left_capacity_share(jobs, {"qa": 400.0, "tr": 600.0}, gpus=2)
+    assert share == {"span_ms": 1000.0, "left_ms": 1600.0, "done_ms": 1200.0, "share": 0.75}
+
+
+def test_left_capacity_share_needs_both_kinds_of_work() -> None:
+    only_batch = [JobOutcome(0, "tr", 0.0, 800.0, slo="batch")]
+    only_interactive = [JobOutcome(0, "qa", 0.0, 300.0, slo="i", deadline_ms=500.0)]
+    assert left_capacity_share(only_batch, {"tr": 600.0}, gpus=1) is None
+    assert left_capacity_share(only_interactive, {"qa": 600.0}, gpus=1) is None
