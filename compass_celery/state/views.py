@@ -102,9 +102,25 @@ class ViewCache:
 
 _VIEWS = ViewCache()
 
+#: The profiles table the learned load times were last read from, and what they were: a
+#: snapshot's table is never changed once handed out (a read makes a new one, a charge
+#: keeps it), and a burst's decisions each plan on the same one.
+_LOADS: tuple[Mapping[str, float] | None, dict[str, float]] = (None, {})
+
+
+def snapshot_loads(profiles: Mapping[str, float]) -> dict[str, float]:
+    """``needs.learned_loads(profiles)``, read again only for a table not read last time
+    (a pass over every learned run time, on every decision, otherwise)."""
+    global _LOADS
+    last, loads = _LOADS
+    if last is not profiles:
+        loads = learned_loads(profiles)
+        _LOADS = (profiles, loads)
+    return loads
+
 
 def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> ClusterView:
     """The planner's view of ``snapshot``, with the cluster's demand (the sum of the live
     workers' ``served``), carried over from the last one this process built."""
     return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at,
-                      learned_loads(snapshot.profiles))
+                      snapshot_loads(snapshot.profiles))
