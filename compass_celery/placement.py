@@ -24,7 +24,7 @@ from .planner.pending import send_charge_ms
 from .planner.priority import for_priority
 from .planner.types import SHARED, DagSpec, ModelDemand
 from .state.store import Snapshot
-from .state.views import cluster_view
+from .state.views import cluster_view, level_view
 
 
 class PlacementError(CompassInputError):
@@ -143,10 +143,10 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
+    cluster = cluster_view(snapshot, model_sizes_mb)  # carried over: the base view
     workers = for_priority(snapshot.workers, priority)
-    if workers is not snapshot.workers:
-        snapshot = evolve(snapshot, workers=workers)
-    cluster = cluster_view(snapshot, model_sizes_mb)
+    if workers is not snapshot.workers:  # as this level sees them: a few rows rewritten
+        cluster = level_view(cluster, snapshot.workers, workers)
     if refused:
         arrays = worker_arrays(cluster)
         cluster = evolve(cluster, demand=merge_demand(cluster.demand, refused))

@@ -124,3 +124,27 @@ def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> Clu
     workers' ``served``), carried over from the last one this process built."""
     return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at,
                       snapshot_loads(snapshot.profiles))
+
+
+def level_view(view: ClusterView, base: tuple[WorkerView, ...],
+               level: tuple[WorkerView, ...]) -> ClusterView:
+    """``view`` (the planner's view of ``base``) as a task of a priority level sees the
+    workers: ``level`` is ``planner.priority.for_priority(base, ...)``, the same workers in
+    the same order with only their backlog and planned work changed, so only the rows
+    whose numbers changed are rewritten (``with_rows``; the served demand is the same).
+    Planning on ``cluster_view`` of ``level`` itself built a new view of every worker at
+    each such decision, and left the cache holding it, so the next decision at the
+    lowest level built one again."""
+    arrays = worker_arrays(view)
+    ordered = list(view.workers)
+    rows: dict[int, WorkerView] = {}
+    before: dict[int, WorkerView] = {}
+    for w, was in zip(level, base, strict=True):
+        if w is not was and (w.backlog_ms != was.backlog_ms or w.pending_ms != was.pending_ms):
+            j = arrays.index[w.name]
+            rows[j], before[j], ordered[j] = w, ordered[j], w
+    if not rows:
+        return view
+    new = evolve(view, workers=tuple(ordered))
+    remember_arrays(new, with_rows(arrays, rows, before))
+    return new
