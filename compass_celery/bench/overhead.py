@@ -3,7 +3,9 @@
 ``compass-celery bench overhead`` prints:
 - one placement decision (the router call) with 4 and 64 workers' records,
   snapshot served from the local cache and read fresh from Redis (µs);
-- enqueue latency of a compass-routed task against a plain one (µs);
+- enqueue latency of a compass-routed task against a plain one (µs), and the producer's
+  CPU an enqueue (its own thread each way; compass's threads per routed one), which a
+  loaded machine moves far less than the latency;
 - a 3-task no-op chain on idle workers: ``Dag`` against Celery's ``chain`` (ms),
   the per-hop overhead that the benchmark's lower bound adds, and the CPU each costs
   the workers (a task) and the producer (a job).
@@ -81,16 +83,53 @@ def enqueue_cost(url: str, echo: Callable[[str], Any], n: int = 64, rounds: int 
         plain.apply_async((1,))
         infer.apply_async(("detector", 5, None), **opts)
     plain_us, compass_us = [], []
+    cpu = CpuSplit()
     for _ in range(rounds):
-        plain_us += _time(lambda: plain.apply_async((1,)), 1, 1e6)
-        compass_us += _time(lambda: infer.apply_async(("detector", 5, None), **opts), 1, 1e6)
+        plain_us += cpu.timed("plain", lambda: plain.apply_async((1,)))
+        compass_us += cpu.timed("compass", lambda: infer.apply_async(("detector", 5, None),
+                                                                     **opts))
     charges = app.compass.router.charges
     if charges is not None:
         charges.flush()
+    cpu.stop()
     echo(f"enqueue among {n} workers, plain Celery route µs: {_stats(plain_us)}")
     echo(f"enqueue among {n} workers, compass route      µs: {_stats(compass_us)}")
     echo(f"added enqueue latency at {n} workers (median)  µs: "
          f"{statistics.median(compass_us) - statistics.median(plain_us):8.1f}")
+    cpu.report(n, echo)
+
+
+class CpuSplit:
+    """The producer's CPU per enqueue, which other load on the machine barely moves (its
+    wall time it does): this thread's, per kind, and what compass's own threads (backlog
+    charge flushes, snapshot reads ahead) spent meanwhile, per routed enqueue."""
+
+    def __init__(self) -> None:
+        self.thread_s = {"plain": 0.0, "compass": 0.0}
+        self.calls = {"plain": 0, "compass": 0}
+        self.process0, self.thread0 = time.process_time(), time.thread_time()
+        self.others_s = 0.0
+
+    def timed(self, kind: str, fn: Callable[[], Any]) -> list[float]:
+        """Run ``fn`` once as ``kind``: its wall time (µs), its CPU in this thread kept."""
+        cpu = time.thread_time()
+        wall = _time(fn, 1, 1e6)
+        self.thread_s[kind] += time.thread_time() - cpu
+        self.calls[kind] += 1
+        return wall
+
+    def stop(self) -> None:
+        """The other threads' CPU since the start (call once every charge is flushed)."""
+        self.others_s = (time.process_time() - self.process0) \
+            - (time.thread_time() - self.thread0)
+
+    def report(self, n: int, echo: Callable[[str], Any]) -> None:
+        """One line: this thread's CPU per enqueue each way, and compass's threads'."""
+        plain, routed = (1e6 * self.thread_s[k] / max(self.calls[k], 1)
+                         for k in ("plain", "compass"))
+        others = 1e6 * self.others_s / max(self.calls["compass"], 1)
+        echo(f"producer CPU an enqueue at {n} workers µs: plain {plain:.1f}, compass "
+             f"{routed:.1f} (+{routed - plain:.1f}), compass's threads {others:.1f}")
 
 
 class Alternated:

@@ -102,9 +102,49 @@ class ViewCache:
 
 _VIEWS = ViewCache()
 
+#: The profiles table the learned load times were last read from, and what they were: a
+#: snapshot's table is never changed once handed out (a read makes a new one, a charge
+#: keeps it), and a burst's decisions each plan on the same one.
+_LOADS: tuple[Mapping[str, float] | None, dict[str, float]] = (None, {})
+
+
+def snapshot_loads(profiles: Mapping[str, float]) -> dict[str, float]:
+    """``needs.learned_loads(profiles)``, read again only for a table not read last time
+    (a pass over every learned run time, on every decision, otherwise)."""
+    global _LOADS
+    last, loads = _LOADS
+    if last is not profiles:
+        loads = learned_loads(profiles)
+        _LOADS = (profiles, loads)
+    return loads
+
 
 def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> ClusterView:
     """The planner's view of ``snapshot``, with the cluster's demand (the sum of the live
     workers' ``served``), carried over from the last one this process built."""
     return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at,
-                      learned_loads(snapshot.profiles))
+                      snapshot_loads(snapshot.profiles))
+
+
+def level_view(view: ClusterView, base: tuple[WorkerView, ...],
+               level: tuple[WorkerView, ...]) -> ClusterView:
+    """``view`` (the planner's view of ``base``) as a task of a priority level sees the
+    workers: ``level`` is ``planner.priority.for_priority(base, ...)``, the same workers in
+    the same order with only their backlog and planned work changed, so only the rows
+    whose numbers changed are rewritten (``with_rows``; the served demand is the same).
+    Planning on ``cluster_view`` of ``level`` itself built a new view of every worker at
+    each such decision, and left the cache holding it, so the next decision at the
+    lowest level built one again."""
+    arrays = worker_arrays(view)
+    ordered = list(view.workers)
+    rows: dict[int, WorkerView] = {}
+    before: dict[int, WorkerView] = {}
+    for w, was in zip(level, base, strict=True):
+        if w is not was and (w.backlog_ms != was.backlog_ms or w.pending_ms != was.pending_ms):
+            j = arrays.index[w.name]
+            rows[j], before[j], ordered[j] = w, ordered[j], w
+    if not rows:
+        return view
+    new = evolve(view, workers=tuple(ordered))
+    remember_arrays(new, with_rows(arrays, rows, before))
+    return new
