@@ -349,7 +349,8 @@ def _defer_acks(qos: Any, transport: Any) -> None:
     message stays in flight: a worker killed in between has it run again, as one killed
     just before kombu's ack did. kombu's in-memory count is settled at once (prefetch).
     Any other ack (after the next look was sent; a consumer without an event loop, which
-    may not look again soon) is kombu's, unchanged."""
+    may not look again soon; a channel no longer consuming its compass queue) is
+    kombu's, unchanged."""
     from kombu.transport import virtual
 
     if getattr(qos.ack, "compass_fetch", False):
@@ -363,8 +364,8 @@ def _defer_acks(qos: Any, transport: Any) -> None:
     def _ack(self: Any, delivery_tag: Any) -> None:
         channel = self.channel
         if not getattr(channel, "_compass_ack_later", False) \
-                or not isinstance(delivery_tag, str):
-            ack(self, delivery_tag)
+                or not isinstance(delivery_tag, str) or _own_queue(channel) is None:
+            ack(self, delivery_tag)  # no look of the atomic fetch is coming
             return
         channel._compass_acks = [*getattr(channel, "_compass_acks", ()), delivery_tag]
         virtual.QoS.ack(self, delivery_tag)

@@ -420,3 +420,35 @@ def test_an_ack_no_look_carried_is_sent_when_the_channel_closes(compass_redis_ur
         message.ack()
         assert not client.hexists("unacked", message.delivery_tag)
     assert not client.llen(queue)
+
+
+def test_an_ack_after_the_channel_stopped_consuming_its_queue_is_sent_at_once(
+        compass_redis_url):
+    """A consumer cancelled before its task's ack (Celery's cancel_consumer) sends no more
+    looks: the ack is kombu's own, at once, not left waiting for a look."""
+    from kombu import Connection, Consumer, Queue
+    from kombu.asynchronous import Hub
+
+    queue = "compass.w.cancel"
+    client = redis.Redis.from_url(compass_redis_url)
+    queues = RedisQueues(client, RedisLayout(), "compass")
+    _declare(client, queue, queues.leases_key)
+    hub, seen = Hub(), []
+    with Connection(compass_redis_url) as conn:
+        with conn.SimpleQueue(queue) as q:
+            q.put({"n": 0})
+        conn.register_with_event_loop(hub)
+        consumer = Consumer(conn.default_channel, [Queue(queue)], prefetch_count=1)
+
+        def on_message(body: dict, message) -> None:
+            consumer.cancel()
+            message.ack()
+            seen.append(message.delivery_tag)
+
+        consumer.register_callback(on_message)
+        consumer.consume()
+        loop, until = hub.create_loop(), time.monotonic() + 10
+        while not seen and time.monotonic() < until:
+            next(loop)
+        assert seen and not client.hexists("unacked", seen[0])
+        hub.close()
