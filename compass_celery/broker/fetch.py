@@ -299,7 +299,10 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
 
     def _brpop_start(self: Any, timeout: Any = None) -> Any:
         own = _own_queue(self)
-        return start(self, timeout) if own is None else _fetch_start(self, own, timeout)
+        if own is None:
+            _send_acks(self)  # the atomic fetch is off: kombu's acks, kombu's BRPOP
+            return start(self, timeout)
+        return _fetch_start(self, own, timeout)
 
     def _brpop_read(self: Any, **options: Any) -> Any:
         if getattr(self, "_compass_cmd", None) is None:
@@ -309,6 +312,8 @@ def install_atomic_fetch(queue: str, leases_key: str) -> None:
     _brpop_start.compass_fetch = True  # type: ignore[attr-defined]
     channel._brpop_start, channel._brpop_read = _brpop_start, _brpop_read
     _skip_taken_append(kredis.QoS)
+    _defer_acks(kredis.QoS, kredis.Transport)
+    _flush_acks_on_close(channel)
 
 
 def _skip_taken_append(qos: Any) -> None:
@@ -333,6 +338,93 @@ def _skip_taken_append(qos: Any) -> None:
 
     _append.compass_fetch = True  # type: ignore[attr-defined]
     qos.append = _append
+
+
+def _defer_acks(qos: Any, transport: Any) -> None:
+    """An ack made between the atomic fetch's delivery and the channel's next look, on an
+    event loop (Celery's worker: the solo pool runs the task inside the delivery, its ack
+    runs on the loop's next turn, then the loop sends the next look), is not sent on its
+    own (kombu's MULTI/EXEC: one round trip between a task's end and the next look): it
+    rides that look (fetch.lua acks first), or the channel's close. Until then the
+    message stays in flight: a worker killed in between has it run again, as one killed
+    just before kombu's ack did. kombu's in-memory count is settled at once (prefetch).
+    Any other ack (after the next look was sent; a consumer without an event loop, which
+    may not look again soon; a channel no longer consuming its compass queue) is
+    kombu's, unchanged."""
+    from kombu.transport import virtual
+
+    if getattr(qos.ack, "compass_fetch", False):
+        return
+    ack, register = qos.ack, transport.register_with_event_loop
+
+    def _register(self: Any, connection: Any, loop: Any) -> Any:
+        self.cycle._compass_loop = True  # its channels look again on every turn
+        return register(self, connection, loop)
+
+    def _ack(self: Any, delivery_tag: Any) -> None:
+        channel = self.channel
+        if not getattr(channel, "_compass_ack_later", False) \
+                or not isinstance(delivery_tag, str) or _own_queue(channel) is None:
+            ack(self, delivery_tag)  # no look of the atomic fetch is coming
+            return
+        channel._compass_acks = [*getattr(channel, "_compass_acks", ()), delivery_tag]
+        virtual.QoS.ack(self, delivery_tag)
+
+    _ack.compass_fetch = True  # type: ignore[attr-defined]
+    qos.ack, transport.register_with_event_loop = _ack, _register
+
+
+def _take_acks(channel: Any) -> list[str]:
+    """The acks waiting for the next look, now counted as sent with it (given back by
+    :func:`_acks_back` when the look did not run)."""
+    acks = getattr(channel, "_compass_acks", None) or []
+    channel._compass_acks, channel._compass_ack_later = [], False
+    channel._compass_sent_acks = acks
+    return acks
+
+
+def _acks_back(channel: Any) -> None:
+    """The look that carried acks did not run (or its reply was lost): they wait for the
+    next one (acking twice is harmless)."""
+    sent = getattr(channel, "_compass_sent_acks", None)
+    if sent:
+        channel._compass_acks = [*sent, *(getattr(channel, "_compass_acks", None) or ())]
+    channel._compass_sent_acks = []
+
+
+def _send_acks(channel: Any) -> None:
+    """Send the acks waiting for a look that will not come (the atomic fetch turned off,
+    the channel closing) as kombu sends them (one MULTI/EXEC each)."""
+    channel._compass_ack_later = False
+    acks = getattr(channel, "_compass_acks", None)
+    if not acks:
+        return
+    channel._compass_acks = []
+    for tag in acks:
+        channel.qos._remove_from_indices(tag).execute()
+
+
+def _flush_acks_on_close(channel_cls: Any) -> None:
+    """A closing channel first reads the look it has in flight (kombu's close does) and
+    then sends the acks no look carried: a worker stopping after a task leaves its
+    message acked, not in flight for recovery to run again."""
+    if getattr(channel_cls.close, "compass_fetch", False):
+        return
+    close = channel_cls.close
+
+    def _close(self: Any) -> None:
+        if not self.closed:
+            if self._in_poll and getattr(self, "_compass_cmd", None) is not None:
+                with contextlib.suppress(Exception):  # kombu's close reads it so
+                    self._brpop_read()
+            try:
+                _send_acks(self)
+            except Exception as exc:  # Redis away: the lease lapses, recovery reruns
+                logger.warning("compass: could not ack on close (%s)", exc)
+        close(self)
+
+    _close.compass_fetch = True  # type: ignore[attr-defined]
+    channel_cls.close = _close
 
 
 def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
@@ -394,10 +486,12 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
         extra_keys = (planned, hold_key, pre + bell_name(own, channel.sep))
         extra = (len(bells), repr(bound), member, repr(PLANNED_EPS_MS), HIGHEST,
                  *(_list_level(pri) for pri in channel.priority_steps for _ in queues))
+    acks = _take_acks(channel)
     look = (*how, 3 + len(lists) + len(bells) + len(extra_keys), pre + channel.unacked_key,
             pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, *extra_keys,
-            repr(time.time()), len(lists), *extra)
-    if not getattr(channel, "_compass_idle", False):
+            repr(time.time()), len(lists), len(acks), *acks, *extra)
+    # acks to send: a look first, not a wait that would hold them for its timeout
+    if not getattr(channel, "_compass_idle", False) or acks:
         channel._compass_cmd = "EVAL"
         conn.send_command(*look)
         return
@@ -427,6 +521,7 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
                 if cmd == "WAKE" else None
             try:
                 got = client.parse_response(client.connection, "EVAL", **options)
+                channel._compass_sent_acks = []  # the look ran: its acks are done
             except NoScriptError:  # the look ran nothing: it is sent whole next round
                 got, channel._compass_load = None, True
         except channel.connection_errors:
@@ -451,6 +546,7 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
             raise kredis.Empty()
         return _deliver(channel, got[0], got[1], prefixed=True)
     finally:
+        _acks_back(channel)  # none when the look ran
         channel._in_poll = None
         channel._compass_cmd = None
         flush = getattr(channel, "_flush_brpop_reauth", None)
@@ -497,6 +593,8 @@ def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
         props = payload.get("properties") if isinstance(payload, dict) else None
         channel._compass_taken = props.get("delivery_tag") if isinstance(props, dict) \
             else None
+    # on an event loop, its ack (until the next look) rides the next look (_defer_acks)
+    channel._compass_ack_later = getattr(channel.connection.cycle, "_compass_loop", False)
     try:
         channel.connection._deliver(payload, dest)
     finally:

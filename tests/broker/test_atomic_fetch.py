@@ -26,9 +26,10 @@ def _message(queue: str, task_id: str | None = None) -> str:
 
 
 def _fetch(client: redis.Redis, queues: RedisQueues, lists: list[str],
-           bells: tuple[str, ...] = ()) -> list[bytes] | None:
+           bells: tuple[str, ...] = (), acks: tuple[str, ...] = ()) -> list[bytes] | None:
     return client.eval(_fetch_script(), 3 + len(lists) + len(bells), "unacked",
-                       "unacked_index", queues.leases_key, *lists, *bells, "1.0", len(lists))
+                       "unacked_index", queues.leases_key, *lists, *bells, "1.0", len(lists),
+                       len(acks), *acks)
 
 
 def test_a_fetched_message_is_in_flight_and_leased_in_the_same_step(compass_redis_url):
@@ -256,7 +257,7 @@ def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
                        "unacked_index", queues.leases_key, *lists, *bells,
                        keys.key(keys.PENDING_QUEUED, "compass"),
                        keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
-                       "1.0", len(lists),
+                       "1.0", len(lists), 0,
                        len(bells), repr(bound_ms), "f0\x1f", repr(PLANNED_EPS_MS), HIGHEST,
                        *levels)
 
@@ -305,3 +306,149 @@ def test_a_held_slot_takes_no_lower_level_message_while_a_higher_level_is_planne
     assert json.loads(_fetch_held(client, queues, layout, 200.0)[1])["headers"]["id"] \
         == "batch2"
     assert _fetch_held(client, queues, layout, 200.0) is None and not client.exists(hold)
+
+
+def test_a_look_acks_the_tags_it_carries_before_it_takes_the_next_message(
+        compass_redis_url):
+    """fetch.lua's acks: each tag's unacked entry, index score and lease are gone, as
+    kombu's ack (and the lease's drop) would leave them, in the same step as the look;
+    a tag no longer in flight is a no-op; a look that finds nothing still acks."""
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    client.delete(*layout.lists(QUEUE), "unacked", "unacked_index", queues.leases_key)
+    for tid in ("one", "two", "three"):
+        client.lpush(layout.list_for(QUEUE, 0), _message(QUEUE, tid))
+    assert json.loads(_fetch(client, queues, layout.lists(QUEUE))[1])["headers"]["id"] \
+        == "one"
+    assert client.hexists("unacked", "one")
+    src, raw = _fetch(client, queues, layout.lists(QUEUE), acks=("one", "gone"))
+    assert json.loads(raw)["headers"]["id"] == "two"
+    assert not client.hexists("unacked", "one")
+    assert client.zscore("unacked_index", "one") is None
+    assert client.zscore(queues.leases_key, "one") is None
+    assert client.hexists("unacked", "two")  # the one taken stays in flight
+    _fetch(client, queues, layout.lists(QUEUE), acks=("two",))
+    assert _fetch(client, queues, layout.lists(QUEUE), acks=("three",)) is None
+    assert not client.hlen("unacked") and not client.zcard("unacked_index")
+    assert not client.zcard(queues.leases_key)
+
+
+def _declare(client: redis.Redis, queue: str, leases_key: str) -> RedisLayout:
+    from compass_celery.broker.fetch import install_atomic_fetch
+
+    layout = RedisLayout()
+    client.delete(*layout.lists(queue), layout.bell(queue), leases_key, "unacked",
+                  "unacked_index")
+    ring_compass_queues("compass.w.", SHARED)
+    install_atomic_fetch(queue, leases_key)
+    return layout
+
+
+def test_an_ack_on_the_event_loop_rides_the_next_look_and_no_transaction_of_its_own(
+        compass_redis_url):
+    """Celery's worker on kombu's event loop: each delivery's ack runs on the loop's next
+    turn (as Celery's acks do: hub.call_soon), then the loop sends the next look. The
+    ack sends no MULTI/EXEC: that look acks it (one round trip for both), the last one
+    included (the look that finds nothing). Nothing is left in flight or leased."""
+    from kombu import Connection, Consumer, Queue
+    from kombu.asynchronous import Hub
+
+    queue = "compass.w.ack"
+    client = redis.Redis.from_url(compass_redis_url)
+    queues = RedisQueues(client, RedisLayout(), "compass")
+    _declare(client, queue, queues.leases_key)
+    hub, seen = Hub(), []
+
+    def on_message(body: dict, message) -> None:
+        seen.append(message.delivery_tag)
+        hub.call_soon(message.ack)
+
+    with Connection(compass_redis_url) as conn:
+        with conn.SimpleQueue(queue) as q:
+            for n in range(3):
+                q.put({"n": n})
+        conn.register_with_event_loop(hub)
+        with Consumer(conn.default_channel, [Queue(queue)], callbacks=[on_message],
+                      prefetch_count=1):
+            client.config_resetstat()  # after the queue's declaration (a transaction)
+            loop, until = hub.create_loop(), time.monotonic() + 10
+            while (len(seen) < 3 or client.hlen("unacked")) and time.monotonic() < until:
+                next(loop)
+        hub.close()
+    assert len(seen) == 3
+    assert not client.hlen("unacked") and not client.zcard("unacked_index")
+    assert not client.zcard(queues.leases_key)
+    assert _calls(client, "exec") == 0 and _calls(client, "multi") == 0
+    assert _calls(client, "evalsha") + _calls(client, "eval") >= 4  # three takes, a look
+
+
+def test_an_ack_no_look_carried_is_sent_when_the_channel_closes(compass_redis_url):
+    """A worker stopping after a task: the ack waiting for the next look is sent when the
+    channel closes (its message is not left in flight for recovery to run again); an
+    ack made without an event loop (kombu's own consumers) is kombu's, at once."""
+    from kombu import Connection, Consumer, Queue
+    from kombu.asynchronous import Hub
+
+    queue = "compass.w.close"
+    client = redis.Redis.from_url(compass_redis_url)
+    queues = RedisQueues(client, RedisLayout(), "compass")
+    _declare(client, queue, queues.leases_key)
+    hub, seen = Hub(), []
+
+    def on_message(body: dict, message) -> None:
+        seen.append(message.delivery_tag)
+        message.ack()  # inside the delivery: before the next look
+        assert client.hexists("unacked", message.delivery_tag)
+
+    with Connection(compass_redis_url) as conn:
+        with conn.SimpleQueue(queue) as q:
+            q.put({"n": 0})
+        conn.register_with_event_loop(hub)
+        channel = conn.channel()
+        with Consumer(channel, [Queue(queue)], callbacks=[on_message], prefetch_count=1):
+            loop, until = hub.create_loop(), time.monotonic() + 10
+            while not seen and time.monotonic() < until:
+                next(loop)
+            assert client.hexists("unacked", seen[0])  # no look since
+            channel.close()
+        hub.close()
+        assert not client.hexists("unacked", seen[0])  # sent on close
+        assert not client.zcard("unacked_index")
+    with Connection(compass_redis_url) as conn, conn.SimpleQueue(queue) as q:
+        q.put({"n": 1})
+        message = q.get(timeout=5)
+        message.ack()
+        assert not client.hexists("unacked", message.delivery_tag)
+    assert not client.llen(queue)
+
+
+def test_an_ack_after_the_channel_stopped_consuming_its_queue_is_sent_at_once(
+        compass_redis_url):
+    """A consumer cancelled before its task's ack (Celery's cancel_consumer) sends no more
+    looks: the ack is kombu's own, at once, not left waiting for a look."""
+    from kombu import Connection, Consumer, Queue
+    from kombu.asynchronous import Hub
+
+    queue = "compass.w.cancel"
+    client = redis.Redis.from_url(compass_redis_url)
+    queues = RedisQueues(client, RedisLayout(), "compass")
+    _declare(client, queue, queues.leases_key)
+    hub, seen = Hub(), []
+    with Connection(compass_redis_url) as conn:
+        with conn.SimpleQueue(queue) as q:
+            q.put({"n": 0})
+        conn.register_with_event_loop(hub)
+        consumer = Consumer(conn.default_channel, [Queue(queue)], prefetch_count=1)
+
+        def on_message(body: dict, message) -> None:
+            consumer.cancel()
+            message.ack()
+            seen.append(message.delivery_tag)
+
+        consumer.register_callback(on_message)
+        consumer.consume()
+        loop, until = hub.create_loop(), time.monotonic() + 10
+        while not seen and time.monotonic() < until:
+            next(loop)
+        assert seen and not client.hexists("unacked", seen[0])
+        hub.close()

@@ -6,12 +6,16 @@
 --       4 .. 3+n the lists it consumes, in kombu's BRPOP order, then its queues' bells,
 --       then (a held slot only) the state's pending-queued hash, the worker's hold key
 --       and its own queue's bell
--- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists);
---       a held slot only: 3 the bells' count, 4 the bound (real ms), 5 the worker's
---       pending-queued member prefix ('<worker>\x1f'), 6 the planned ms that count as none
---       (planner.priority.PLANNED_EPS_MS), 7 the highest level (planner.priority.HIGHEST),
---       8 .. 7+n each list's highest level
+-- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists),
+--       3 a, the count of acks, 4 .. 3+a the delivery tags the worker acks (h = 3+a);
+--       a held slot only: h+1 the bells' count, h+2 the bound (real ms), h+3 the worker's
+--       pending-queued member prefix ('<worker>\x1f'), h+4 the planned ms that count as
+--       none (planner.priority.PLANNED_EPS_MS), h+5 the highest level
+--       (planner.priority.HIGHEST), h+6 .. h+5+n each list's highest level
 -- (inflight.lua is put in front of this script.)
+-- The acks come first: kombu's own ack of each tag (its unacked entry and index score)
+-- and its compass lease, as its worker's previous task ended; the look that follows
+-- then costs the worker no round trip of its own (broker.fetch defers the ack to it).
 -- Returns {list, raw message}; nil when every list is empty, and then the bells are
 -- cleared: their tokens were rung for messages already taken, and the worker blocks on
 -- them next. An entry that is not a kombu message is returned unrecorded: the
@@ -23,20 +27,26 @@
 -- for messages it holds; a push rings anew: the successor arriving wakes the worker, as
 -- does its BRPOP timeout at the bound). The shared queue's bell is left to its other
 -- consumers, which may take what this worker holds.
+local h = 3 + tonumber(ARGV[3])
+for i = 4, h do
+  redis.call('ZREM', KEYS[2], ARGV[i])
+  redis.call('HDEL', KEYS[1], ARGV[i])
+  redis.call('ZREM', KEYS[3], ARGV[i])
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local last = 3 + tonumber(ARGV[2])
 local bells = #KEYS
 local top, since, left = -1, nil, 0
-local bound = tonumber(ARGV[4] or '0') or 0
+local bound = tonumber(ARGV[h + 2] or '0') or 0
 local hold_key = nil
 if bound > 0 then
-  bells = last + tonumber(ARGV[3])
+  bells = last + tonumber(ARGV[h + 1])
   local planned = KEYS[bells + 1]
   hold_key = KEYS[bells + 2]
-  local eps = tonumber(ARGV[6])
-  for level = tonumber(ARGV[7]), 1, -1 do
-    local ms = tonumber(redis.call('HGET', planned, ARGV[5] .. level) or '0') or 0
+  local eps = tonumber(ARGV[h + 4])
+  for level = tonumber(ARGV[h + 5]), 1, -1 do
+    local ms = tonumber(redis.call('HGET', planned, ARGV[h + 3] .. level) or '0') or 0
     if ms > eps then top = level break end
   end
   if top < 0 then
@@ -47,7 +57,7 @@ if bound > 0 then
   end
 end
 for k = 4, last do
-  if top >= 0 and left > 0 and tonumber(ARGV[4 + k]) < top
+  if top >= 0 and left > 0 and tonumber(ARGV[h + 2 + k]) < top
       and redis.call('LLEN', KEYS[k]) > 0 then
     redis.call('SET', hold_key, string.format('%.6f', since), 'PX', math.ceil(left) + 1000)
     redis.call('DEL', KEYS[bells + 3])
