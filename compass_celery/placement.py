@@ -135,7 +135,8 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
-    workers = for_priority(snapshot.workers, priority)
+    # what it would overtake, and a worker about to take a lower-level task first
+    workers = for_priority(snapshot.workers, priority, snapshot.taken_at)
     if workers is not snapshot.workers:
         snapshot = evolve(snapshot, workers=workers)
     cluster = cluster_view(snapshot, model_sizes_mb)
