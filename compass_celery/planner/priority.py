@@ -12,6 +12,12 @@ before it: what is in flight plus what waits at ``p`` or above
 a task that has waited ``compass_priority_age_s`` is promoted one level per such
 period (:func:`aged`), which bounds how long any task can be overtaken.
 
+Tasks are not preemptible, and a plan's task lands in its worker's queue some ms after
+the snapshot it was planned on: a worker about to be free then may take a lower-level
+task first. Given the snapshot's clock, :func:`for_priority` charges such a worker one
+lower-level task (:func:`race_ms`), unless its held slot (``worker.core``) holds that
+work; the simulator, which has no such delay, plans without it.
+
 Pure: no I/O, no Celery.
 """
 
@@ -121,7 +127,10 @@ def race_ms(worker: WorkerView, level: int, now: float, typical_ms: float) -> fl
     the worker may start one of those first: a task's charge, ``typical_ms`` (what runs
     in the cluster now), at most what waits. Tasks are not preemptible, so the plan
     prices that risk where the worker is about to be free, and chooses a worker (or
-    refuses) where the deadline still holds. 0 when none of that applies."""
+    refuses) where the deadline still holds. 0 when none of that applies. A plan cannot
+    tell whether the workers hold (``compass_hold_max_ms``, off by default): with the hold
+    off, work below a planned level is taken as held all the same, so the charge is left
+    out there, never added where it does not belong."""
     top = max((q for q, ms in worker.pending_queued_ms.items() if ms > PLANNED_EPS_MS),
               default=-1)
     unheld = sum(ms for q, ms in worker.queued_ms.items() if top <= q < level)
