@@ -130,7 +130,7 @@ def race_ms(worker: WorkerView, level: int, now: float, typical_ms: float) -> fl
     refuses) where the deadline still holds. 0 when none of that applies. A plan cannot
     tell whether the workers hold (``compass_hold_max_ms``, off by default): with the hold
     off, work below a planned level is taken as held all the same, so the charge is left
-    out there, never added where it does not belong."""
+    out there: with the hold off, the rule charges less than it might."""
     top = max((q for q, ms in worker.pending_queued_ms.items() if ms > PLANNED_EPS_MS),
               default=-1)
     unheld = sum(ms for q, ms in worker.queued_ms.items() if top <= q < level)
