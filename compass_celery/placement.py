@@ -144,7 +144,8 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
     cluster = cluster_view(snapshot, model_sizes_mb)  # carried over: the base view
-    workers = for_priority(snapshot.workers, priority)
+    # what it would overtake, and a worker about to take a lower-level task first
+    workers = for_priority(snapshot.workers, priority, snapshot.taken_at)
     if workers is not snapshot.workers:  # as this level sees them: a few rows rewritten
         cluster = level_view(cluster, snapshot.workers, workers)
     if refused:

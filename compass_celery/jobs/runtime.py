@@ -312,7 +312,9 @@ class JobRuntime:
             if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
                 workers = tuple(settled(w, unsettled_ms) if w.name == self.name else w
                                 for w in workers)
-            workers = for_priority(workers, node.get("priority"))  # what it would overtake
+            # what it would overtake, and a worker about to take a lower-level task first
+            workers = for_priority(workers, node.get("priority"), snapshot.taken_at,
+                                   sender=self.name)
             planned_worker = planned["worker"] if planned else ""
             # its record: a plan that still holds is kept without building the cluster view
             record = next((w for w in workers if w.name == planned_worker), None)

@@ -232,7 +232,8 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
                 f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
-    cluster = ClusterView.of(for_priority(live, level), sizes, snapshot.taken_at,
+    cluster = ClusterView.of(for_priority(live, level, snapshot.taken_at), sizes,
+                             snapshot.taken_at,
                              demand=refusals.with_refused(c, cluster_demand(live)),
                              load_ms=learned_loads(snapshot.profiles))
     budget = plan_budget_ms(slo, c.settings.admission_headroom,

@@ -12,6 +12,12 @@ before it: what is in flight plus what waits at ``p`` or above
 a task that has waited ``compass_priority_age_s`` is promoted one level per such
 period (:func:`aged`), which bounds how long any task can be overtaken.
 
+Tasks are not preemptible, and a plan's task lands in its worker's queue some ms after
+the snapshot it was planned on: a worker about to be free then may take a lower-level
+task first. Given the snapshot's clock, :func:`for_priority` charges such a worker one
+lower-level task (:func:`race_ms`), unless its held slot (``worker.core``) holds that
+work; the simulator, which has no such delay, plans without it.
+
 Pure: no I/O, no Celery.
 """
 
@@ -20,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .cost import evolve
+from .cost import backlog_left_ms, evolve
 from .types import WorkerView
 
 LOWEST, HIGHEST = 0, 9
@@ -28,6 +34,11 @@ LOWEST, HIGHEST = 0, 9
 DEFAULT_PRIORITY = LOWEST
 LEVELS = tuple(range(LOWEST, HIGHEST + 1))
 DEFAULT_CLASSES: dict[str, int] = {"interactive": HIGHEST, "batch": LOWEST}
+#: How much later than a plan's snapshot its task lands in the worker's queue, beyond the
+#: worker's own gap between tasks (``WorkerView.hop_ms``), in ms: the plan, admission and
+#: the push. A worker due to pick its next task within both may take a lower-level one
+#: first (:func:`race_ms`). Traced at 8 jobs/s (docs/results/race): snapshots 3-10 ms old.
+RACE_MARGIN_MS = 10.0
 #: Planned ms at or below this count as none (what float sums of charges and releases
 #: leave behind): the held slot's threshold, in ``worker.core`` and in the fetch script.
 PLANNED_EPS_MS = 1e-6
@@ -107,14 +118,53 @@ def _below(by_level: Mapping[int, float], level: int) -> float:
     return sum(ms for q, ms in by_level.items() if q < level)
 
 
-def for_priority(workers: Iterable[WorkerView], level: int | None) -> tuple[WorkerView, ...]:
+def race_ms(worker: WorkerView, level: int, now: float, typical_ms: float) -> float:
+    """What a task of ``level`` may wait on ``worker`` beyond :func:`ahead_ms`, because the
+    worker picks its next task before the task lands: when what is ahead of it (in flight
+    and queued at ``level`` or above, at ``now``) ends within the worker's gap between
+    tasks plus :data:`RACE_MARGIN_MS`, and lower-level work waits that the held slot
+    does not hold (levels at or above the highest planned there, ``pending_queued_ms``),
+    the worker may start one of those first: a task's charge, ``typical_ms`` (what runs
+    in the cluster now), at most what waits. Tasks are not preemptible, so the plan
+    prices that risk where the worker is about to be free, and chooses a worker (or
+    refuses) where the deadline still holds. 0 when none of that applies. A plan cannot
+    tell whether the workers hold (``compass_hold_max_ms``, off by default): with the hold
+    off, work below a planned level is taken as held all the same, so the charge is left
+    out there: with the hold off, the rule charges less than it might."""
+    top = max((q for q, ms in worker.pending_queued_ms.items() if ms > PLANNED_EPS_MS),
+              default=-1)
+    unheld = sum(ms for q, ms in worker.queued_ms.items() if top <= q < level)
+    if unheld <= PLANNED_EPS_MS:
+        return 0.0
+    left = backlog_left_ms(evolve(worker, backlog_ms=ahead_ms(worker, level)), now)
+    if left > worker.hop_ms + RACE_MARGIN_MS:
+        return 0.0
+    return min(unheld, typical_ms) if typical_ms > 0 else unheld
+
+
+def typical_run_ms(workers: Iterable[WorkerView]) -> float:
+    """The mean charge of the tasks running on ``workers`` (0 when none runs): the
+    expected length of the next one a worker starts (:func:`race_ms`)."""
+    charges = [c for w in workers for _, _, c in w.running]
+    return sum(charges) / len(charges) if charges else 0.0
+
+
+def for_priority(workers: Iterable[WorkerView], level: int | None,
+                 now: float | None = None, sender: str | None = None
+                 ) -> tuple[WorkerView, ...]:
     """``workers`` as a task of ``level`` sees them (backlog = :func:`ahead_ms`, pending =
     :func:`planned_ahead_ms`); the same objects when nothing below ``level`` waits or is
-    planned anywhere (no view to rebuild)."""
+    planned anywhere (no view to rebuild). Given ``now`` (the snapshot's clock), a
+    worker about to be free also carries the lower-level task it may start first
+    (:func:`race_ms`), but for ``sender``, the worker sending the task: its push comes
+    before its own next pick."""
     workers = tuple(workers)
     if level is None or level <= LOWEST or not any(
             ms for w in workers for by_level in (w.queued_ms, w.pending_queued_ms)
             for q, ms in by_level.items() if q < level):
         return workers
-    return tuple(evolve(w, backlog_ms=ahead_ms(w, level),
+    typical = typical_run_ms(workers) if now is not None else 0.0
+    return tuple(evolve(w, backlog_ms=ahead_ms(w, level) + (
+                            race_ms(w, level, now, typical)
+                            if now is not None and w.name != sender else 0.0),
                         pending_ms=planned_ahead_ms(w, level)) for w in workers)
