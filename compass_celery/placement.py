@@ -21,7 +21,7 @@ from .planner.compass import plan_job
 from .planner.cost import evolve, remember_arrays, worker_arrays
 from .planner.demand import merge_demand
 from .planner.pending import send_charge_ms
-from .planner.priority import for_priority
+from .planner.priority import for_priority, race_clock
 from .planner.types import SHARED, DagSpec, ModelDemand
 from .state.store import Snapshot
 from .state.views import cluster_view, level_view
@@ -130,14 +130,17 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
            model_sizes_mb: Mapping[str, float], shared_queue: str,
            validate: bool = False, priority: int | None = None,
            batch_aware: bool = True, budget_ms: float | None = None,
-           refused: Mapping[str, ModelDemand] | None = None) -> Decision:
+           refused: Mapping[str, ModelDemand] | None = None,
+           hold_max_ms: float = 0.0) -> Decision:
     """Plan ``needs`` as a one-node DAG against ``snapshot`` with ``policy``; a task of
     ``priority`` waits only for work in flight and queued at its level or above. A
     batched task joins a batch forming on a worker where that finishes first, and is
     charged what it adds to it (``batch_aware`` off: placed as an unbatched task).
     ``budget_ms``: the task's deadline budget (``planner.admission.plan_budget_ms``), for
     a policy that makes copies against it (``planner.compass.plan_job``); ``refused``:
-    demand this process refused, planned on with what the workers served."""
+    demand this process refused, planned on with what the workers served; ``hold_max_ms``:
+    the workers' held slot, which decides whether a worker about to take a lower-level
+    task first is priced (``planner.priority.race_clock``)."""
     if needs.model is not None and needs.model not in model_sizes_mb:
         raise PlacementError(f"task {needs.task!r} needs unknown model {needs.model!r}; "
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
@@ -145,7 +148,8 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
     cluster = cluster_view(snapshot, model_sizes_mb)  # carried over: the base view
     # what it would overtake, and a worker about to take a lower-level task first
-    workers = for_priority(snapshot.workers, priority, snapshot.taken_at)
+    workers = for_priority(snapshot.workers, priority,
+                           race_clock(snapshot.taken_at, hold_max_ms))
     if workers is not snapshot.workers:  # as this level sees them: a few rows rewritten
         cluster = level_view(cluster, snapshot.workers, workers)
     if refused:

@@ -78,7 +78,8 @@ class CompassRouter:
             decision = decide(needs, snapshot, c.policy, sizes, c.shared_queue,
                               c.settings.validate, priority=level,
                               batch_aware=c.settings.batch_aware,
-                              budget_ms=self._budget(slo, snapshot), refused=refusals.refused(c))
+                              budget_ms=self._budget(slo, snapshot), refused=refusals.refused(c),
+                              hold_max_ms=c.settings.hold_max_ms)
             if decision.fallback:
                 decision = self._fallback(needs, decision.reason)
             else:

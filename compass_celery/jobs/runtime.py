@@ -28,7 +28,7 @@ from ..planner.admission import ERROR_QUANTILE, error_step_ms, should_shed
 from ..planner.batch import batch_from_record
 from ..planner.cost import settled
 from ..planner.demand import cluster_demand
-from ..planner.priority import for_priority
+from ..planner.priority import for_priority, race_clock
 from ..planner.types import SHARED, ClusterView, TaskSpec
 from ..state.connection import StateUnavailable, text
 from ..state.scripts import register_script
@@ -313,7 +313,8 @@ class JobRuntime:
                 workers = tuple(settled(w, unsettled_ms) if w.name == self.name else w
                                 for w in workers)
             # what it would overtake, and a worker about to take a lower-level task first
-            workers = for_priority(workers, node.get("priority"), snapshot.taken_at,
+            workers = for_priority(workers, node.get("priority"),
+                                   race_clock(snapshot.taken_at, c.settings.hold_max_ms),
                                    sender=self.name)
             planned_worker = planned["worker"] if planned else ""
             # its record: a plan that still holds is kept without building the cluster view

@@ -51,7 +51,7 @@ from ..planner.check import check_plan
 from ..planner.compass import plan_job
 from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
-from ..planner.priority import for_priority
+from ..planner.priority import for_priority, race_clock
 from ..planner.types import ClusterView, DagSpec, Placement
 from ..state import arrivals
 from ..state.cluster import is_cluster_client
@@ -232,8 +232,8 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
                 f"DAG {spec.name!r}: node {n.name!r} needs model {n.model!r} "
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
-    cluster = ClusterView.of(for_priority(live, level, snapshot.taken_at), sizes,
-                             snapshot.taken_at,
+    race = race_clock(snapshot.taken_at, c.settings.hold_max_ms)
+    cluster = ClusterView.of(for_priority(live, level, race), sizes, snapshot.taken_at,
                              demand=refusals.with_refused(c, cluster_demand(live)),
                              load_ms=learned_loads(snapshot.profiles))
     budget = plan_budget_ms(slo, c.settings.admission_headroom,

@@ -214,7 +214,8 @@ def plan_message(c: CompassContext, message: dict[str, Any], exclude: str | None
         needs = TaskNeeds(task, old.model, old.planned_exec_ms, 0.0, "declared",
                           _batch_of(c, task, old))
         decision = old.replaced(decide(needs, snapshot, c.policy, c.model_sizes(),
-                                       c.shared_queue, priority=old.priority))
+                                       c.shared_queue, priority=old.priority,
+                                       hold_max_ms=c.settings.hold_max_ms))
     except (StateUnavailable, PlacementError) as exc:
         logger.warning("compass: %s -> shared queue (%s)", task, exc)
     if decision is None or decision.fallback:

@@ -40,13 +40,16 @@ DEADLINE_MS = 1500.0
 def race_cluster(compass_redis_url, compass_workers):
     url = compass_redis_url
     env = {"COMPASS_BROKER_URL": url, "COMPASS_REDIS_URL": url,
-           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS)}
+           "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS),
+           "COMPASS_HOLD_MAX_MS": "1000"}
     ws = [compass_workers("compass_celery.emulated_app", "race@one",
                           "--compass-emulate-gpu-mb", "3200", "--compass-preload",
                           f"{STEP},{BATCH}", env=env),
           compass_workers("compass_celery.emulated_app", "race@two",
                           "--compass-emulate-gpu-mb", "1000", env=env)]
-    app = emulated_app(url, state_url=url, compass_snapshot_ttl_s=0.0, compass_models=MODELS)
+    # the race is priced where the workers hold their slot, as the app says they do
+    app = emulated_app(url, state_url=url, compass_snapshot_ttl_s=0.0, compass_models=MODELS,
+                       compass_hold_max_ms=1000.0)
     wait_live(app, 2, ws, 40)
     wait_until(lambda: {STEP, BATCH} <= _one(app).resident, 20, "one's preload")
     app.workers = ws

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from compass_celery.planner import get_policy
-from compass_celery.planner.priority import RACE_MARGIN_MS, for_priority, race_ms
+from compass_celery.planner.priority import RACE_MARGIN_MS, for_priority, race_clock, race_ms
 from compass_celery.planner.types import ClusterView, DagSpec, TaskSpec, WorkerView
 
 NOW = 100.0  # the snapshot's clock (s)
@@ -84,3 +84,14 @@ def test_an_urgent_step_goes_where_its_deadline_holds() -> None:
     assert naive.placements["a"].worker == "gap"
     assert priced.placements["a"].worker == "busy"
     assert priced.placements["a"].finish_ms == pytest.approx(250.0 + 50.0 + 5.0, abs=1.0)
+
+
+def test_the_race_is_priced_only_where_the_workers_hold() -> None:
+    """With the held slot off the charge was not shown to help (docs/results/race): the
+    plan then prices no race, and plans as before."""
+    assert race_clock(NOW, 1000.0) == NOW
+    assert race_clock(NOW, 0.0) is None
+    gap = _w("gap", left_ms=None, queued={0: 3000.0})
+    busy = _w("busy", left_ms=250.0, queued={0: 3000.0})  # what runs: a batch task's charge
+    assert for_priority((gap, busy), 9, race_clock(NOW, 0.0))[0].backlog_ms == 0.0
+    assert for_priority((gap, busy), 9, race_clock(NOW, 1000.0))[0].backlog_ms == BATCH_MS

@@ -34,7 +34,7 @@ def _workers(n: int) -> tuple[WorkerView, ...]:
 
 def _fresh(snap: Snapshot, level: int, needs: TaskNeeds):
     """What the decision was before: a view built afresh of the level's workers."""
-    view = ClusterView.of(for_priority(snap.workers, level, snap.taken_at), SIZES, snap.taken_at)
+    view = ClusterView.of(for_priority(snap.workers, level), SIZES, snap.taken_at)
     return plan_job(get_policy("compass"), DagSpec.single(needs.spec(True)), view), view
 
 
