@@ -613,18 +613,24 @@ class SimWorker:
 
 
 class LazyRank(Mapping[str, tuple[float, ...]]):
-    """``eviction_rank(snapshot)``, worked out on first read (the same mapping then)."""
+    """``eviction_rank(snapshot)``, worked out on first read (the same mapping then).
 
-    __slots__ = ("_snapshot", "_rank")
+    It keeps only what the rank reads (the snapshot's columns, demand and sizes), not
+    the snapshot: a worker's cache may hold its hint long after, and a snapshot's
+    record of every worker is worth freeing when it is replaced."""
+
+    __slots__ = ("_of", "_rank")
 
     def __init__(self, snapshot: ClusterView) -> None:
-        self._snapshot: ClusterView | None = snapshot
+        self._of: ClusterView | None = ClusterView(
+            (), snapshot.model_sizes_mb, snapshot.now, snapshot.demand, snapshot.load_ms)
+        remember_arrays(self._of, worker_arrays(snapshot))
         self._rank: Mapping[str, tuple[float, ...]] | None = None
 
     def _read(self) -> Mapping[str, tuple[float, ...]]:
         if self._rank is None:
-            assert self._snapshot is not None
-            self._rank, self._snapshot = eviction_rank(self._snapshot), None
+            assert self._of is not None
+            self._rank, self._of = eviction_rank(self._of), None
         return self._rank
 
     def __getitem__(self, model: str) -> tuple[float, ...]:
