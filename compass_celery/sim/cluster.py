@@ -637,6 +637,7 @@ class LazyRank(Mapping[str, tuple[float, ...]]):
         return self._read()[model]
 
     def get(self, model: str, default: Any = None) -> Any:
+        """The model's rank, or ``default`` (the cache reads it so)."""
         return self._read().get(model, default)
 
     def __iter__(self) -> Iterator[str]:
