@@ -594,11 +594,9 @@ class SimWorker:
 
     def _hint(self) -> None:
         """Tell the cache which copies the cluster can spare (``planner.evict``), from the
-        snapshot the planners last saw, as a real worker would from the state it reads:
-        worked out when the cache first reads it (:class:`LazyRank`; most hints are
-        never read, as most tasks find their model resident)."""
+        snapshot the planners last saw, as a real worker would from the state it reads."""
         if self.prefetching and self.cluster.demand is not None:
-            self.decider.rank = self.cluster.rank_hint()
+            self.decider.rank = eviction_rank(self.cluster.last_snapshot())
 
     def _loaded(self, name: str) -> None:
         self.in_flight.pop(name, None)
@@ -610,41 +608,6 @@ class SimWorker:
         self._apply(extra)
         self._recache()
         self.try_start()
-
-
-class LazyRank(Mapping[str, tuple[float, ...]]):
-    """``eviction_rank(snapshot)``, worked out on first read (the same mapping then).
-
-    It keeps only what the rank reads (the snapshot's columns, demand and sizes), not
-    the snapshot: a worker's cache may hold its hint long after, and a snapshot's
-    record of every worker is worth freeing when it is replaced."""
-
-    __slots__ = ("_of", "_rank")
-
-    def __init__(self, snapshot: ClusterView) -> None:
-        self._of: ClusterView | None = ClusterView(
-            (), snapshot.model_sizes_mb, snapshot.now, snapshot.demand, snapshot.load_ms)
-        remember_arrays(self._of, worker_arrays(snapshot))
-        self._rank: Mapping[str, tuple[float, ...]] | None = None
-
-    def _read(self) -> Mapping[str, tuple[float, ...]]:
-        if self._rank is None:
-            assert self._of is not None
-            self._rank, self._of = eviction_rank(self._of), None
-        return self._rank
-
-    def __getitem__(self, model: str) -> tuple[float, ...]:
-        return self._read()[model]
-
-    def get(self, model: str, default: Any = None) -> Any:
-        """The model's rank, or ``default`` (the cache reads it so)."""
-        return self._read().get(model, default)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._read())
-
-    def __len__(self) -> int:
-        return len(self._read())
 
 
 @dataclass(eq=False)
@@ -713,7 +676,6 @@ class SimCluster:
         self.dirty.clear()
         self._snapshot: ClusterView | None = None
         self._levels: dict[int, Leveled] = {}  # priority level -> the cluster as it sees it
-        self._rank: tuple[ClusterView, LazyRank] | None = None  # the last rank_hint
 
     def preload(self, models_by_worker: Mapping[str, Iterable[str]]) -> None:
         """Load and pin each worker's models before the first job (see SimWorker.preload)."""
@@ -809,14 +771,6 @@ class SimCluster:
         remember_arrays(self._snapshot, arrays)
         for seen in self._levels.values():
             seen.stale |= rows.keys()
-
-    def rank_hint(self) -> LazyRank:
-        """The eviction rank of the snapshot the planners saw last, for a worker's cache
-        (``SimWorker._hint``): one lazy rank per snapshot, shared by the workers."""
-        snap = self.last_snapshot()
-        if self._rank is None or self._rank[0] is not snap:
-            self._rank = (snap, LazyRank(snap))
-        return self._rank[1]
 
     def last_snapshot(self) -> ClusterView:
         """The snapshot the planners saw last (built now if there is none yet)."""

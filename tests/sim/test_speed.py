@@ -164,20 +164,3 @@ def test_fewer_collections_restores_the_threshold():
         assert gc.get_threshold()[0] == max(was[0], GC_YOUNG_THRESHOLD)
         raise RuntimeError
     assert gc.get_threshold() == was
-
-
-def test_lazy_rank_reads_as_the_snapshots_eviction_rank():
-    # a worker's cache is handed the rank lazily, from the snapshot's columns and demand
-    from compass_celery.planner.evict import eviction_rank
-    from compass_celery.sim.cluster import LazyRank
-
-    w = load_workload(ROOT / "dags" / "multi-model.json")
-    sim = Simulation(w, "compass", job_stream(w, rate=60.0, jobs=1500), workers=8)
-    ranked = 0
-    for until in np.arange(500.0, 24000.0, 500.0):  # demand is known after 10 s
-        sim.run(until)
-        snap = sim.cluster.snapshot()
-        want = eviction_rank(snap)
-        assert dict(LazyRank(snap)) == want
-        ranked += bool(want)
-    assert ranked > 5  # demand was known: the ranks compared were not all empty
