@@ -153,6 +153,7 @@ class SimWorker:
         self.listed_idle = False  # in the cluster's idle list (celery-default)
         self.settling = False  # a settle() is scheduled
         self._view: WorkerView | None = None
+        self._memory: WorkerView | None = None  # the record's memory fields (view)
         # Batching: "on" publishes its counts of waiting inputs and charges marginal costs;
         # "blind" batches but publishes as an unbatched worker does.
         self.aware = batching == "on"
@@ -172,18 +173,34 @@ class SimWorker:
     def view(self) -> WorkerView:
         """This worker's record as a real worker would publish it (cached until touched):
         its fixed fields' record with the changing ones written (``evolve``; the frozen
-        dataclass's constructor cost more than the rest of a snapshot at 1,000 workers)."""
+        dataclass's constructor cost more than the rest of a snapshot at 1,000 workers).
+        The memory fields come from :meth:`_memory_view`, re-read only when the cache's
+        state changed (most changes are backlog charges)."""
         if self._view is None:
-            d = self.decider
             self._view = evolve(
-                self._fixed, gpu_free_mb=d.free_mb(),
-                resident=frozenset(d.resident), host_resident=frozenset(self.host),
+                self._memory_view(),
                 backlog_ms=max(self.backlog_ms, 0.0), pending_ms=max(self.pending_ms, 0.0),
                 pending_queued_ms={q: ms for q, ms in self.pending_levels.items() if ms > 0},
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
-                loading=dict(self.in_flight), queued_ms=self.queue.queued_ms(),
-                running=self._running_span())
+                queued_ms=self.queue.queued_ms(), running=self._running_span())
         return self._view
+
+    def _memory_view(self) -> WorkerView:
+        """The fixed fields' record with what the cache holds written (free memory, the
+        resident and host-tier sets, the loads under way): kept until the cache's state
+        changes (:meth:`_recache`), so successive views share those values."""
+        if self._memory is None:
+            d = self.decider
+            self._memory = evolve(
+                self._fixed, gpu_free_mb=d.free_mb(), resident=frozenset(d.resident),
+                host_resident=frozenset(self.host), loading=dict(self.in_flight))
+        return self._memory
+
+    def _recache(self) -> None:
+        """The cache's state (resident, loading, host tier) changed: the next view
+        re-reads it."""
+        self._memory = None
+        self.touch()
 
     def _running_span(self) -> tuple[tuple[float, float, float], ...]:
         """What runs now as a real worker publishes it: when it began, when its charge
@@ -201,7 +218,7 @@ class SimWorker:
         for model in names:
             self.decider.on_loaded(model, now=self.engine.now)
         self.decider.pinned = self.decider.pinned | frozenset(names)
-        self.touch()
+        self._recache()
 
     def warm(self, models: Iterable[str]) -> None:
         """Make ``models`` resident before the run, unpinned and with no load counted: a
@@ -209,7 +226,7 @@ class SimWorker:
         load refuses every job that needs it, so it is never loaded)."""
         for model in models:
             self.decider.on_loaded(model, now=self.engine.now)
-        self.touch()
+        self._recache()
 
     def load(self, models: Iterable[str]) -> None:
         """Start loading ``models`` now, one after another, as a new worker does with its
@@ -572,8 +589,8 @@ class SimWorker:
             self.load_at.append(start)
             self.in_flight[action.name] = (start, self.load_free_at)
             self.engine.at(self.load_free_at, self._loaded, action.name)
-        if actions:
-            self.touch()
+        if actions:  # the decider changes its state only with the actions it returns
+            self._recache()
 
     def _hint(self) -> None:
         """Tell the cache which copies the cluster can spare (``planner.evict``), from the
@@ -589,7 +606,7 @@ class SimWorker:
                                        protect=[running] if running else [])
         self.host.discard(name)
         self._apply(extra)
-        self.touch()
+        self._recache()
         self.try_start()
 
 

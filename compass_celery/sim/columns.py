@@ -74,6 +74,9 @@ class LiveColumns:
         # memos that read only it: ``WorkerArrays._spans`` and ``_flights``
         self._handed: tuple[dict[int, Mapping[str, tuple[float, float]]], dict[str, Any],
                             dict[str, Any]] | None = None
+        # ``WorkerArrays._ahead`` (``loads_ahead``'s rows and last answer), shared while
+        # both what it reads are: the copy of ``loading`` and the load columns (``_fetch``)
+        self._ahead: dict[str, tuple[Any, ...]] = {}
         self._last: WorkerArrays | None = None
         for i, v in enumerate(views):
             self.update(i, v)
@@ -84,13 +87,16 @@ class LiveColumns:
         self.pending_ms[i] = view.pending_ms
         self.gpu_free_mb[i] = view.gpu_free_mb
         sets = self._sets[i]
-        if sets is None or sets[0] != view.resident or sets[1] != view.host_resident:
+        # successive views of a worker share its sets until they change (``SimWorker.view``)
+        if sets is None or (sets[0] is not view.resident and sets[0] != view.resident) or (
+                sets[1] is not view.host_resident and sets[1] != view.host_resident):
             self._sets[i] = (view.resident, view.host_resident)
             self._members(self.resident[i], view.resident)
             self._members(self.host_resident[i], view.host_resident)
             self._frozen = None
         if view.loading:
-            if self.loading.get(i) != view.loading:
+            was = self.loading.get(i)
+            if was is not view.loading and was != view.loading:
                 self.loading[i] = view.loading
                 self._handed = None
         elif self.loading.pop(i, None) is not None:
@@ -126,17 +132,19 @@ class LiveColumns:
             resident.flags.writeable = host.flags.writeable = False  # shared: copy to change
             self._frozen = (resident, host, host.any(axis=0).tolist())
             self._fetch = {}
+            self._ahead = {}
         resident, host, host_models = self._frozen
         began, ends, charge, left = self._run_columns()
         if self._handed is None:
             self._handed = (dict(self.loading), {}, {})
+            self._ahead = {}
         loading, spans, flights = self._handed
         changing = dict(
             backlog_ms=self.backlog_ms.copy(), pending_ms=self.pending_ms.copy(),
             gpu_free_mb=self.gpu_free_mb.copy(),
             resident=resident, host_resident=host, host_models=host_models,
             loading=loading, _fetch=self._fetch, run_began=began, run_ends=ends,
-            run_charge=charge, _left=left, _spans=spans, _flights=flights)
+            run_charge=charge, _left=left, _spans=spans, _flights=flights, _ahead=self._ahead)
         if self._last is not None:  # the fixed fields as last time: no constructor pass
             self._last = evolve(self._last, **changing)
             return self._last

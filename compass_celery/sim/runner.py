@@ -30,9 +30,11 @@ runs every task alone. A workload without ``batch`` runs the same under all thre
 
 from __future__ import annotations
 
+import gc
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -196,7 +198,8 @@ class Simulation:
                 job = Job(i, self.workload.dags[name], t, level=self.levels[name])
                 self.jobs.append(job)
                 self.engine.at(t, self._arrive, job)
-        self.engine.run(until_ms)
+        with fewer_collections():
+            self.engine.run(until_ms)
         return self.jobs
 
     def _arrive(self, job: Job) -> None:
@@ -392,6 +395,24 @@ class Simulation:
         self.plan_error[name] = plan_error_step(self.plan_error.get(name, 0.0),
                                                 end - job.plan_end,
                                                 step_ms=error_step_ms(job.slo.deadline_ms))
+
+
+#: The youngest generation's threshold while a simulation runs (Python's default is 700).
+GC_YOUNG_THRESHOLD = 20_000
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Run the block with the cyclic collector's youngest generation collected only every
+    :data:`GC_YOUNG_THRESHOLD` allocations: a run allocates millions of short-lived
+    records and keeps every job, so at the default each collection walked a growing heap
+    for almost nothing (4% of a 1,000-worker run). Results do not depend on it."""
+    was = gc.get_threshold()
+    gc.set_threshold(max(was[0], GC_YOUNG_THRESHOLD), *was[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*was)
 
 
 def simulate(workload: Workload, policies: Sequence[str], options: SimOptions | None = None,

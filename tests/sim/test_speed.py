@@ -56,6 +56,19 @@ def test_live_columns_equal_a_fresh_build_throughout_a_run(policy, refresh_ms):
             assert pairs == dict(zip(other.at.tolist(), other.left.tolist(), strict=True)), model
             loading += bool(pairs)
             assert live.fits_any(size) == fresh.fits_any(size)
+        # loads_ahead's memo, handed on between snapshots, answers as a fresh build's
+        for at in (snap.now, snap.now + 37.0):
+            busy, ends = live.loads_ahead(snap.model_sizes_mb, at)
+            want_busy, want_ends = fresh.loads_ahead(snap.model_sizes_mb, at)
+            assert np.array_equal(busy, want_busy) and ends == want_ends
+        # each worker's record, its cache fields kept until the cache changes, reads as
+        # the worker's state afresh
+        for worker in sim.cluster.workers:
+            view, cache = worker.view(), worker.decider
+            assert view.gpu_free_mb == cache.free_mb()
+            assert view.resident == frozenset(cache.resident)
+            assert view.host_resident == frozenset(worker.host)
+            assert view.loading == worker.in_flight
         checked += any(v.backlog_ms > 0 and v.resident for v in snap.workers)
     assert checked > 5  # the states compared were not all empty
     assert loading > 5  # and loads were under way in some
@@ -139,3 +152,15 @@ def test_planning_never_walks_every_worker(policy, monkeypatch):
     sim = Simulation(w, policy, job_stream(w, rate=300.0, jobs=300), workers=200)
     assert all(j.end is not None for j in sim.run())
     assert calls == []
+
+
+def test_fewer_collections_restores_the_threshold():
+    import gc
+
+    from compass_celery.sim.runner import GC_YOUNG_THRESHOLD, fewer_collections
+
+    was = gc.get_threshold()
+    with pytest.raises(RuntimeError), fewer_collections():
+        assert gc.get_threshold()[0] == max(was[0], GC_YOUNG_THRESHOLD)
+        raise RuntimeError
+    assert gc.get_threshold() == was
