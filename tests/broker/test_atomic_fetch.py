@@ -344,6 +344,17 @@ def _declare(client: redis.Redis, queue: str, leases_key: str) -> RedisLayout:
     return layout
 
 
+def _looped_queue(url: str, queue: str):
+    """A declared compass queue with the atomic fetch, and an event loop for its consumer:
+    (client, queues, hub, the delivery tags seen)."""
+    from kombu.asynchronous import Hub
+
+    client = redis.Redis.from_url(url)
+    queues = RedisQueues(client, RedisLayout(), "compass")
+    _declare(client, queue, queues.leases_key)
+    return client, queues, Hub(), []
+
+
 def test_an_ack_on_the_event_loop_rides_the_next_look_and_no_transaction_of_its_own(
         compass_redis_url):
     """Celery's worker on kombu's event loop: each delivery's ack runs on the loop's next
@@ -351,13 +362,9 @@ def test_an_ack_on_the_event_loop_rides_the_next_look_and_no_transaction_of_its_
     ack sends no MULTI/EXEC: that look acks it (one round trip for both), the last one
     included (the look that finds nothing). Nothing is left in flight or leased."""
     from kombu import Connection, Consumer, Queue
-    from kombu.asynchronous import Hub
 
     queue = "compass.w.ack"
-    client = redis.Redis.from_url(compass_redis_url)
-    queues = RedisQueues(client, RedisLayout(), "compass")
-    _declare(client, queue, queues.leases_key)
-    hub, seen = Hub(), []
+    client, queues, hub, seen = _looped_queue(compass_redis_url, queue)
 
     def on_message(body: dict, message) -> None:
         seen.append(message.delivery_tag)
@@ -387,13 +394,9 @@ def test_an_ack_no_look_carried_is_sent_when_the_channel_closes(compass_redis_ur
     channel closes (its message is not left in flight for recovery to run again); an
     ack made without an event loop (kombu's own consumers) is kombu's, at once."""
     from kombu import Connection, Consumer, Queue
-    from kombu.asynchronous import Hub
 
     queue = "compass.w.close"
-    client = redis.Redis.from_url(compass_redis_url)
-    queues = RedisQueues(client, RedisLayout(), "compass")
-    _declare(client, queue, queues.leases_key)
-    hub, seen = Hub(), []
+    client, queues, hub, seen = _looped_queue(compass_redis_url, queue)
 
     def on_message(body: dict, message) -> None:
         seen.append(message.delivery_tag)
