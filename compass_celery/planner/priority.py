@@ -16,7 +16,8 @@ Tasks are not preemptible, and a plan's task lands in its worker's queue some ms
 the snapshot it was planned on: a worker about to be free then may take a lower-level
 task first. Given the snapshot's clock, :func:`for_priority` charges such a worker one
 lower-level task (:func:`race_ms`), unless its held slot (``worker.core``) holds that
-work; the simulator, which has no such delay, plans without it.
+work; it is priced where the workers hold (:func:`race_clock`), and the simulator, which
+has no such delay, plans without it.
 
 Pure: no I/O, no Celery.
 """
@@ -127,10 +128,9 @@ def race_ms(worker: WorkerView, level: int, now: float, typical_ms: float) -> fl
     the worker may start one of those first: a task's charge, ``typical_ms`` (what runs
     in the cluster now), at most what waits. Tasks are not preemptible, so the plan
     prices that risk where the worker is about to be free, and chooses a worker (or
-    refuses) where the deadline still holds. 0 when none of that applies. A plan cannot
-    tell whether the workers hold (``compass_hold_max_ms``, off by default): with the hold
-    off, work below a planned level is taken as held all the same, so the charge is left
-    out there: with the hold off, the rule charges less than it might."""
+    refuses) where the deadline still holds. 0 when none of that applies. Callers price
+    it only where the workers hold their slot (:func:`race_clock`), so work below a
+    planned level is held and left out."""
     top = max((q for q, ms in worker.pending_queued_ms.items() if ms > PLANNED_EPS_MS),
               default=-1)
     unheld = sum(ms for q, ms in worker.queued_ms.items() if top <= q < level)
