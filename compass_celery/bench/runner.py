@@ -233,8 +233,10 @@ def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_
                    batched=batched or {},
                    **({} if opts.headroom is None
                       else {"compass_admission_headroom": opts.headroom}),
-                   # the workers' held slot, which the producer's plans price too
-                   compass_hold_max_ms=float(opts.extra_env.get("COMPASS_HOLD_MAX_MS", 0)))
+                   # the workers' held slot, which the producer's plans price too (the
+                   # setting's default unless the run sets it, as the workers do)
+                   **({} if "COMPASS_HOLD_MAX_MS" not in opts.extra_env
+                      else {"compass_hold_max_ms": float(opts.extra_env["COMPASS_HOLD_MAX_MS"])}))
     if amqp:  # a previous run's messages in this vhost would run or count as stranded
         for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
             app.compass.queues.delete(name)
