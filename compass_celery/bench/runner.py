@@ -40,6 +40,7 @@ from ..results import (
     latency_summary,
     left_capacity_share,
     policy_result,
+    window_batch_share,
 )
 from ..state import keys
 from ..state.urls import masked
@@ -50,7 +51,7 @@ from .faults import live_workers, schedule_faults
 from .hostload import HostLoad, host_line
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
-from .slo import expiring_dag, read_records, submit
+from .slo import expiring_dag, read_records, submit, task_runs
 from .terms import hop_gaps, hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
@@ -300,6 +301,7 @@ class _Sent:
         self.outcomes: list[JobOutcome] = []
         self.handles: list[tuple[JobOutcome, Any]] = []
         self.loads_at_warmup = 0
+        self.wall0_s = 0.0  # the wall time (epoch s) at which the bench's clock began
 
 
 def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: float,
@@ -310,6 +312,7 @@ def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: floa
     failed submission is a failed job, never a lost one, and one admission refused is
     rejected, ended when the refusal came back."""
     sent = _Sent(int(len(stream) * opts.warmup_frac))
+    sent.wall0_s = time.time() - (time.monotonic() - t0)
     slos = {name: workload.slo(name) for name in dags} if workload is not None else {}
     for i, (at_ms, name) in enumerate(stream):
         delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
@@ -383,6 +386,10 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
     share = left_capacity_share(sent.outcomes, work, len(workload.cluster.workers))
     if share is not None:
         result["batch_share"] = share
+    runs = task_runs(sent.handles, sent.wall0_s, opts.time_scale)
+    window = window_batch_share(sent.outcomes, runs, len(workload.cluster.workers))
+    if window is not None:
+        result["batch_share_window"] = window
     return result
 
 

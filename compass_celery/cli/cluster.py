@@ -99,21 +99,11 @@ def bench_options(args: ClusterArgs) -> Any:
                    else {"COMPASS_HOLD_MAX_MS": str(args.hold_max_ms)}))
 
 
-def batch_share_lines(result: dict[str, Any]) -> str:
-    """A line per policy with the no-deadline work's share of the capacity left it."""
-    lines = []
-    for name, r in result["policies"].items():
-        share = r.get("batch_share")
-        if share:
-            lines.append(f"  {name:<16} {100 * share['share']:.1f}% (span "
-                         f"{share['span_ms'] / 1000:.1f} s)")
-    return "\n".join(lines)
-
-
 def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
                  time_scale: float) -> None:
     """The result table, what its columns mean, and the SLO outcomes when there are any."""
     from ..bench.slo import slo_table
+    from ..results import BATCH_SHARE_HEADING, batch_share_lines
 
     timings = "real compute on the CPU" if args.real else "emulated GPU timings"
     click.echo(f"\n{workload.name}: {timings}, time scale {time_scale}, "
@@ -127,8 +117,7 @@ def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
                    f"jobs that met their deadline per second):\n{slos}")
     shares = batch_share_lines(result)
     if shares:
-        click.echo("\nShare of the capacity deadline work leaves that work without a "
-                   "deadline used (every job; declared run times):\n" + shares)
+        click.echo(f"\n{BATCH_SHARE_HEADING}\n{shares}")
 
 
 @click.command(name="cluster", help="A real Redis-backed Celery cluster of emulated-GPU "
