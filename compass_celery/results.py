@@ -156,6 +156,106 @@ def left_capacity_share(jobs: Sequence[JobOutcome], work_ms: Mapping[str, float]
             "share": round(done_ms / left_ms, 4) if left_ms > 0 else 0.0}
 
 
+@dataclass(frozen=True)
+class TaskRun:
+    """One task's run on a GPU, in workload ms on the jobs' clock (``JobOutcome``'s):
+    from its start to its end, its model already loaded; ``batch``: its job has no
+    deadline."""
+
+    start_ms: float
+    end_ms: float
+    batch: bool
+
+
+def overloaded_window(jobs: Sequence[JobOutcome]) -> tuple[float, float, str] | None:
+    """The window where work without a deadline could use every GPU the deadline work
+    left: from the first arrival to the last arrival, or to the moment the no-deadline
+    backlog (such jobs arrived, taken and not yet ended) first empties, if earlier. Its
+    start, end and which of ``last_arrival`` or ``backlog_empty`` ended it; None without
+    jobs."""
+    if not jobs:
+        return None
+    start = min(j.arrival_ms for j in jobs)
+    last = max(j.arrival_ms for j in jobs)
+    # arrivals before ends at the same instant, so a job ending as another arrives does
+    # not read as an empty backlog
+    events = sorted([(j.arrival_ms, 0, 1) for j in jobs if _in_backlog(j)]
+                    + [(j.end_ms, 1, -1) for j in jobs
+                       if _in_backlog(j) and j.end_ms is not None])
+    waiting = 0
+    for at, _, step in events:
+        if at >= last:
+            break
+        waiting += step
+        if waiting == 0:
+            return start, at, "backlog_empty"
+    return start, last, "last_arrival"
+
+
+def _in_backlog(job: JobOutcome) -> bool:
+    return job.deadline_ms is None and not job.rejected
+
+
+def _busy_ms(runs: Sequence[TaskRun], batch: bool, start: float, end: float) -> float:
+    return sum(max(0.0, min(r.end_ms, end) - max(r.start_ms, start))
+               for r in runs if r.batch == batch)
+
+
+def window_batch_share(jobs: Sequence[JobOutcome], runs: Sequence[TaskRun],
+                       gpus: int) -> dict[str, Any] | None:
+    """How much of the GPU time deadline work leaves the work without one used, over the
+    overloaded window only (:func:`overloaded_window`), so the tail where only the last
+    Dags' dependent steps run does not count: the no-deadline tasks' run time inside the
+    window over ``gpus`` x the window less the deadline tasks' run time inside it. Runs
+    are measured per task (``runs``; a run crossing an edge counts its part inside), so
+    model loads and per-task overheads count as capacity not used. The same function
+    for the bench and the simulator. None without both kinds of job, or no window."""
+    if all(j.deadline_ms is None for j in jobs) or all(j.deadline_ms is not None
+                                                       for j in jobs):
+        return None
+    window = overloaded_window(jobs)
+    if window is None or window[1] <= window[0]:
+        return None
+    start, end, ended = window
+    urgent_ms = _busy_ms(runs, False, start, end)
+    done_ms = _busy_ms(runs, True, start, end)
+    left_ms = gpus * (end - start) - urgent_ms
+    return {"window_ms": round(end - start, 3), "ends": ended,
+            "left_ms": round(left_ms, 3), "done_ms": round(done_ms, 3),
+            "share": round(done_ms / left_ms, 4) if left_ms > 0 else 0.0}
+
+
+#: What the two batch-share lines mean, printed above them (bench and simulator alike).
+BATCH_SHARE_HEADING = (
+    "Share of the GPU capacity deadline work leaves that work without a deadline used:\n"
+    "  whole run: declared run times of the jobs answered, from the first arrival to the "
+    "last such job's end (its tail, where only the last Dags' steps run, counts against "
+    "it);\n"
+    "  window: measured task runs, from the first arrival to the last arrival or the "
+    "moment the no-deadline backlog first empties (loads and per-task overheads count "
+    "as capacity not used)")
+
+
+def batch_share_lines(result: Mapping[str, Any]) -> str:
+    """A line per policy with both batch shares (:func:`left_capacity_share`, whole run;
+    :func:`window_batch_share`, the overloaded window); '' when no policy has either."""
+    lines = []
+    for name, r in result["policies"].items():
+        whole, window = r.get("batch_share"), r.get("batch_share_window")
+        if not whole and not window:
+            continue
+        cells = []
+        if whole:
+            cells.append(f"whole run {100 * whole['share']:.1f}% "
+                         f"(span {whole['span_ms'] / 1000:.1f} s)")
+        if window:
+            cells.append(f"window {100 * window['share']:.1f}% "
+                         f"({window['window_ms'] / 1000:.1f} s, to the "
+                         f"{window['ends'].replace('_', ' ')})")
+        lines.append(f"  {name:<16} " + "; ".join(cells))
+    return "\n".join(lines)
+
+
 def duplicate_count(executions: Mapping[str, int]) -> int:
     """Executions beyond the first, summed over task ids: what at-least-once cost."""
     return sum(max(0, int(n) - 1) for n in executions.values())

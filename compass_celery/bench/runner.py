@@ -40,6 +40,7 @@ from ..results import (
     latency_summary,
     left_capacity_share,
     policy_result,
+    window_batch_share,
 )
 from ..state import keys
 from ..state.urls import masked
@@ -50,7 +51,7 @@ from .faults import live_workers, schedule_faults
 from .hostload import HostLoad, host_line
 from .kinds import EMULATED, REAL, WorkerKind
 from .options import POLICIES, BenchOptions, planner_policy
-from .slo import expiring_dag, read_records, submit
+from .slo import expiring_dag, read_records, submit, task_runs
 from .terms import hop_gaps, hop_ms, job_rows, load_outcomes, node_rows, term_errors
 
 #: Put first on a worker's PYTHONPATH to skew its wall clock (COMPASS_CLOCK_SKEW_S).
@@ -233,8 +234,10 @@ def _bench_app(workload: Workload, policy: str, prefix: str, broker: str, redis_
                    batched=batched or {},
                    **({} if opts.headroom is None
                       else {"compass_admission_headroom": opts.headroom}),
-                   # the workers' held slot, which the producer's plans price too
-                   compass_hold_max_ms=float(opts.extra_env.get("COMPASS_HOLD_MAX_MS", 0)))
+                   # the workers' held slot, which the producer's plans price too (the
+                   # setting's default unless the run sets it, as the workers do)
+                   **({} if "COMPASS_HOLD_MAX_MS" not in opts.extra_env
+                      else {"compass_hold_max_ms": float(opts.extra_env["COMPASS_HOLD_MAX_MS"])}))
     if amqp:  # a previous run's messages in this vhost would run or count as stranded
         for name in [f"{prefix}.shared", *(f"{prefix}.w.{n}" for n in names)]:
             app.compass.queues.delete(name)
@@ -298,6 +301,7 @@ class _Sent:
         self.outcomes: list[JobOutcome] = []
         self.handles: list[tuple[JobOutcome, Any]] = []
         self.loads_at_warmup = 0
+        self.wall0_s = 0.0  # the wall time (epoch s) at which the bench's clock began
 
 
 def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: float,
@@ -308,6 +312,7 @@ def _send_stream(stream: list[tuple[float, str]], dags: dict[str, Any], t0: floa
     failed submission is a failed job, never a lost one, and one admission refused is
     rejected, ended when the refusal came back."""
     sent = _Sent(int(len(stream) * opts.warmup_frac))
+    sent.wall0_s = time.time() - (time.monotonic() - t0)
     slos = {name: workload.slo(name) for name in dags} if workload is not None else {}
     for i, (at_ms, name) in enumerate(stream):
         delay = t0 + at_ms * opts.time_scale / 1000.0 - time.monotonic()
@@ -381,6 +386,10 @@ def _measured(sent: _Sent, workload: Workload, stream: list[tuple[float, str]],
     share = left_capacity_share(sent.outcomes, work, len(workload.cluster.workers))
     if share is not None:
         result["batch_share"] = share
+    runs = task_runs(sent.handles, sent.wall0_s, opts.time_scale)
+    window = window_batch_share(sent.outcomes, runs, len(workload.cluster.workers))
+    if window is not None:
+        result["batch_share_window"] = window
     return result
 
 

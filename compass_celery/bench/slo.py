@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import Rejected
 from ..planner.admission import Slo
-from ..results import JobOutcome
+from ..results import JobOutcome, TaskRun
 from ..results import slo_table as stats_slo_table
 
 #: The error type a job dropped for its deadline ends with (``JobHandle.error``).
@@ -70,6 +70,41 @@ def read_records(handles: Iterable[tuple[JobOutcome, Any]]) -> None:
             continue
         for (outcome, _), (error, late) in zip(chunk, rows, strict=True):
             apply_record(outcome, error, late)
+
+
+def run_of(timing: dict[str, Any], wall0_s: float, time_scale: float,
+           batch: bool) -> TaskRun | None:
+    """One node's timing record (``finished``: wall s; ``run_ms``: workload ms) as a run
+    on the bench's clock, which began at ``wall0_s``; None when it did not finish."""
+    if "finished" not in timing or "run_ms" not in timing:
+        return None
+    end = (float(timing["finished"]) - wall0_s) * 1000.0 / time_scale
+    return TaskRun(end - float(timing["run_ms"]), end, batch)
+
+
+def task_runs(handles: Iterable[tuple[JobOutcome, Any]], wall0_s: float,
+              time_scale: float) -> list[TaskRun]:
+    """Every finished task's run, from the jobs' timing records (one pipelined round trip
+    per thousand jobs): warm-up, shed and failed jobs included, since their tasks used
+    the GPUs too. A record already gone gives nothing."""
+    pairs = list(handles)
+    runs: list[TaskRun] = []
+    for i in range(0, len(pairs), 1000):
+        chunk = pairs[i:i + 1000]
+        try:
+            pipe = chunk[0][1].client.pipeline(transaction=False)
+            for _, handle in chunk:
+                pipe.hvals(handle.keys.info)
+            rows = pipe.execute()
+        except Exception:  # Redis gone (a fault run): no runs to count
+            continue
+        for (outcome, _), values in zip(chunk, rows, strict=True):
+            for value in values:
+                run = run_of(json.loads(value), wall0_s, time_scale,
+                             outcome.deadline_ms is None)
+                if run is not None:
+                    runs.append(run)
+    return runs
 
 
 def expiring_dag(dag_cls: type, deadline_ms: Callable[[str], float | None]) -> type:

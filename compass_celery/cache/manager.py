@@ -22,6 +22,12 @@ from compass_celery.cache.registry import ModelRegistry, default_registry
 
 log = logging.getLogger(__name__)
 
+#: Why a load was made: a task found its model missing (``task``), a background prefetch
+#: for queued tasks (``prefetch``, or the cause its caller names), or a preload at start
+#: (``preload``: ``compass_preload``, an autoscaler's hint included). A load retried after
+#: running out of memory keeps its cause.
+LOAD_CAUSES = ("task", "prefetch", "preload")
+
 
 class ModelCache:
     """The worker's GPU model cache. Sizes in MB; ``now`` is ``time.monotonic()``."""
@@ -54,6 +60,8 @@ class ModelCache:
         self._in_flight: dict[str, tuple[float, float]] = {}
         self._took_s: dict[tuple[str, bool], float] = {}
         self.hits = self.misses = self.loads = self.evictions = 0
+        #: Loads by why they were made (:data:`LOAD_CAUSES`), to explain a cluster's loads.
+        self.loads_by_cause: Counter[str] = Counter()
 
     # -- state ----------------------------------------------------------------
     @property
@@ -136,6 +144,7 @@ class ModelCache:
         return self._acquire(model, queued, count=True)
 
     def _acquire(self, model: str, queued: Sequence[str | None], count: bool) -> Any:
+        cause = "task" if count else "preload"
         self.check_fits(model)
         loaded_here = False
         with self._cond:
@@ -155,7 +164,7 @@ class ModelCache:
                 actions = self.decider.on_need(
                     model, self.size_of(model), queued, self._running(), time.monotonic()
                 )
-                self._execute(actions, queued, retry=True)
+                self._execute(actions, queued, retry=True, cause=cause)
 
     def held(self, model: str) -> bool:
         """Whether ``model`` is acquired and not yet released (so it is resident)."""
@@ -170,9 +179,10 @@ class ModelCache:
             if self._in_use[model] == 0:
                 del self._in_use[model]
 
-    def prefetch(self, queued: Sequence[str | None]) -> list[str]:
+    def prefetch(self, queued: Sequence[str | None], cause: str = "prefetch") -> list[str]:
         """Start loading the next queued tasks' models in the background; return their names.
-        A model this cache cannot load (no loader) is left to its task's own code."""
+        A model this cache cannot load (no loader) is left to its task's own code. ``cause``
+        names the loads' reason in :attr:`loads_by_cause` and the trace."""
         queued = [m if m is None or self.loadable(m) else None for m in queued]
         with self._cond:
             actions = self.decider.prefetch(
@@ -185,7 +195,8 @@ class ModelCache:
             loads = [a for a in actions if isinstance(a, Load)]
         if loads:
             t = threading.Thread(
-                target=self._load_all, args=(loads, queued), daemon=True, name="compass-prefetch"
+                target=self._load_all, args=(loads, queued, cause), daemon=True,
+                name="compass-prefetch",
             )
             self._threads = [x for x in self._threads if x.is_alive()] + [t]
             t.start()
@@ -212,6 +223,7 @@ class ModelCache:
             self._in_flight.clear()
             self._current = None
             self.hits = self.misses = self.loads = self.evictions = 0
+            self.loads_by_cause.clear()
         self._changed()
 
     @contextmanager
@@ -231,18 +243,19 @@ class ModelCache:
     def _running(self) -> set[str]:
         return {m for m, n in self._in_use.items() if n > 0}
 
-    def _execute(self, actions: list, queued: Sequence[str | None], retry: bool) -> None:
+    def _execute(self, actions: list, queued: Sequence[str | None], retry: bool,
+                 cause: str) -> None:
         """Called with the lock held; loads release it while they run."""
         self._evict([a.name for a in actions if isinstance(a, Evict)])
         for a in actions:
             if isinstance(a, Load):
-                self._load(a, queued, retry)
+                self._load(a, queued, retry, cause)
 
-    def _load_all(self, loads: list[Load], queued: Sequence[str | None]) -> None:
+    def _load_all(self, loads: list[Load], queued: Sequence[str | None], cause: str) -> None:
         for a in loads:
             with self._cond:
                 try:
-                    self._load(a, queued, retry=False)
+                    self._load(a, queued, retry=False, cause=cause)
                 except Exception as exc:  # a failed prefetch is only a missed chance
                     log.warning("prefetch of %s failed: %s", a.name, exc)
 
@@ -255,7 +268,7 @@ class ModelCache:
             self.backend.evict(spec.name)
             raise
 
-    def _load(self, a: Load, queued: Sequence[str | None], retry: bool) -> None:
+    def _load(self, a: Load, queued: Sequence[str | None], retry: bool, cause: str) -> None:
         spec = self.registry.get(a.name) if a.name in self.registry else None
         from_host = a.name in self.backend.host_resident()
         t0 = time.monotonic()
@@ -278,13 +291,17 @@ class ModelCache:
             actions = self.decider.on_need(
                 a.name, a.size_mb, queued, self._running(), time.monotonic()
             )
-            self._execute(actions, queued, retry=False)
+            self._execute(actions, queued, retry=False, cause=cause)
             return
         self._cond.acquire()
         del model
         self.loads += 1
+        self.loads_by_cause[cause] += 1
         self._in_flight.pop(a.name, None)
-        self._took_s[(a.name, from_host)] = time.monotonic() - t0
+        took = self._took_s[(a.name, from_host)] = time.monotonic() - t0
+        log.debug("compass: load of %s, cause %s, %.0f ms%s; loads by cause %s", a.name,
+                  cause, 1000 * took, " (from host memory)" if from_host else "",
+                  dict(self.loads_by_cause))
         self._sizes[a.name] = mb
         self._evict(
             [
@@ -302,6 +319,7 @@ class ModelCache:
             declared_mb=a.size_mb,
             ms=1000 * (time.monotonic() - t0),
             from_host=from_host,
+            cause=cause,
         )
         self._changed()
 

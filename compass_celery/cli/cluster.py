@@ -50,7 +50,7 @@ class ClusterArgs:
     real: bool
     admission: str
     headroom: float | None
-    hold_max_ms: float
+    hold_max_ms: float | None
     quiet: bool
 
 
@@ -74,7 +74,7 @@ def refuse_conflicts(args: ClusterArgs) -> None:
                                    "apply over AMQP, where RabbitMQ is the broker")
     if args.pause_redis_for is not None and args.pause_redis_after is None:
         raise click.UsageError("--pause-redis-for needs --pause-redis-after")
-    if args.hold_max_ms and args.real:
+    if args.hold_max_ms is not None and args.real:
         raise click.UsageError("--hold-max-ms sets the emulated workers' held slot; real "
                                "compute workers take compass_hold_max_ms from their app")
 
@@ -95,24 +95,15 @@ def bench_options(args: ClusterArgs) -> Any:
         rolling_restart_after=args.rolling_restart_after,
         pause_redis_after=args.pause_redis_after, pause_redis_for=args.pause_redis_for,
         skew_clock_s=args.skew_clock_s, long_task_s=args.long_task_s,
-        extra_env={"COMPASS_HOLD_MAX_MS": str(args.hold_max_ms)} if args.hold_max_ms else {})
-
-
-def batch_share_lines(result: dict[str, Any]) -> str:
-    """A line per policy with the no-deadline work's share of the capacity left it."""
-    lines = []
-    for name, r in result["policies"].items():
-        share = r.get("batch_share")
-        if share:
-            lines.append(f"  {name:<16} {100 * share['share']:.1f}% (span "
-                         f"{share['span_ms'] / 1000:.1f} s)")
-    return "\n".join(lines)
+        extra_env=({} if args.hold_max_ms is None
+                   else {"COMPASS_HOLD_MAX_MS": str(args.hold_max_ms)}))
 
 
 def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
                  time_scale: float) -> None:
     """The result table, what its columns mean, and the SLO outcomes when there are any."""
     from ..bench.slo import slo_table
+    from ..results import BATCH_SHARE_HEADING, batch_share_lines
 
     timings = "real compute on the CPU" if args.real else "emulated GPU timings"
     click.echo(f"\n{workload.name}: {timings}, time scale {time_scale}, "
@@ -126,8 +117,7 @@ def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
                    f"jobs that met their deadline per second):\n{slos}")
     shares = batch_share_lines(result)
     if shares:
-        click.echo("\nShare of the capacity deadline work leaves that work without a "
-                   "deadline used (every job; declared run times):\n" + shares)
+        click.echo(f"\n{BATCH_SHARE_HEADING}\n{shares}")
 
 
 @click.command(name="cluster", help="A real Redis-backed Celery cluster of emulated-GPU "
@@ -197,9 +187,10 @@ def print_result(result: dict[str, Any], workload: Any, args: ClusterArgs,
 @click.option("--headroom", type=click.FloatRange(0, 1, max_open=True), default=None,
               help="share of a deadline admission keeps for the plan's error "
               "(compass_admission_headroom; default: the app's)")
-@click.option("--hold-max-ms", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help="the workers' held slot (compass_hold_max_ms, emulated workers; the "
-              "simulator of --compare-sim too): 0 is off")
+@click.option("--hold-max-ms", type=click.FloatRange(min=0), default=None,
+              help="the workers' held slot (compass_hold_max_ms, emulated workers and "
+              "the producer; the simulator of --compare-sim too; default: the "
+              "setting's default; 0: off)")
 @click.option("--quiet", is_flag=True, help="no progress bar")
 def cluster(**params: Any) -> None:
     """Run the real-cluster benchmark with the given faults; print and write the result.
@@ -222,5 +213,6 @@ def cluster(**params: Any) -> None:
         compare_with_sim(result, workload, args.real,
                          SimOptions(workers=args.n_workers, rate=args.rate, jobs=args.n_jobs,
                                     warmup_frac=args.warmup_frac,
-                                    hold_max_ms=args.hold_max_ms))
+                                    **({} if args.hold_max_ms is None
+                                       else {"hold_max_ms": args.hold_max_ms})))
     write_outputs(result, args.json_out, args.plot_out)

@@ -139,6 +139,7 @@ def run(workload_path: str, policies: str | None, seed: int | None, compare_pend
 def _print_run(workload: Any, options: Any, result: dict[str, Any]) -> None:
     """The result table, its SLO table when the workload has classes, and the mean time
     per task with the planning time."""
+    from ..results import BATCH_SHARE_HEADING, batch_share_lines
     from ..sim.stats import slo_table
 
     hop = f", {options.hop_ms:g} ms modelled hop per task" if options.hop_ms else ""
@@ -148,6 +149,9 @@ def _print_run(workload: Any, options: Any, result: dict[str, Any]) -> None:
     slos = slo_table(result)
     if slos:
         click.echo(f"\n{slos}")
+    shares = batch_share_lines(result)
+    if shares:
+        click.echo(f"\n{BATCH_SHARE_HEADING}\n{shares}")
     rows = [[name, *(f"{r['breakdown_ms'][k]:.1f}" for k in
                      ("queued_ms", "load_ms", "hop_ms", "run_ms")),
              f"{r['plan_ms']['p50']:.3f}", f"{r['plan_ms']['p99']:.3f}"]

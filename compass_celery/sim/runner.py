@@ -91,6 +91,8 @@ class Job:
     waiting: dict[str, int] = field(default_factory=dict)
     finish: dict[str, float] = field(default_factory=dict)
     where: dict[str, str] = field(default_factory=dict)
+    # per node: its run, workload ms (its share of a batched pass): the window batch share
+    run_ms: dict[str, float] = field(default_factory=dict)
     pending: dict[str, tuple[str, float]] = field(default_factory=dict)  # charged, not sent
     end: float | None = None
     failed: bool = False
@@ -312,6 +314,7 @@ class Simulation:
         job, now = task.job, self.engine.now
         job.finish[task.node] = now
         job.where[task.node] = worker.name
+        job.run_ms[task.node] = task.expected_ms / max(1, task.batch_size)
         load = task.model_at - task.turn_at
         parts = job.parts
         parts[0] += task.start_at - task.sent_at - load

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..results import JobOutcome, policy_result
+from ..results import JobOutcome, TaskRun, left_capacity_share, policy_result, window_batch_share
 from ..results import slo_table as stats_slo_table
 from .cluster import SimCluster
 
@@ -36,7 +36,26 @@ def summarize(jobs: Sequence[Any], cluster: SimCluster, warmup_frac: float,
     result["finish_error"] = finish_error(jobs, warmup_frac)
     if cluster.batches:  # batched passes ran: else the record is as before
         result["batching"] = batch_summary(jobs, cluster, warmup_frac)
+    result.update(batch_shares(jobs, outcomes, len(cluster.workers)))
     return result
+
+
+def batch_shares(jobs: Sequence[Any], outcomes: Sequence[JobOutcome], gpus: int
+                 ) -> dict[str, Any]:
+    """The bench's two batch shares, by the same functions: over the whole run from
+    declared run times (``batch_share``) and over the overloaded window from each task's
+    run (``batch_share_window``); neither when the jobs are not of both kinds."""
+    out: dict[str, Any] = {}
+    work = {j.dag.name: sum(n.exec_ms for n in j.dag.nodes.values()) for j in jobs}
+    share = left_capacity_share(outcomes, work, gpus)
+    if share is not None:
+        out["batch_share"] = share
+    runs = [TaskRun(end - j.run_ms.get(node, 0.0), end, o.deadline_ms is None)
+            for j, o in zip(jobs, outcomes, strict=True) for node, end in j.finish.items()]
+    window = window_batch_share(outcomes, runs, gpus)
+    if window is not None:
+        out["batch_share_window"] = window
+    return out
 
 
 #: Batch-size buckets of the ``batching.sizes`` histogram (upper bounds, inclusive).

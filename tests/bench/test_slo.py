@@ -13,7 +13,15 @@ from compass_celery.bench.runner import admission_on
 from compass_celery.bench.slo import apply_record, expiring_dag, read_records, slo_table, submit
 from compass_celery.errors import Rejected
 from compass_celery.planner.admission import Slo
-from compass_celery.results import JobOutcome, left_capacity_share, policy_result
+from compass_celery.results import (
+    JobOutcome,
+    TaskRun,
+    batch_share_lines,
+    left_capacity_share,
+    overloaded_window,
+    policy_result,
+    window_batch_share,
+)
 from compass_celery.settings import resolve
 
 INTERACTIVE = Slo("interactive", 400.0, "reject", "interactive")
@@ -203,3 +211,38 @@ def test_left_capacity_share_needs_both_kinds_of_work() -> None:
     only_interactive = [JobOutcome(0, "qa", 0.0, 300.0, slo="i", deadline_ms=500.0)]
     assert left_capacity_share(only_batch, {"tr": 600.0}, gpus=1) is None
     assert left_capacity_share(only_interactive, {"qa": 600.0}, gpus=1) is None
+
+
+def test_window_share_counts_task_runs_inside_the_overloaded_window_only() -> None:
+    """The window runs from the first arrival (0) to the last (1,000): 2 GPUs give 2,000
+    ms, an interactive run of 400 ms inside it leaves 1,600; batch runs inside it count
+    1,000 + 200 (the part of one crossing the end), a batch run after it nothing, so
+    the tail where the last steps run alone does not count: 1,200 / 1,600."""
+    jobs = [JobOutcome(0, "tr", 0.0, 1500.0, slo="batch"),
+            JobOutcome(1, "qa", 100.0, 600.0, slo="interactive", deadline_ms=800.0),
+            JobOutcome(2, "tr", 1000.0, 2500.0, slo="batch")]
+    runs = [TaskRun(0.0, 1000.0, True), TaskRun(800.0, 1100.0, True),
+            TaskRun(2000.0, 2500.0, True), TaskRun(150.0, 550.0, False)]
+    share = window_batch_share(jobs, runs, gpus=2)
+    assert share == {"window_ms": 1000.0, "ends": "last_arrival", "left_ms": 1600.0,
+                     "done_ms": 1200.0, "share": 0.75}
+    assert "window 75.0% (1.0 s, to the last arrival)" in batch_share_lines(
+        {"policies": {"compass": {"batch_share_window": share}}})
+
+
+def test_window_ends_when_the_batch_backlog_first_empties() -> None:
+    """Batch job 0 ends at 400 before batch job 2 arrives (600): the backlog is empty at
+    400, which ends the window; a refused batch job never enters it, and a job ending
+    as another arrives leaves it taken."""
+    jobs = [JobOutcome(0, "tr", 0.0, 400.0, slo="batch"),
+            JobOutcome(1, "tr", 100.0, 100.0, slo="batch", rejected=True),
+            JobOutcome(2, "tr", 600.0, 900.0, slo="batch"),
+            JobOutcome(3, "qa", 1000.0, 1200.0, slo="i", deadline_ms=500.0)]
+    assert overloaded_window(jobs) == (0.0, 400.0, "backlog_empty")
+    jobs[2].arrival_ms, jobs[2].end_ms = 400.0, 1100.0
+    assert overloaded_window(jobs) == (0.0, 1000.0, "last_arrival")
+
+
+def test_window_share_needs_both_kinds_of_work() -> None:
+    only_batch = [JobOutcome(0, "tr", 0.0, 800.0), JobOutcome(1, "tr", 10.0, 900.0)]
+    assert window_batch_share(only_batch, [TaskRun(0.0, 800.0, True)], gpus=1) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -186,3 +187,29 @@ def test_using_context_manager() -> None:
     with cache.using("a") as m:
         assert m == EmulatedModel("a", 40.0) and cache._running() == {"a"}
     assert cache._running() == set()
+
+
+def test_every_load_is_counted_and_traced_by_its_cause(caplog) -> None:
+    """A task that finds its model missing, a background prefetch (named by its caller or
+    not) and a preload each count under their cause, with a DEBUG line per load; a
+    hit or a wait on a prefetch under way loads nothing more."""
+    events: list[str] = []
+    cache = make(on_event=lambda kind, f: events.append(f"{kind}:{f.get('cause')}"))
+    with caplog.at_level(logging.DEBUG, logger="compass_celery.cache.manager"):
+        cache.preload(["a"])
+        use(cache, "b")
+        use(cache, "b")
+        cache.prefetch(["c"])
+        cache.wait_prefetch()
+        use(cache, "c")
+        cache.prefetch(["d"], cause="arrival")  # d needs room: a (LRU) goes
+        cache.wait_prefetch()
+    assert cache.loads_by_cause == {"preload": 1, "task": 1, "prefetch": 1, "arrival": 1}
+    assert sum(cache.loads_by_cause.values()) == cache.loads == 4
+    assert [e for e in events if e.startswith("model_loaded")] == [
+        "model_loaded:preload", "model_loaded:task", "model_loaded:prefetch",
+        "model_loaded:arrival"]
+    traced = [r.getMessage() for r in caplog.records if "cause" in r.getMessage()]
+    assert len(traced) == 4 and "load of b, cause task" in traced[1]
+    cache.clear()
+    assert not cache.loads_by_cause

@@ -3,6 +3,7 @@ not start a batch task while an interactive successor is planned on it, within t
 
 from __future__ import annotations
 
+from compass_celery.settings import OPTIONS
 from compass_celery.sim import Simulation
 from compass_celery.sim.cluster import SimCluster, SimTask
 from compass_celery.sim.engine import Engine
@@ -57,7 +58,16 @@ def test_a_leaked_planned_count_holds_batch_only_until_the_bound() -> None:
     assert [t.start_at for t in tasks] == [300.0, 1100.0, 1900.0]  # each held <= 300 ms
 
 
-def test_off_by_default_and_never_holds_without_a_bound() -> None:
+def test_the_simulator_holds_by_the_settings_default() -> None:
+    """One default for the workers, the producer and the simulator: the setting's, on."""
+    assert SimOptions().hold_max_ms == OPTIONS["hold_max_ms"].default == 1000.0
+    w = load_workload("dags/navigator-mixed.json")
+    sim = Simulation(w, "compass", job_stream(w), rate=8.0, jobs=60)
+    sim.run()
+    assert sim.cluster.slot_holds > 0
+
+
+def test_never_holds_without_a_bound() -> None:
     engine, cluster, done = one_worker(0.0)
     (w,) = cluster.workers
     w.add_pending(100.0, level=9)
