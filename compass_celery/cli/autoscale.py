@@ -65,7 +65,7 @@ def autoscale(workload_path: str, trace_names: str, autoscalers: str, duration_s
     head = (f"{workload.name}: a day compressed to {duration_s:g} s (x{made[0].compression:g}), "
             f"peak {peak:g} jobs/s, cold start {cold_start_s:g} s real; GPU-hours at the "
             f"trace's scale; attainment over every job (adm: over the admitted)")
-    text = head + "\n" + scaling.table(results)
+    text = head + "\n" + scaling.table(results) + "\n\n" + scaling.summary(results)
     click.echo(text)
     if text_out:
         args = [f"--workload {shlex.quote(workload_path)}", f"--traces {trace_names}",

@@ -249,9 +249,15 @@ class RateWindow:
 
     def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S,
                  trend_sigma: float = DEFAULT_TREND_SIGMA,
-                 noise_sigma: float = DEFAULT_NOISE_SIGMA) -> None:
+                 noise_sigma: float = DEFAULT_NOISE_SIGMA,
+                 short_s: float | None = None) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        #: The burst test's short stretch (None: ``1 / SHORT`` of the window): set on its
+        #: own, a longer window steadies the rate without seeing bursts later.
+        self.short_s = window_s / self.SHORT if short_s is None else min(short_s, window_s)
+        if not self.short_s > 0:
+            raise ValueError(f"short_s must be > 0, got {short_s!r}")
         if not trend_sigma >= 0:
             raise ValueError(f"trend_sigma must be >= 0, got {trend_sigma!r}")
         if not noise_sigma >= 0:
@@ -282,7 +288,7 @@ class RateWindow:
             if span >= self.window_s and abs(recent - older) > \
                     self.trend_sigma * math.sqrt(recent + older):
                 trend = (recent - older) / half / half
-            short_s = self.window_s / self.SHORT
+            short_s = self.short_s
             last = sum(1 for t in reversed(times) if t >= now_s - short_s)
             expect = rate * short_s
             if span >= self.window_s and _poisson_tail(last, expect) < self.BURST_P:

@@ -261,3 +261,19 @@ def test_bad_settings_are_refused() -> None:
         Damper(-1.0)
     with pytest.raises(ValueError, match="window_s"):
         RateWindow(0.0)
+
+
+def test_the_burst_tests_stretch_may_be_set_apart_from_the_window() -> None:
+    """A steady 2 jobs/s for 40 s, then 40 jobs/s for the last 0.5 s: a 40 s window's
+    own short stretch (5 s) calls it a burst but averages it into 29 / 5 = 5.8 jobs/s;
+    a 0.5 s stretch reads the burst's own rate."""
+    times = [i * 0.5 for i in range(80)] + [40.0 + i / 40.0 for i in range(20)]
+    default, short = RateWindow(window_s=40.0), RateWindow(window_s=40.0, short_s=0.5)
+    for t in times:
+        default.observe("i", t)
+        short.observe("i", t)
+    assert default.short_s == 5.0
+    assert default.rates(40.5)["i"][0] == pytest.approx(29 / 5.0)
+    assert short.rates(40.5)["i"][0] == pytest.approx(20 / 0.5)
+    with pytest.raises(ValueError, match="short_s"):
+        RateWindow(short_s=0.0)
