@@ -250,7 +250,7 @@ class RateWindow:
     def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S,
                  trend_sigma: float = DEFAULT_TREND_SIGMA,
                  noise_sigma: float = DEFAULT_NOISE_SIGMA,
-                 short_s: float | None = None) -> None:
+                 short_s: float | None = None, recent_on_trend: int = 0) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
         #: The burst test's short stretch (None: ``1 / SHORT`` of the window): set on its
@@ -264,6 +264,12 @@ class RateWindow:
             raise ValueError(f"noise_sigma must be >= 0, got {noise_sigma!r}")
         self.window_s, self.trend_sigma = window_s, trend_sigma
         self.noise_sigma = noise_sigma
+        #: 1: a rise past the trend test reads the recent half's rate when higher; 2: a
+        #: fall reads it too, when lower (0: the window's mean). The mean lags the
+        #: window's end by half the window.
+        if recent_on_trend not in (0, 1, 2):
+            raise ValueError(f"recent_on_trend must be 0, 1 or 2, got {recent_on_trend!r}")
+        self.recent_on_trend = recent_on_trend
         self._times: dict[str, deque[float]] = {}
 
     def observe(self, name: str, t_s: float, count: int = 1) -> None:
@@ -293,6 +299,10 @@ class RateWindow:
             expect = rate * short_s
             if span >= self.window_s and _poisson_tail(last, expect) < self.BURST_P:
                 rate = last / short_s  # a burst past 3 sigma: taken as it is
+            elif trend > 0 and self.recent_on_trend:
+                rate = max(rate, recent / half)
+            elif trend < 0 and self.recent_on_trend == 2:
+                rate = min(rate, recent / half)
             elif trend <= 0:  # a steady reading less its Poisson noise; a rise as it is
                 rate = max(rate - self.noise_sigma * math.sqrt(len(times)) / span, 0.0)
             out[name] = (rate, trend)

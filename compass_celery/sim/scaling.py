@@ -240,13 +240,16 @@ Tick = Callable[[Fleet, float], None]
 #: compass-plan's sizing knobs (``compass-plan:KEY=VALUE+KEY=VALUE``): the work term's
 #: factor (``planner.scaling``'s headroom), the utilisation cap, the rate window, horizon
 #: (default: the cold start) and down window in real seconds, the trend's noise threshold
-#: in sigmas, the standard errors taken off the window's rate (noise_sigma), and whether
+#: in sigmas, the standard errors taken off the window's rate (noise_sigma), whether
 #: the work term counts priority levels (levels: 1, the default; 0 sums every class as
-#: one level, the rule before).
+#: one level, the rule before), the burst test's short stretch in real seconds (short:
+#: an eighth of the default window, kept when the window changes) and whether a window
+#: with a trend reads its recent half (recent: 0 no, the default; 1 on a rise; 2 on a
+#: rise and a fall; ``RateWindow.recent_on_trend``).
 PLAN_KNOBS = {"headroom": DEFAULT_HEADROOM, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
               "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
               "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA,
-              "levels": 1.0, "short": PLAN_WINDOW_S / RateWindow.SHORT}
+              "levels": 1.0, "short": PLAN_WINDOW_S / RateWindow.SHORT, "recent": 0.0}
 
 
 def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
@@ -266,7 +269,9 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
             knobs[key] = float(value)
         except ValueError:
             raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
-        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels")
+        if key == "recent" and knobs[key] not in (0.0, 1.0, 2.0):
+            raise ValueError("compass-plan knob recent must be 0, 1 or 2")
+        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels", "recent")
         if not knobs[key] >= 0 or (not zero_ok and not knobs[key] > 0):
             raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma, "
                              f"noise_sigma, levels >= 0)")
@@ -284,7 +289,7 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
     if not any(item.startswith("horizon=") for item in variant.split("+")):
         knobs["horizon"] = cold_start_s
     window = RateWindow(knobs["window"] / c, knobs["trend_sigma"], knobs["noise_sigma"],
-                        knobs["short"] / c)
+                        knobs["short"] / c, int(knobs["recent"]))
     damper = Damper(knobs["down"] / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
                for name in workload.dags}

@@ -277,3 +277,15 @@ def test_the_burst_tests_stretch_may_be_set_apart_from_the_window() -> None:
     assert short.rates(40.5)["i"][0] == pytest.approx(20 / 0.5)
     with pytest.raises(ValueError, match="short_s"):
         RateWindow(short_s=0.0)
+
+
+def test_a_rise_may_read_the_recent_half_of_the_window() -> None:
+    """100 arrivals in the first half, 140 in the second (a trend): the window's mean,
+    24 jobs/s, lags its end; with ``rise_recent`` the reading is the second half's 28."""
+    mean, recent = RateWindow(window_s=10.0), RateWindow(window_s=10.0, recent_on_trend=1)
+    for t in [i * 0.05 for i in range(100)] + [5.0 + i * 5.0 / 140 for i in range(140)]:
+        mean.observe("i", t)
+        recent.observe("i", t)
+    assert mean.rates(10.0)["i"][0] == pytest.approx(24.0)
+    rate, trend = recent.rates(10.0)["i"]
+    assert trend > 0 and rate == pytest.approx(28.0)

@@ -125,13 +125,15 @@ def test_compass_plan_takes_its_sizing_knobs_and_refuses_unknown_ones() -> None:
     assert scaling.plan_knobs("no-hints+headroom=0.8+down=60") == (
         "no-hints", {**scaling.PLAN_KNOBS, "headroom": 0.8, "down": 60.0})
     for bad, says in (("speed=2", "knobs"), ("headroom=x", "number"),
-                      ("headroom=0", "> 0"), ("fast", "variants")):
+                      ("headroom=0", "> 0"), ("fast", "variants"), ("recent=3", "0, 1 or 2"),
+                      ("short=0", "> 0")):
         with pytest.raises(ValueError, match=says):
             scaling.parse(f"compass-plan:{bad}")
     trace = traces.step(30.0, 24.0, compression=120.0)
     lean = scaling.run(WORKLOAD, "compass-plan:headroom=0.6", scaling.Setup(trace))
     ample = scaling.run(WORKLOAD, "compass-plan:headroom=1.5", scaling.Setup(trace))
     assert lean["worker_s"] < ample["worker_s"]  # the knob reaches the rule
+    assert scaling.plan_knobs("short=30+recent=2")[1]["recent"] == 2.0
 
 
 def test_compass_plan_looks_ahead_one_cold_start_unless_told(
@@ -247,3 +249,22 @@ def test_the_baseline_to_beat_serves_about_as_many_jobs_not_only_its_admitted() 
     assert scaling.saving(rows, "fixed-peak", plan="compass-plan")["against"] == "fixed-peak"
     text = scaling.summary({"diurnal": rows})
     assert "under 99%: no saving claimed" in text and "keda-queue:1 (150.0 GPU-h" in text
+
+
+def test_the_short_and_recent_knobs_reach_the_rate_window(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    made: list[scaling.RateWindow] = []
+
+    class Recorded(scaling.RateWindow):
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, **kw)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(scaling, "RateWindow", Recorded)
+    trace = traces.step(10.0, 10.0, compression=120.0)
+    scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
+    scaling.run(WORKLOAD, "compass-plan:window=960+short=30+recent=2", scaling.Setup(trace))
+    default, knobbed = made
+    assert (default.short_s, default.recent_on_trend) == (60.0 / 120.0, 0)  # an eighth
+    assert knobbed.window_s == 8.0 and knobbed.short_s == 0.25
+    assert knobbed.recent_on_trend == 2
