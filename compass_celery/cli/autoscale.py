@@ -22,7 +22,8 @@ DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue
                "compass-plan:no-hints and compass-plan:newest leave out its preload hints or "
                "its choice of the worker to drain, and compass-plan:KEY=VALUE[+KEY=VALUE] "
                "sets its sizing knobs (headroom, max_util, window, horizon, down, "
-               "trend_sigma, noise_sigma, levels, short, recent; periods in real seconds). "
+               "trend_sigma, noise_sigma, levels, short, recent, pooled; periods in real "
+               "seconds). "
                "Under the table, each compass-plan row's saving against the cheapest "
                "keda-queue and fixed-peak rows that keep 99% of their admitted jobs in time "
                "and meet compass-plan's share of all jobs less 1 point.")

@@ -245,11 +245,13 @@ Tick = Callable[[Fleet, float], None]
 #: one level, the rule before), the burst test's short stretch in real seconds (short:
 #: an eighth of the default window, kept when the window changes) and whether a window
 #: with a trend reads its recent half (recent: 0 no, the default; 1 on a rise; 2 on a
-#: rise and a fall; ``RateWindow.recent_on_trend``).
+#: rise and a fall; ``RateWindow.recent_on_trend``), and whether the burst test also
+#: runs on all classes together (pooled: 0, the default, or 1).
 PLAN_KNOBS = {"headroom": DEFAULT_HEADROOM, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
               "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
               "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA,
-              "levels": 1.0, "short": PLAN_WINDOW_S / RateWindow.SHORT, "recent": 0.0}
+              "levels": 1.0, "short": PLAN_WINDOW_S / RateWindow.SHORT, "recent": 0.0,
+              "pooled": 0.0}
 
 
 def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
@@ -271,7 +273,7 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
             raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
         if key == "recent" and knobs[key] not in (0.0, 1.0, 2.0):
             raise ValueError("compass-plan knob recent must be 0, 1 or 2")
-        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels", "recent")
+        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels", "recent", "pooled")
         if not knobs[key] >= 0 or (not zero_ok and not knobs[key] > 0):
             raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma, "
                              f"noise_sigma, levels >= 0)")
@@ -289,7 +291,7 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
     if not any(item.startswith("horizon=") for item in variant.split("+")):
         knobs["horizon"] = cold_start_s
     window = RateWindow(knobs["window"] / c, knobs["trend_sigma"], knobs["noise_sigma"],
-                        knobs["short"] / c, int(knobs["recent"]))
+                        knobs["short"] / c, int(knobs["recent"]), knobs["pooled"] > 0)
     damper = Damper(knobs["down"] / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
                for name in workload.dags}

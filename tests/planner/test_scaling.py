@@ -289,3 +289,17 @@ def test_a_rise_may_read_the_recent_half_of_the_window() -> None:
     assert mean.rates(10.0)["i"][0] == pytest.approx(24.0)
     rate, trend = recent.rates(10.0)["i"]
     assert trend > 0 and rate == pytest.approx(28.0)
+
+
+def test_a_burst_across_the_classes_is_seen_by_the_pooled_test() -> None:
+    """Three classes at 2 jobs/s, then 7 arrivals each in the last 1.25 s (the short
+    stretch): one class's 7 against 3.1 expected is no burst (about 3% by chance), the
+    three's 21 against 9.4 is (under 0.1%); pooled, each class reads 7 / 1.25."""
+    alone, pooled = RateWindow(window_s=10.0), RateWindow(window_s=10.0, pooled=True)
+    for name in "abc":
+        for t in [i * 0.5 for i in range(18)] + [8.75 + i * 0.17 for i in range(7)]:
+            alone.observe(name, t)
+            pooled.observe(name, t)
+    assert alone.rates(10.0)["a"] == (pytest.approx(2.5 - 5 / 10.0), 0.0)  # discounted
+    assert pooled.rates(10.0)["a"][0] == pytest.approx(7 / 1.25)
+    assert not RateWindow(window_s=10.0, pooled=True).rates(10.0)

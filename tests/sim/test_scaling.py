@@ -251,7 +251,7 @@ def test_the_baseline_to_beat_serves_about_as_many_jobs_not_only_its_admitted() 
     assert "under 99%: no saving claimed" in text and "keda-queue:1 (150.0 GPU-h" in text
 
 
-def test_the_short_and_recent_knobs_reach_the_rate_window(monkeypatch: pytest.MonkeyPatch
+def test_the_rate_window_knobs_reach_the_rate_window(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
     made: list[scaling.RateWindow] = []
 
@@ -263,8 +263,10 @@ def test_the_short_and_recent_knobs_reach_the_rate_window(monkeypatch: pytest.Mo
     monkeypatch.setattr(scaling, "RateWindow", Recorded)
     trace = traces.step(10.0, 10.0, compression=120.0)
     scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
-    scaling.run(WORKLOAD, "compass-plan:window=960+short=30+recent=2", scaling.Setup(trace))
+    scaling.run(WORKLOAD, "compass-plan:window=960+short=30+recent=2+pooled=1",
+                scaling.Setup(trace))
     default, knobbed = made
-    assert (default.short_s, default.recent_on_trend) == (60.0 / 120.0, 0)  # an eighth
+    assert (default.short_s, default.recent_on_trend, default.pooled) == (60.0 / 120.0, 0,
+                                                                          False)
     assert knobbed.window_s == 8.0 and knobbed.short_s == 0.25
-    assert knobbed.recent_on_trend == 2
+    assert knobbed.recent_on_trend == 2 and knobbed.pooled
