@@ -249,15 +249,32 @@ class RateWindow:
 
     def __init__(self, window_s: float = DEFAULT_RATE_WINDOW_S,
                  trend_sigma: float = DEFAULT_TREND_SIGMA,
-                 noise_sigma: float = DEFAULT_NOISE_SIGMA) -> None:
+                 noise_sigma: float = DEFAULT_NOISE_SIGMA,
+                 short_s: float | None = None, recent_on_trend: int = 0,
+                 pooled: bool = False) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
+        #: The burst test's short stretch (None: ``1 / SHORT`` of the window): set on its
+        #: own, a longer window steadies the rate without seeing bursts later.
+        self.short_s = window_s / self.SHORT if short_s is None else min(short_s, window_s)
+        if not self.short_s > 0:
+            raise ValueError(f"short_s must be > 0, got {short_s!r}")
         if not trend_sigma >= 0:
             raise ValueError(f"trend_sigma must be >= 0, got {trend_sigma!r}")
         if not noise_sigma >= 0:
             raise ValueError(f"noise_sigma must be >= 0, got {noise_sigma!r}")
         self.window_s, self.trend_sigma = window_s, trend_sigma
         self.noise_sigma = noise_sigma
+        #: 1: a rise past the trend test reads the recent half's rate when higher; 2: a
+        #: fall reads it too, when lower (0: the window's mean). The mean lags the
+        #: window's end by half the window.
+        if recent_on_trend not in (0, 1, 2):
+            raise ValueError(f"recent_on_trend must be 0, 1 or 2, got {recent_on_trend!r}")
+        self.recent_on_trend = recent_on_trend
+        #: The burst test also runs on every class's arrivals together (more counts, more
+        #: power): when the total is a burst, each class whose short stretch saw more than
+        #: its window's rate explains takes that stretch's rate.
+        self.pooled = pooled
         self._times: dict[str, deque[float]] = {}
 
     def observe(self, name: str, t_s: float, count: int = 1) -> None:
@@ -270,6 +287,7 @@ class RateWindow:
         second). Before one window has passed, the rate is over the time seen."""
         out: dict[str, tuple[float, float]] = {}
         half = self.window_s / 2.0
+        pooled = self.pooled and self._pooled_burst(now_s)
         for name, times in self._times.items():
             while times and times[0] < now_s - self.window_s:
                 times.popleft()
@@ -282,15 +300,32 @@ class RateWindow:
             if span >= self.window_s and abs(recent - older) > \
                     self.trend_sigma * math.sqrt(recent + older):
                 trend = (recent - older) / half / half
-            short_s = self.window_s / self.SHORT
+            short_s = self.short_s
             last = sum(1 for t in reversed(times) if t >= now_s - short_s)
             expect = rate * short_s
-            if span >= self.window_s and _poisson_tail(last, expect) < self.BURST_P:
+            if span >= self.window_s and (_poisson_tail(last, expect) < self.BURST_P
+                                          or (pooled and last > expect)):
                 rate = last / short_s  # a burst past 3 sigma: taken as it is
+            elif trend > 0 and self.recent_on_trend:
+                rate = max(rate, recent / half)
+            elif trend < 0 and self.recent_on_trend == 2:
+                rate = min(rate, recent / half)
             elif trend <= 0:  # a steady reading less its Poisson noise; a rise as it is
                 rate = max(rate - self.noise_sigma * math.sqrt(len(times)) / span, 0.0)
             out[name] = (rate, trend)
         return out
+
+
+    def _pooled_burst(self, now_s: float) -> bool:
+        """Whether every class's arrivals together over the short stretch are a burst."""
+        if now_s < self.window_s:
+            return False
+        total = last = 0
+        for times in self._times.values():
+            total += sum(1 for t in times if t >= now_s - self.window_s)
+            last += sum(1 for t in times if t >= now_s - self.short_s)
+        expect = total / self.window_s * self.short_s
+        return _poisson_tail(last, expect) < self.BURST_P
 
 
 def _poisson_tail(k: int, mean: float) -> float:

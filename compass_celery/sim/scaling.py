@@ -240,13 +240,18 @@ Tick = Callable[[Fleet, float], None]
 #: compass-plan's sizing knobs (``compass-plan:KEY=VALUE+KEY=VALUE``): the work term's
 #: factor (``planner.scaling``'s headroom), the utilisation cap, the rate window, horizon
 #: (default: the cold start) and down window in real seconds, the trend's noise threshold
-#: in sigmas, the standard errors taken off the window's rate (noise_sigma), and whether
+#: in sigmas, the standard errors taken off the window's rate (noise_sigma), whether
 #: the work term counts priority levels (levels: 1, the default; 0 sums every class as
-#: one level, the rule before).
+#: one level, the rule before), the burst test's short stretch in real seconds (short:
+#: an eighth of the default window, kept when the window changes) and whether a window
+#: with a trend reads its recent half (recent: 0 no, the default; 1 on a rise; 2 on a
+#: rise and a fall; ``RateWindow.recent_on_trend``), and whether the burst test also
+#: runs on all classes together (pooled: 0, the default, or 1).
 PLAN_KNOBS = {"headroom": DEFAULT_HEADROOM, "max_util": DEFAULT_MAX_UTIL, "window": PLAN_WINDOW_S,
               "horizon": PLAN_HORIZON_S, "down": KEDA_DOWN_S,
               "trend_sigma": DEFAULT_TREND_SIGMA, "noise_sigma": DEFAULT_NOISE_SIGMA,
-              "levels": 1.0}
+              "levels": 1.0, "short": PLAN_WINDOW_S / RateWindow.SHORT, "recent": 0.0,
+              "pooled": 0.0}
 
 
 def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
@@ -266,7 +271,9 @@ def plan_knobs(variant: str) -> tuple[str, dict[str, float]]:
             knobs[key] = float(value)
         except ValueError:
             raise ValueError(f"compass-plan knob {key}: {value!r} is not a number") from None
-        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels")
+        if key == "recent" and knobs[key] not in (0.0, 1.0, 2.0):
+            raise ValueError("compass-plan knob recent must be 0, 1 or 2")
+        zero_ok = key in ("down", "trend_sigma", "noise_sigma", "levels", "recent", "pooled")
         if not knobs[key] >= 0 or (not zero_ok and not knobs[key] > 0):
             raise ValueError(f"compass-plan knob {key} must be > 0 (down, trend_sigma, "
                              f"noise_sigma, levels >= 0)")
@@ -283,7 +290,8 @@ def compass_plan(workload: Workload, stream: Sequence[tuple[float, str]], c: flo
     part, knobs = plan_knobs(variant)
     if not any(item.startswith("horizon=") for item in variant.split("+")):
         knobs["horizon"] = cold_start_s
-    window = RateWindow(knobs["window"] / c, knobs["trend_sigma"], knobs["noise_sigma"])
+    window = RateWindow(knobs["window"] / c, knobs["trend_sigma"], knobs["noise_sigma"],
+                        knobs["short"] / c, int(knobs["recent"]), knobs["pooled"] > 0)
     damper = Damper(knobs["down"] / c)
     classes = {name: (s.name if (s := workload.slo(name)) is not None else "none")
                for name in workload.dags}
@@ -488,3 +496,96 @@ def table(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True))
                      .rstrip()
                      for row in rows)
+
+
+#: The comparison's bar. Every row compared must keep this share of its admitted jobs in
+#: time; and since admission is shared, a coarse setting can keep it by refusing more, so a
+#: baseline row counts only if its share of all jobs in time (refused counting as missed)
+#: is not under compass-plan's by more than ``ALL_SLACK``: the saving is then the cost of
+#: about the same service, not of refusing more.
+MIN_ADMITTED, ALL_SLACK = 0.99, 0.01
+#: The baselines compass-plan is compared with, in the summary's order.
+BASELINES = ("keda-queue", "fixed-peak")
+
+
+def _shares(record: Mapping[str, Any]) -> tuple[float, float]:
+    """(admitted jobs in time over admitted, jobs in time over all jobs) of a run."""
+    slo = record.get("slo", {}).get("all", {})
+    return float(slo.get("admitted_attainment", 0.0)), float(slo.get("attainment", 0.0))
+
+
+def comparator(rows: Mapping[str, Mapping[str, Any]], kind: str, plan: str = "compass-plan",
+               min_admitted: float = MIN_ADMITTED, all_slack: float = ALL_SLACK
+               ) -> str | None:
+    """The ``kind`` row (one autoscaler, any of its settings) ``plan`` is measured against
+    on one trace: the cheapest in GPU-hours that keeps ``min_admitted`` of its admitted
+    jobs in time and whose share of all jobs in time is at least ``plan``'s less
+    ``all_slack``. None: no row qualifies (run a finer setting, or none serves as well)."""
+    floor = _shares(rows[plan])[1] - all_slack
+    fit = [(r["gpu_hours"], name) for name, r in rows.items()
+           if parse(name)[0] == kind and _shares(r)[0] >= min_admitted
+           and _shares(r)[1] >= floor - 1e-12]
+    return min(fit)[1] if fit else None
+
+
+def saving(rows: Mapping[str, Mapping[str, Any]], kind: str, plan: str = "compass-plan",
+           min_admitted: float = MIN_ADMITTED, all_slack: float = ALL_SLACK
+           ) -> dict[str, Any]:
+    """``plan``'s saving against :func:`comparator`'s ``kind`` row: ``against`` (the row,
+    or None), ``saves`` (1 - plan / row GPU-hours; None without a row or when ``plan``
+    itself keeps under ``min_admitted`` of its admitted jobs in time) and ``plan_holds``.
+    Without a row (every ``kind`` setting that keeps ``min_admitted`` serves fewer of all
+    jobs), ``closest``: the cheapest of those, and ``saves_closest`` against it, a bound
+    below what serving as many would save (None when none keeps ``min_admitted``)."""
+    holds = _shares(rows[plan])[0] >= min_admitted
+    against = comparator(rows, kind, plan, min_admitted, all_slack)
+    out: dict[str, Any] = {"against": against, "saves": None, "plan_holds": holds}
+    if against is None:
+        closest = comparator(rows, kind, plan, min_admitted, all_slack=1.0)
+        out.update(closest=closest, saves_closest=None)
+        if holds and closest is not None and rows[closest]["gpu_hours"] > 0:
+            out["saves_closest"] = 1.0 - rows[plan]["gpu_hours"] / rows[closest]["gpu_hours"]
+    elif holds and rows[against]["gpu_hours"] > 0:
+        out["saves"] = 1.0 - rows[plan]["gpu_hours"] / rows[against]["gpu_hours"]
+    return out
+
+
+def summary(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+    """Per trace and compass-plan row, its saving against each baseline's
+    :func:`comparator` row, the rule stated once at the top."""
+    lines = [f"saves: 1 - compass-plan / the cheapest row of each baseline that keeps "
+             f">= {MIN_ADMITTED:.0%} of its admitted jobs in time and meets at least "
+             f"compass-plan's share of all jobs less {ALL_SLACK * 100:g} point (refused "
+             f"jobs count as missed); compass-plan must keep {MIN_ADMITTED:.0%} itself"]
+    for trace, rows in results.items():
+        for plan in (n for n in rows if parse(n)[0] == "compass-plan"):
+            adm, everyone = _shares(rows[plan])
+            parts = [f"{trace} {plan}: {rows[plan]['gpu_hours']:.1f} GPU-h, adm "
+                     f"{adm:.2%}, all {everyone:.2%}"
+                     + ("" if adm >= MIN_ADMITTED else f" (under {MIN_ADMITTED:.0%}: "
+                        "no saving claimed)")]
+            for kind in BASELINES:
+                if not any(parse(n)[0] == kind for n in rows):
+                    continue
+                s = saving(rows, kind, plan)
+                if s["against"] is None:
+                    parts.append(_unmatched(rows, kind, s))
+                    continue
+                a_adm, a_all = _shares(rows[s["against"]])
+                saves = "-" if s["saves"] is None else f"saves {s['saves']:.1%}"
+                parts.append(f"{s['against']} ({rows[s['against']]['gpu_hours']:.1f} GPU-h, "
+                             f"adm {a_adm:.2%}, all {a_all:.2%}) {saves}")
+            lines.append("; ".join(parts))
+    return "\n".join(lines)
+
+
+def _unmatched(rows: Mapping[str, Mapping[str, Any]], kind: str, s: Mapping[str, Any]
+               ) -> str:
+    """The summary's words when no ``kind`` row serves as well as compass-plan."""
+    if s["closest"] is None:
+        return f"{kind}: no row keeps {MIN_ADMITTED:.0%} of its admitted jobs in time"
+    a_adm, a_all = _shares(rows[s["closest"]])
+    saves = "-" if s["saves_closest"] is None else f"saves {s['saves_closest']:.1%}"
+    return (f"{kind}: no row serves as well; the cheapest at {MIN_ADMITTED:.0%} of "
+            f"admitted, {s['closest']} ({rows[s['closest']]['gpu_hours']:.1f} GPU-h, adm "
+            f"{a_adm:.2%}, all {a_all:.2%}) {saves} (a lower bound: it serves fewer)")

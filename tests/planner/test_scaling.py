@@ -261,3 +261,45 @@ def test_bad_settings_are_refused() -> None:
         Damper(-1.0)
     with pytest.raises(ValueError, match="window_s"):
         RateWindow(0.0)
+
+
+def test_the_burst_tests_stretch_may_be_set_apart_from_the_window() -> None:
+    """A steady 2 jobs/s for 40 s, then 40 jobs/s for the last 0.5 s: a 40 s window's
+    own short stretch (5 s) calls it a burst but averages it into 29 / 5 = 5.8 jobs/s;
+    a 0.5 s stretch reads the burst's own rate."""
+    times = [i * 0.5 for i in range(80)] + [40.0 + i / 40.0 for i in range(20)]
+    default, short = RateWindow(window_s=40.0), RateWindow(window_s=40.0, short_s=0.5)
+    for t in times:
+        default.observe("i", t)
+        short.observe("i", t)
+    assert default.short_s == 5.0
+    assert default.rates(40.5)["i"][0] == pytest.approx(29 / 5.0)
+    assert short.rates(40.5)["i"][0] == pytest.approx(20 / 0.5)
+    with pytest.raises(ValueError, match="short_s"):
+        RateWindow(short_s=0.0)
+
+
+def test_a_rise_may_read_the_recent_half_of_the_window() -> None:
+    """100 arrivals in the first half, 140 in the second (a trend): the window's mean,
+    24 jobs/s, lags its end; with ``rise_recent`` the reading is the second half's 28."""
+    mean, recent = RateWindow(window_s=10.0), RateWindow(window_s=10.0, recent_on_trend=1)
+    for t in [i * 0.05 for i in range(100)] + [5.0 + i * 5.0 / 140 for i in range(140)]:
+        mean.observe("i", t)
+        recent.observe("i", t)
+    assert mean.rates(10.0)["i"][0] == pytest.approx(24.0)
+    rate, trend = recent.rates(10.0)["i"]
+    assert trend > 0 and rate == pytest.approx(28.0)
+
+
+def test_a_burst_across_the_classes_is_seen_by_the_pooled_test() -> None:
+    """Three classes at 2 jobs/s, then 7 arrivals each in the last 1.25 s (the short
+    stretch): one class's 7 against 3.1 expected is no burst (about 3% by chance), the
+    three's 21 against 9.4 is (under 0.1%); pooled, each class reads 7 / 1.25."""
+    alone, pooled = RateWindow(window_s=10.0), RateWindow(window_s=10.0, pooled=True)
+    for name in "abc":
+        for t in [i * 0.5 for i in range(18)] + [8.75 + i * 0.17 for i in range(7)]:
+            alone.observe(name, t)
+            pooled.observe(name, t)
+    assert alone.rates(10.0)["a"] == (pytest.approx(2.5 - 5 / 10.0), 0.0)  # discounted
+    assert pooled.rates(10.0)["a"][0] == pytest.approx(7 / 1.25)
+    assert not RateWindow(window_s=10.0, pooled=True).rates(10.0)

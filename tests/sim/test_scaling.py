@@ -125,13 +125,15 @@ def test_compass_plan_takes_its_sizing_knobs_and_refuses_unknown_ones() -> None:
     assert scaling.plan_knobs("no-hints+headroom=0.8+down=60") == (
         "no-hints", {**scaling.PLAN_KNOBS, "headroom": 0.8, "down": 60.0})
     for bad, says in (("speed=2", "knobs"), ("headroom=x", "number"),
-                      ("headroom=0", "> 0"), ("fast", "variants")):
+                      ("headroom=0", "> 0"), ("fast", "variants"), ("recent=3", "0, 1 or 2"),
+                      ("short=0", "> 0")):
         with pytest.raises(ValueError, match=says):
             scaling.parse(f"compass-plan:{bad}")
     trace = traces.step(30.0, 24.0, compression=120.0)
     lean = scaling.run(WORKLOAD, "compass-plan:headroom=0.6", scaling.Setup(trace))
     ample = scaling.run(WORKLOAD, "compass-plan:headroom=1.5", scaling.Setup(trace))
     assert lean["worker_s"] < ample["worker_s"]  # the knob reaches the rule
+    assert scaling.plan_knobs("short=30+recent=2")[1]["recent"] == 2.0
 
 
 def test_compass_plan_looks_ahead_one_cold_start_unless_told(
@@ -203,7 +205,68 @@ def test_the_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     text = out.read_text()
     assert text.startswith("$ compass-celery autoscale --workload autoscale-mix --traces step "
                            "--autoscalers compass-plan,fixed-peak --duration-s 30 --peak 10")
-    rows = [line.split() for line in text.splitlines() if line.startswith("step ")]
+    table, _, summary = text.partition("\n\n" + "saves: ")
+    rows = [line.split() for line in table.splitlines() if line.startswith("step ")]
     assert [r[1] for r in rows] == ["compass-plan", "fixed-peak"]
+    assert summary.splitlines()[-1].startswith("step compass-plan: ")  # the comparison
+    assert "fixed-peak (" in summary.splitlines()[-1]
     bad = CliRunner().invoke(compass_command, ["autoscale", "--autoscalers", "hpa"])
     assert bad.exit_code != 0 and "got 'hpa'" in bad.output
+
+
+def _row(gpu_hours: float, admitted: float, everyone: float) -> dict[str, object]:
+    return {"gpu_hours": gpu_hours,
+            "slo": {"all": {"admitted_attainment": admitted, "attainment": everyone}}}
+
+
+def test_the_baseline_to_beat_serves_about_as_many_jobs_not_only_its_admitted() -> None:
+    rows = {"compass-plan": _row(70.0, 0.995, 0.965),
+            "keda-queue": _row(60.0, 0.983, 0.90),   # under 99% of admitted
+            "keda-queue:3": _row(90.0, 0.995, 0.94),  # 99% of admitted by refusing more
+            "keda-queue:2": _row(120.0, 0.998, 0.956),  # within 1 point of the plan's
+            "keda-queue:1": _row(150.0, 0.999, 0.97),
+            "fixed-peak": _row(120.0, 0.999, 0.996)}
+    assert scaling.comparator(rows, "keda-queue") == "keda-queue:2"
+    s = scaling.saving(rows, "keda-queue")
+    assert s["against"] == "keda-queue:2" and s["saves"] == pytest.approx(1 - 70 / 120)
+    assert s["plan_holds"]
+    # the plan refusing more lets the coarser setting count again (symmetric)
+    rows["compass-plan"] = _row(70.0, 0.995, 0.949)
+    assert scaling.comparator(rows, "keda-queue") == "keda-queue:3"
+    # without the all-jobs bar the coarse setting would count at any gap
+    assert scaling.comparator(rows, "keda-queue", all_slack=1.0) == "keda-queue:3"
+    rows["compass-plan"] = _row(70.0, 0.995, 0.99)
+    assert scaling.comparator(rows, "keda-queue") is None
+    s = scaling.saving(rows, "keda-queue")
+    assert s["saves"] is None and s["closest"] == "keda-queue:3"  # a bound, named as one
+    assert s["saves_closest"] == pytest.approx(1 - 70 / 90)
+    assert "no row serves as well; the cheapest at 99% of admitted, keda-queue:3" in \
+        scaling.summary({"t": rows})
+    # compass-plan under 99% of its admitted claims no saving
+    rows["compass-plan"] = _row(50.0, 0.985, 0.97)
+    s = scaling.saving(rows, "keda-queue")
+    assert (s["against"], s["saves"], s["plan_holds"]) == ("keda-queue:1", None, False)
+    assert scaling.saving(rows, "fixed-peak", plan="compass-plan")["against"] == "fixed-peak"
+    text = scaling.summary({"diurnal": rows})
+    assert "under 99%: no saving claimed" in text and "keda-queue:1 (150.0 GPU-h" in text
+
+
+def test_the_rate_window_knobs_reach_the_rate_window(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    made: list[scaling.RateWindow] = []
+
+    class Recorded(scaling.RateWindow):
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, **kw)  # type: ignore[arg-type]
+            made.append(self)
+
+    monkeypatch.setattr(scaling, "RateWindow", Recorded)
+    trace = traces.step(10.0, 10.0, compression=120.0)
+    scaling.run(WORKLOAD, "compass-plan", scaling.Setup(trace))
+    scaling.run(WORKLOAD, "compass-plan:window=960+short=30+recent=2+pooled=1",
+                scaling.Setup(trace))
+    default, knobbed = made
+    assert (default.short_s, default.recent_on_trend, default.pooled) == (60.0 / 120.0, 0,
+                                                                          False)
+    assert knobbed.window_s == 8.0 and knobbed.short_s == 0.25
+    assert knobbed.recent_on_trend == 2 and knobbed.pooled
