@@ -2,7 +2,8 @@
 
 ``compass-celery bench overhead`` prints:
 - one placement decision (the router call) with 4 and 64 workers' records,
-  snapshot served from the local cache and read fresh from Redis (µs);
+  snapshot served from the local cache and read fresh from Redis (µs), and at 64 a
+  level-9 task's, which overtakes the lowest level's work waiting on every worker;
 - enqueue latency of a compass-routed task against a plain one (µs), and the producer's
   CPU an enqueue (its own thread each way; compass's threads per routed one), which a
   loaded machine moves far less than the latency;
@@ -66,6 +67,11 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
             samples = _time(lambda r=router, t=task: r("emulated.caption", (), {}, {}, t),
                             2000 if ttl else 500, 1e6)
             echo(f"placement decision, {n:3d} workers, {label:16s} µs: {_stats(samples)}")
+            if n == 64 and ttl:  # a level-9 task: the lowest level's work waits everywhere
+                samples = _time(lambda r=router, t=task: r("emulated.caption", (), {},
+                                                           {"priority": 9}, t), 2000, 1e6)
+                echo(f"placement decision, {n:3d} workers, level 9 (cached)  µs: "
+                     f"{_stats(samples)}")
 
 
 def enqueue_cost(url: str, echo: Callable[[str], Any], n: int = 64, rounds: int = 1000
