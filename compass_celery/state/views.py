@@ -16,9 +16,9 @@ from operator import is_not
 
 from ..needs import learned_loads
 from ..planner.cost import evolve, remember_arrays, with_rows, worker_arrays
-from ..planner.demand import DemandSum
+from ..planner.demand import DemandSum, merge_demand
 from ..planner.priority import LOWEST, for_priority, seen_at, typical_run_ms, waits_below
-from ..planner.types import ClusterView, WorkerView
+from ..planner.types import ClusterView, ModelDemand, WorkerView
 from .store import Snapshot
 
 #: A view is carried over while at most this many workers (or a quarter) changed.
@@ -257,3 +257,19 @@ def leveled_view(cluster: ClusterView, workers: tuple[WorkerView, ...], level: i
     ``level`` sees them, racing on ``now`` (``planner.priority.race_clock``), carried over
     from the last decision at that level (:class:`LevelCache`)."""
     return _LEVELS.get(cluster, workers, level, now)
+
+
+def planning_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float], level: int | None,
+                  now: float | None, refused: Mapping[str, ModelDemand] | None = None
+                  ) -> ClusterView:
+    """What a task or a job of ``level`` is planned on: the snapshot's view as that level
+    sees it (``now``: the race's clock, ``planner.priority.race_clock``), with the demand
+    this process ``refused`` added to what the workers served; both views carried over
+    from the last decision, so neither a routed task nor a submitted job builds one."""
+    cluster = leveled_view(cluster_view(snapshot, model_sizes_mb), snapshot.workers, level,
+                           now)
+    if refused:
+        arrays = worker_arrays(cluster)
+        cluster = evolve(cluster, demand=merge_demand(cluster.demand, refused))
+        remember_arrays(cluster, arrays)
+    return cluster
