@@ -18,13 +18,11 @@ from .planner import PlanningError
 from .planner.base import Policy
 from .planner.check import check_plan
 from .planner.compass import plan_job
-from .planner.cost import evolve, remember_arrays, worker_arrays
-from .planner.demand import merge_demand
 from .planner.pending import send_charge_ms
-from .planner.priority import for_priority, race_clock
+from .planner.priority import race_clock
 from .planner.types import SHARED, DagSpec, ModelDemand
 from .state.store import Snapshot
-from .state.views import cluster_view, level_view
+from .state.views import planning_view
 
 
 class PlacementError(CompassInputError):
@@ -146,16 +144,10 @@ def decide(needs: TaskNeeds, snapshot: Snapshot, policy: Policy,
                              f"known models: {sorted(model_sizes_mb)}; {DECLARE_MODEL}")
     if not snapshot.workers:
         return fallback(needs, shared_queue, policy.name, "no live compass worker known")
-    cluster = cluster_view(snapshot, model_sizes_mb)  # carried over: the base view
-    # what it would overtake, and a worker about to take a lower-level task first
-    workers = for_priority(snapshot.workers, priority,
-                           race_clock(snapshot.taken_at, hold_max_ms))
-    if workers is not snapshot.workers:  # as this level sees them: a few rows rewritten
-        cluster = level_view(cluster, snapshot.workers, workers)
-    if refused:
-        arrays = worker_arrays(cluster)
-        cluster = evolve(cluster, demand=merge_demand(cluster.demand, refused))
-        remember_arrays(cluster, arrays)
+    # as this level sees it (what it would overtake, and a worker about to take a
+    # lower-level task first), carried over: only the rows that changed seen again
+    cluster = planning_view(snapshot, model_sizes_mb, priority,
+                            race_clock(snapshot.taken_at, hold_max_ms), refused)
     try:
         dag = DagSpec.single(needs.spec(batch_aware))
         plan = plan_job(policy, dag, cluster, budget_ms)

@@ -2,7 +2,9 @@
 
 ``compass-celery bench overhead`` prints:
 - one placement decision (the router call) with 4 and 64 workers' records,
-  snapshot served from the local cache and read fresh from Redis (µs);
+  snapshot served from the local cache and read fresh from Redis (µs), and at 64 a
+  level-9 task's, which overtakes the lowest level's work waiting on the workers
+  (after the enqueue lines, which it would otherwise share the machine with);
 - enqueue latency of a compass-routed task against a plain one (µs), and the producer's
   CPU an enqueue (its own thread each way; compass's threads per routed one), which a
   loaded machine moves far less than the latency;
@@ -66,6 +68,23 @@ def placement_cost(url: str, echo: Callable[[str], Any]) -> None:
             samples = _time(lambda r=router, t=task: r("emulated.caption", (), {}, {}, t),
                             2000 if ttl else 500, 1e6)
             echo(f"placement decision, {n:3d} workers, {label:16s} µs: {_stats(samples)}")
+
+
+def level_cost(url: str, echo: Callable[[str], Any], n: int = 64) -> None:
+    """Print one routing decision's cost for a level-9 task among ``n`` fake workers
+    with the lowest level's work waiting on them (as a mix of levels has it): what
+    the task overtakes is taken off each worker it would wait behind."""
+    from ..emulated import make_app
+
+    app = make_app(url, compass_key_prefix=f"lvl{n}", compass_snapshot_ttl_s=60.0,
+                   compass_snapshot_refresh_ahead_s=0.0, compass_heartbeat_timeout_s=3600.0)
+    _fake_workers(app, n)
+    router, task = app.compass.router, app.tasks["emulated.caption"]
+    for _ in range(200):  # level-0 work waiting on the workers
+        router("emulated.caption", (), {}, {}, task)
+    samples = _time(lambda: router("emulated.caption", (), {}, {"priority": 9}, task), 2000,
+                    1e6)
+    echo(f"placement decision, {n:3d} workers, level 9, cached µs: {_stats(samples)}")
 
 
 def enqueue_cost(url: str, echo: Callable[[str], Any], n: int = 64, rounds: int = 1000
@@ -177,6 +196,7 @@ def run(echo: Callable[[str], Any] = print) -> None:
         url = server.url
         placement_cost(url, echo)
         enqueue_cost(url, echo)
+        level_cost(url, echo)
         env = {"COMPASS_BROKER_URL": url, "COMPASS_KEY_PREFIX": "ovh"}
         workers = [WorkerProcess("compass_celery.emulated_app", f"ovh{i}@bench",
                                  ["--compass-emulate-gpu-mb", "1600", "--compass-preload",

@@ -35,7 +35,7 @@ from .. import tracing as trace
 from ..admission import NO_CLASS, admit, due_at
 from ..dag_validation import DagValidationError
 from ..errors import Rejected, RetriesExhausted, SendFailed
-from ..needs import batch_profile_key, learned_loads, profile_key, with_learned_curve
+from ..needs import batch_profile_key, profile_key, with_learned_curve
 from ..placement import Decision
 from ..planner.admission import (
     Slo,
@@ -49,10 +49,9 @@ from ..planner.admission import (
 from ..planner.batch import batch_record
 from ..planner.check import check_plan
 from ..planner.compass import plan_job
-from ..planner.demand import cluster_demand
 from ..planner.pending import pending_work
-from ..planner.priority import for_priority, race_clock
-from ..planner.types import ClusterView, DagSpec, Placement
+from ..planner.priority import race_clock
+from ..planner.types import DagSpec, Placement
 from ..state import arrivals
 from ..state.cluster import is_cluster_client
 from ..state.connection import StateUnavailable
@@ -60,6 +59,7 @@ from ..state.keys import COUNTERS
 from ..state.mirror import CHANGE_LOG_SIZE, epoch_candidate
 from ..state.scripts import register_script, run_pipeline
 from ..state.store import Snapshot
+from ..state.views import planning_view
 from .handle import JobHandle
 from .keys import JobKeys, deadlines_key, once_keys, placement_json
 from .limits import check_submission
@@ -233,9 +233,8 @@ def _plan(c: CompassContext, spec: DagSpec, level: int = 0, slo: Slo | None = No
                 f"({sizes[n.model]:.0f} MB), larger than every live worker's GPU "
                 f"(largest {largest:.0f} MB)")
     race = race_clock(snapshot.taken_at, c.settings.hold_max_ms)
-    cluster = ClusterView.of(for_priority(live, level, race), sizes, snapshot.taken_at,
-                             demand=refusals.with_refused(c, cluster_demand(live)),
-                             load_ms=learned_loads(snapshot.profiles))
+    # the view the router plans on, carried over from its last decision at this level
+    cluster = planning_view(snapshot, sizes, level, race, refusals.refused(c))
     budget = plan_budget_ms(slo, c.settings.admission_headroom,
                             snapshot.plan_errors.get(slo.name, 0.0)) if slo else None
     full = plan_job(c.policy, spec, cluster, budget)

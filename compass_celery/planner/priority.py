@@ -169,12 +169,24 @@ def for_priority(workers: Iterable[WorkerView], level: int | None,
     (:func:`race_ms`), but for ``sender``, the worker sending the task: its push comes
     before its own next pick."""
     workers = tuple(workers)
-    if level is None or level <= LOWEST or not any(
-            ms for w in workers for by_level in (w.queued_ms, w.pending_queued_ms)
-            for q, ms in by_level.items() if q < level):
+    if level is None or level <= LOWEST or not any(waits_below(w, level) for w in workers):
         return workers
     typical = typical_run_ms(workers) if now is not None else 0.0
-    return tuple(evolve(w, backlog_ms=ahead_ms(w, level) + (
-                            race_ms(w, level, now, typical)
-                            if now is not None and w.name != sender else 0.0),
-                        pending_ms=planned_ahead_ms(w, level)) for w in workers)
+    return tuple(seen_at(w, level, now, typical, sender) for w in workers)
+
+
+def waits_below(worker: WorkerView, level: int) -> bool:
+    """Whether work queued or planned below ``level`` waits on ``worker``
+    (:func:`for_priority` rebuilds the view only when some worker has any)."""
+    return any(ms for by_level in (worker.queued_ms, worker.pending_queued_ms)
+               for q, ms in by_level.items() if q < level)
+
+
+def seen_at(worker: WorkerView, level: int, now: float | None, typical: float,
+            sender: str | None = None) -> WorkerView:
+    """One row of :func:`for_priority` (``typical``: :func:`typical_run_ms` of every
+    worker), for a caller that carries the rows of the workers that did not change."""
+    return evolve(worker, backlog_ms=ahead_ms(worker, level) + (
+                      race_ms(worker, level, now, typical)
+                      if now is not None and worker.name != sender else 0.0),
+                  pending_ms=planned_ahead_ms(worker, level))

@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import compress, count
 from operator import is_not
 
 from ..needs import learned_loads
 from ..planner.cost import evolve, remember_arrays, with_rows, worker_arrays
-from ..planner.demand import DemandSum
-from ..planner.types import ClusterView, WorkerView
+from ..planner.demand import DemandSum, merge_demand
+from ..planner.priority import LOWEST, for_priority, seen_at, typical_run_ms, waits_below
+from ..planner.types import ClusterView, ModelDemand, WorkerView
 from .store import Snapshot
 
 #: A view is carried over while at most this many workers (or a quarter) changed.
@@ -148,3 +149,127 @@ def level_view(view: ClusterView, base: tuple[WorkerView, ...],
     new = evolve(view, workers=tuple(ordered))
     remember_arrays(new, with_rows(arrays, rows, before))
     return new
+
+
+@dataclass(frozen=True)
+class _Leveled:
+    """What :class:`LevelCache` keeps of one level: the snapshot's workers it saw (in the
+    snapshot's order), each as the level sees it, the positions with work waiting below
+    the level, the base view and the view it gave, and the race's clock and typical run."""
+
+    base: tuple[WorkerView, ...]
+    seen: tuple[WorkerView, ...]
+    lower: frozenset[int]
+    cluster: ClusterView
+    view: ClusterView
+    now: float | None
+    typical: float
+
+
+class LevelCache:
+    """The planner's view as a task of each priority level sees it (``for_priority``, then
+    :func:`level_view`), carried over from the last one of that level.
+
+    Above the lowest level, while lower-level work waits anywhere, ``for_priority`` makes
+    a new view of every worker at each decision, and at 64 workers that cost six times
+    the rest of the decision. A burst's decisions change one worker each (their own
+    charge), so only the rows whose snapshot view changed are seen again
+    (``planner.priority.seen_at``, the same rule) and rewritten in the columns.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last: dict[int, _Leveled] = {}
+        self.carried = self.built = 0
+
+    def get(self, cluster: ClusterView, workers: tuple[WorkerView, ...], level: int | None,
+            now: float | None) -> ClusterView:
+        """``cluster`` (the view of ``workers``, a snapshot's) as a task of ``level`` sees it,
+        equal to ``level_view(cluster, workers, for_priority(workers, level, now))`` (the
+        cluster itself when that leaves every row as it was)."""
+        if level is None or level <= LOWEST:
+            return cluster
+        with self._lock:
+            last = self._last.get(level)
+        entry = self._carry(last, cluster, workers, level, now) if last is not None else None
+        if entry is None:
+            seen = for_priority(workers, level, now)
+            view = cluster if seen is workers else level_view(cluster, workers, seen)
+            lower = frozenset(i for i, w in enumerate(workers) if waits_below(w, level))
+            typical = typical_run_ms(workers) if now is not None else 0.0
+            entry = _Leveled(workers, seen, lower, cluster, view, now, typical)
+            self.built += 1
+        else:
+            self.carried += 1
+        with self._lock:
+            self._last[level] = entry
+        return entry.view
+
+    @staticmethod
+    def _carry(last: _Leveled, cluster: ClusterView, workers: tuple[WorkerView, ...],
+               level: int, now: float | None) -> _Leveled | None:
+        """The next entry from ``last`` for the rows that changed; None to build afresh."""
+        old = last.base
+        if (last.now != now or len(workers) != len(old) or not last.lower
+                or cluster.model_sizes_mb != last.cluster.model_sizes_mb
+                or cluster.load_ms != last.cluster.load_ms
+                or len(cluster.workers) != len(workers)):
+            return None
+        changed = list(compress(count(), map(is_not, old, workers)))
+        if len(changed) > max(CARRY_MAX_CHANGED, len(workers) // 4):
+            return None
+        lower = set(last.lower)
+        for i in changed:
+            w, was = workers[i], old[i]
+            if w.name != was.name or (now is not None and w.running is not was.running
+                                      and w.running != was.running):
+                return None  # a worker came or went, or the typical run may differ
+            if waits_below(w, level):
+                lower.add(i)
+            else:
+                lower.discard(i)
+        if not lower:  # nothing waits below the level any more: every row as it is
+            return _Leveled(workers, workers, frozenset(), cluster, cluster, now, 0.0)
+        arrays = worker_arrays(last.view)
+        ordered = list(last.view.workers)
+        seen = list(last.seen)
+        rows: dict[int, WorkerView] = {}
+        before: dict[int, WorkerView] = {}
+        for i in changed:
+            w = seen[i] = seen_at(workers[i], level, now, last.typical)
+            if w.backlog_ms == workers[i].backlog_ms and w.pending_ms == workers[i].pending_ms:
+                w = workers[i]  # as level_view: a row the level sees as it is stays
+            j = arrays.index[w.name]
+            if ordered[j] is not w:
+                rows[j], before[j], ordered[j] = w, ordered[j], w
+        view = evolve(cluster, workers=tuple(ordered))
+        remember_arrays(view, with_rows(arrays, rows, before))
+        return _Leveled(workers, tuple(seen), frozenset(lower), cluster, view, now,
+                        last.typical)
+
+
+_LEVELS = LevelCache()
+
+
+def leveled_view(cluster: ClusterView, workers: tuple[WorkerView, ...], level: int | None,
+                 now: float | None) -> ClusterView:
+    """``cluster`` (the planner's view of the snapshot's ``workers``) as a task of
+    ``level`` sees them, racing on ``now`` (``planner.priority.race_clock``), carried over
+    from the last decision at that level (:class:`LevelCache`)."""
+    return _LEVELS.get(cluster, workers, level, now)
+
+
+def planning_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float], level: int | None,
+                  now: float | None, refused: Mapping[str, ModelDemand] | None = None
+                  ) -> ClusterView:
+    """What a task or a job of ``level`` is planned on: the snapshot's view as that level
+    sees it (``now``: the race's clock, ``planner.priority.race_clock``), with the demand
+    this process ``refused`` added to what the workers served; both views carried over
+    from the last decision, so neither a routed task nor a submitted job builds one."""
+    cluster = leveled_view(cluster_view(snapshot, model_sizes_mb), snapshot.workers, level,
+                           now)
+    if refused:
+        arrays = worker_arrays(cluster)
+        cluster = evolve(cluster, demand=merge_demand(cluster.demand, refused))
+        remember_arrays(cluster, arrays)
+    return cluster
