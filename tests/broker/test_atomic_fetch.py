@@ -29,7 +29,7 @@ def _fetch(client: redis.Redis, queues: RedisQueues, lists: list[str],
            bells: tuple[str, ...] = (), acks: tuple[str, ...] = ()) -> list[bytes] | None:
     return client.eval(_fetch_script(), 3 + len(lists) + len(bells), "unacked",
                        "unacked_index", queues.leases_key, *lists, *bells, "1.0", len(lists),
-                       len(acks), *acks)
+                       "", "", "", len(acks), *acks)
 
 
 def test_a_fetched_message_is_in_flight_and_leased_in_the_same_step(compass_redis_url):
@@ -257,7 +257,7 @@ def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
                        "unacked_index", queues.leases_key, *lists, *bells,
                        keys.key(keys.PENDING_QUEUED, "compass"),
                        keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
-                       "1.0", len(lists), 0,
+                       "1.0", len(lists), "", "", "", 0,
                        len(bells), repr(bound_ms), "f0\x1f", repr(PLANNED_EPS_MS), HIGHEST,
                        *levels)
 
