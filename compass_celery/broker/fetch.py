@@ -43,6 +43,11 @@ _FETCH: dict[str, str] = {}  # own queue consumed atomically -> the leases zset
 #: own queue -> its held slot: (the pending-queued hash, the worker's member prefix, the
 #: hold key, the bound in real ms)
 _HOLD: dict[str, tuple[str, str, str, float]] = {}
+#: own queue -> what fetch.lua needs to read a job node's job state as it takes the node:
+#: (the job header's name, what goes before and after a job id in its record's key)
+_JOB_STATE: dict[str, tuple[str, str, str]] = {}
+#: delivery tag -> the job state fetch.lua read with the message, while it is delivered
+_fetched_states: dict[str, str] = {}
 #: What fetch.lua returns in a list's place when it holds the slot.
 HELD = b"\0held"
 _RINGING: set[tuple[str, str]] = set()  # (queue prefix, shared queue) of compass apps
@@ -440,6 +445,26 @@ def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
         _HOLD.pop(queue, None)
 
 
+def read_job_states(queue: str, header: str, job_key: str) -> None:
+    """Make this process's atomic fetch of ``queue`` read each job node's job state in the
+    step that takes it (the job's record must live in the broker's Redis): ``header``
+    names the message header holding the node's job (``{"id": ...}``), ``job_key`` is a
+    job record's key with ``\0`` in the id's place. The worker's receipt check then asks
+    Redis nothing (:func:`fetched_job_state`). An empty ``header`` turns it off."""
+    if header:
+        head, _, tail = job_key.partition("\0")
+        _JOB_STATE[queue] = (header, head, tail)
+    else:
+        _JOB_STATE.pop(queue, None)
+
+
+def fetched_job_state(delivery_tag: Any) -> str | None:
+    """The state of the job of the message being delivered under ``delivery_tag``, as the
+    fetch that took it read it (``''``: its record is gone); None when the fetch did not
+    read it (not a job node, not fetched atomically, or no longer being delivered)."""
+    return _fetched_states.get(delivery_tag) if isinstance(delivery_tag, str) else None
+
+
 def _is_held(src: Any) -> bool:
     """Whether a look's reply says the slot is held (:data:`HELD` in a list's place)."""
     return src == HELD or src == HELD.decode()
@@ -489,7 +514,8 @@ def _fetch_start(channel: Any, own: str, timeout: Any = None) -> None:
     acks = _take_acks(channel)
     look = (*how, 3 + len(lists) + len(bells) + len(extra_keys), pre + channel.unacked_key,
             pre + channel.unacked_index_key, _FETCH[own], *lists, *bells, *extra_keys,
-            repr(time.time()), len(lists), len(acks), *acks, *extra)
+            repr(time.time()), len(lists), *_JOB_STATE.get(own, ("", "", "")), len(acks),
+            *acks, *extra)
     # acks to send: a look first, not a wait that would hold them for its timeout
     if not getattr(channel, "_compass_idle", False) or acks:
         channel._compass_cmd = "EVAL"
@@ -544,7 +570,8 @@ def _fetch_read(channel: Any, **options: Any) -> bool:
             return _deliver(channel, *other, prefixed=False)
         if not got:
             raise kredis.Empty()
-        return _deliver(channel, got[0], got[1], prefixed=True)
+        return _deliver(channel, got[0], got[1], prefixed=True,
+                        job_state=got[2] if len(got) > 2 else None)
     finally:
         _acks_back(channel)  # none when the look ran
         channel._in_poll = None
@@ -579,9 +606,11 @@ def _other_message(channel: Any, woke: Any) -> tuple[Any, Any] | None:
     return woke[0], woke[1]
 
 
-def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
+def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool,
+             job_state: Any = None) -> bool:
     """Hand one message to kombu's consumer, as its BRPOP read does (``prefixed``: the
-    look's, taken into flight by fetch.lua)."""
+    look's, taken into flight by fetch.lua; ``job_state``: its job's state, read by the
+    look, which :func:`fetched_job_state` answers while the message is delivered)."""
     import kombu.transport.redis as kredis
     from kombu.utils.encoding import bytes_to_str
 
@@ -593,12 +622,17 @@ def _deliver(channel: Any, src: Any, raw: Any, prefixed: bool) -> bool:
         props = payload.get("properties") if isinstance(payload, dict) else None
         channel._compass_taken = props.get("delivery_tag") if isinstance(props, dict) \
             else None
+    tag = channel._compass_taken if prefixed else None
+    if isinstance(tag, str) and job_state is not None:
+        _fetched_states[tag] = bytes_to_str(job_state)
     # on an event loop, its ack (until the next look) rides the next look (_defer_acks)
     channel._compass_ack_later = getattr(channel.connection.cycle, "_compass_loop", False)
     try:
         channel.connection._deliver(payload, dest)
     finally:
         channel._compass_taken = None
+        if isinstance(tag, str):
+            _fetched_states.pop(tag, None)
     return True
 
 

@@ -185,12 +185,14 @@ class JobRuntime:
                    task: str | None = None) -> list[str]:
         """Record the node's output and send the successors it released.
 
-        ``pipe`` holds the worker's own bookkeeping for this task; the confirmation
-        of the sends rides on it, so a hop costs one round trip fewer. Left unsent
-        (nothing released, or the completion was refused), the caller sends it.
-        ``unsettled_ms`` is this task's charge, still on this worker's backlog in Redis
-        until that pipeline runs; re-placement takes it off. ``task`` (the task's name)
-        is named, with ``task_id``, by a failure recorded here."""
+        ``pipe`` holds the worker's own bookkeeping for this task: it runs with the
+        completion (:meth:`_run_complete`), and the confirmation of the sends rides on
+        it afterwards, so a node's end costs no round trip of its own. What is queued
+        on it later and left unsent (nothing released, or the completion was refused),
+        the caller sends. ``unsettled_ms`` is this task's charge, on this worker's
+        backlog in Redis until that pipeline runs; re-placement takes it off a snapshot
+        read before. ``task`` (the task's name) is named, with ``task_id``, by a failure
+        recorded here."""
         job_id, node = job["id"], job["node"]
         keys = self.keys(job_id)
         cfg = self.c.settings
@@ -206,8 +208,9 @@ class JobRuntime:
             return []
         info = {"worker": self.name, "task_id": task_id, "moved_from": job.get("moved_from"),
                 "planned": job.get("planned"), **timing}
-        result = self._complete(keys=keys.all(), args=[node, output, int(cfg.job_ttl_s),
-                                                       json.dumps(info), time.time(), job_id])
+        result, settled_at = self._run_complete(
+            keys.all(), [node, output, int(cfg.job_ttl_s), json.dumps(info), time.time(),
+                         job_id], pipe)
         status = text(result[0])
         released = [tuple(text(x) for x in result[i:i + 5]) for i in range(1, len(result), 5)]
         if status == "expired":
@@ -238,20 +241,40 @@ class JobRuntime:
                       tail_ms=tail_ms)
             return []
         return self._send_released(job_id, keys, released, resumed=status == "duplicate",
-                                   pipe=pipe, unsettled_ms=unsettled_ms, specs=specs)
+                                   pipe=pipe, unsettled=(unsettled_ms, settled_at),
+                                   specs=specs)
+
+    def _run_complete(self, keys: list[str], args: list[Any], pipe: Any
+                      ) -> tuple[Any, float | None]:
+        """complete.lua's reply, and when the caller's bookkeeping queued on ``pipe`` (its
+        charge off the backlog, its run time learned) was written with it (wall s; None:
+        nothing was queued there, it runs later). Both go in one round trip: the end
+        costs the worker one round trip fewer between a task and the next. A try that
+        raised leaves ``pipe`` empty (run or not: bookkeeping is best effort, and the
+        reconcile corrects it), so a retried completion never writes it twice."""
+        if pipe is None or not len(pipe):
+            return self._complete(keys=keys, args=args), None
+        written = time.time()
+        try:
+            self._complete(keys=keys, args=args, client=pipe)
+            return self.c.store.execute(pipe)[-1], written  # type: ignore[attr-defined]
+        finally:
+            pipe.reset()
 
     def _send_released(self, job_id: str, keys: JobKeys, released: list[tuple[str, ...]],
-                       resumed: bool, pipe: Any = None, unsettled_ms: float = 0.0,
+                       resumed: bool, pipe: Any = None,
+                       unsettled: tuple[float, float | None] = (0.0, None),
                        specs: list[dict[str, Any]] | None = None) -> list[str]:
         """Publish each released successor, then confirm the sends and settle the backlog
         and pending counters in one pipeline (also for the ones sent before a failure).
-        ``specs``: the successors' records, decoded already (else decoded here)."""
+        ``unsettled``: the finished task's charge and when it came off in Redis (None: not
+        yet); ``specs``: the successors' records, decoded already (else decoded here)."""
         c = self.c
         sent: list[tuple[str, str, Decision, dict[str, Any] | None]] = []
         if specs is None:
             specs = [json.loads(r[2]) for r in released]
         try:
-            self._publish_released(job_id, released, specs, unsettled_ms, sent)
+            self._publish_released(job_id, released, specs, unsettled, sent)
         finally:
             if sent:
                 pipe = pipe if pipe is not None else c.store.client.pipeline(transaction=False)
@@ -266,7 +289,7 @@ class JobRuntime:
         return [tid for _, tid, _, _ in sent]
 
     def _publish_released(self, job_id: str, released: list[tuple[str, ...]],
-                          specs: list[dict[str, Any]], unsettled_ms: float,
+                          specs: list[dict[str, Any]], unsettled: tuple[float, float | None],
                           sent: list[tuple[str, str, Decision, dict[str, Any] | None]]
                           ) -> None:
         """Place and publish each released successor, adding each one sent to ``sent``
@@ -279,7 +302,7 @@ class JobRuntime:
                                                                  strict=True):
                     planned = json.loads(plan) if plan else None
                     decision = self._send_successor(job_id, succ, task_id, spec, planned,
-                                                    json.loads(where), unsettled_ms)
+                                                    json.loads(where), unsettled)
                     sent.append((succ, task_id, decision, planned))
             finally:
                 if held is not None:
@@ -291,9 +314,10 @@ class JobRuntime:
 
     def _send_successor(self, job_id: str, succ: str, task_id: str, node: dict[str, Any],
                         planned: dict[str, Any] | None, where: dict[str, float],
-                        unsettled_ms: float = 0.0) -> Decision:
+                        unsettled: tuple[float, float | None] = (0.0, None)) -> Decision:
         """Re-check the successor's placement against fresh state (the adjustment phase)
-        and publish it to its worker's queue under its claimed task id."""
+        and publish it to its worker's queue under its claimed task id. ``unsettled``: the
+        finished task's charge, and when Redis took it off (None: not yet)."""
         c = self.c
         placement: Any = planned
         moved_from = None
@@ -309,7 +333,9 @@ class JobRuntime:
         better = None
         if snapshot is not None:
             workers = snapshot.workers
-            if unsettled_ms:  # the finished task's charge, not yet taken off in Redis
+            unsettled_ms, settled_at = unsettled
+            # the finished task's charge, not yet off in Redis when this snapshot was read
+            if unsettled_ms and (settled_at is None or snapshot.taken_at < settled_at):
                 workers = tuple(settled(w, unsettled_ms) if w.name == self.name else w
                                 for w in workers)
             # what it would overtake, and a worker about to take a lower-level task first

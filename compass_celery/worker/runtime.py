@@ -374,11 +374,25 @@ class WorkerRuntime:
             self.compass.queues.guard_consumer(self._dead_letter)
             if self.cfg.atomic_fetch:  # before the consumer starts
                 self.compass.queues.fetch_atomically(self.queue)
+                self._read_job_states()
                 if self.cfg.hold_max_ms > 0 and self._state_on_broker():
                     self.compass.queues.hold_slot(
                         self.queue, self.name, self.cfg.hold_max_ms * self.cfg.time_scale)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
+
+    def _read_job_states(self) -> None:
+        """Where the job records live in the broker's Redis (a Redis broker, no state
+        Redis apart), the atomic fetch reads a job node's job state as it takes the node:
+        the receipt check that drops a node of an ended job asks Redis nothing."""
+        from ..broker.fetch import read_job_states
+        from ..state import keys
+
+        url = self.cfg.redis_url
+        on_broker = self.jobs is not None and (
+            url is None or url == (self.compass.app.conf.broker_url or ""))
+        read_job_states(self.queue, keys.JOB_HEADER if on_broker else "",
+                        keys.key(keys.JOB, self.cfg.key_prefix, id="\0"))
 
     def _state_on_broker(self) -> bool:
         """Whether the state (its pending-queued counts) lives in the broker's Redis, where

@@ -20,6 +20,7 @@ from redis import RedisError
 
 from .. import ledger
 from .. import tracing as trace
+from ..broker.fetch import fetched_job_state
 from ..errors import JobError, RetriesExhausted
 from ..jobs.keys import JOB_HEADER
 from ..jobs.retry import permanent, retry_transient
@@ -155,10 +156,15 @@ class TaskPath:
         job = (getattr(request, "request_dict", None) or {}).get(JOB_HEADER)
         if not isinstance(job, dict) or self.jobs is None:
             return
-        try:
-            state = self.jobs.job_state(job.get("id", ""), _sent(job))
-        except (StateUnavailable, RedisError):
-            return  # run it; a late completion is ignored if the job has ended
+        # read by the fetch that took it, where the job records live in the broker's Redis
+        state = fetched_job_state(tag) if isinstance(tag, str) else None
+        if state is not None:
+            state = state or "UNKNOWN"  # its record is gone
+        else:
+            try:
+                state = self.jobs.job_state(job.get("id", ""), _sent(job))
+            except (StateUnavailable, RedisError):
+                return  # run it; a late completion is ignored if the job has ended
         if state in ("FAILURE", "UNKNOWN"):
             from celery.worker import state as worker_state
 
@@ -308,6 +314,7 @@ class TaskPath:
         if isinstance(job, dict) and self.jobs is not None:
             # never skipped; a completed node's sends are confirmed on the same pipeline
             self._job_finished(job, request, state, retval, timing, run_ms, pipe, unsettled)
+        # a job node's completion ran what was queued by then, in its own round trip
         try:  # bookkeeping is best effort (one round trip): reconciliation corrects it
             if pipe is not None and len(pipe):
                 store.execute(pipe)  # type: ignore[attr-defined]

@@ -29,7 +29,7 @@ def _fetch(client: redis.Redis, queues: RedisQueues, lists: list[str],
            bells: tuple[str, ...] = (), acks: tuple[str, ...] = ()) -> list[bytes] | None:
     return client.eval(_fetch_script(), 3 + len(lists) + len(bells), "unacked",
                        "unacked_index", queues.leases_key, *lists, *bells, "1.0", len(lists),
-                       len(acks), *acks)
+                       "", "", "", len(acks), *acks)
 
 
 def test_a_fetched_message_is_in_flight_and_leased_in_the_same_step(compass_redis_url):
@@ -62,6 +62,31 @@ def test_a_look_that_finds_nothing_clears_the_bells_and_one_that_finds_keeps_the
     assert client.llen(bells[0]) == 1  # a busy worker looks again anyway
     assert _fetch(client, queues, lists, bells) is None
     assert not client.exists(*bells)  # rung for messages already taken
+
+
+def test_a_look_reads_a_job_nodes_job_state_with_the_node(compass_redis_url):
+    """Named the job header and the record's key, a look returns the job's state with a
+    job node ('' once the record is gone), and nothing more with any other message."""
+    client = redis.Redis.from_url(compass_redis_url)
+    queues, layout = RedisQueues(client, RedisLayout(), "compass"), RedisLayout()
+    lists = layout.lists(QUEUE)
+    client.delete(*lists, "compass:job:{j1}")
+    client.hset("compass:job:{j1}", "state", "FAILURE")
+    for job in ("j1", "gone"):
+        node = json.loads(_message(QUEUE, f"{job}.a"))
+        node["headers"]["compass_job"] = {"id": job, "node": "a"}
+        client.lpush(lists[0], json.dumps(node))
+    client.lpush(lists[0], _message(QUEUE, "plain"))
+
+    def look() -> list[bytes]:
+        return client.eval(_fetch_script(), 3 + len(lists), "unacked", "unacked_index",
+                           queues.leases_key, *lists, "1.0", len(lists), "compass_job",
+                           "compass:job:{", "}", 0)
+
+    assert look()[2] == b"FAILURE"
+    assert look()[2] == b""  # its record is gone
+    assert len(look()) == 2  # not a job node
+    assert client.hexists("unacked", "j1.a")  # taken into flight all the same
 
 
 def test_re_placing_and_ageing_ring_the_queues_bell_dead_lettering_does_not(
@@ -257,7 +282,7 @@ def _fetch_held(client: redis.Redis, queues: RedisQueues, layout: RedisLayout,
                        "unacked_index", queues.leases_key, *lists, *bells,
                        keys.key(keys.PENDING_QUEUED, "compass"),
                        keys.key(keys.HELD_SLOT, "compass", queue=QUEUE), layout.bell(QUEUE),
-                       "1.0", len(lists), 0,
+                       "1.0", len(lists), "", "", "", 0,
                        len(bells), repr(bound_ms), "f0\x1f", repr(PLANNED_EPS_MS), HIGHEST,
                        *levels)
 

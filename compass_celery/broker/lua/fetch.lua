@@ -7,7 +7,9 @@
 --       then (a held slot only) the state's pending-queued hash, the worker's hold key
 --       and its own queue's bell
 -- ARGV: 1 the host's time (kombu compares its index with host clocks), 2 n (the lists),
---       3 a, the count of acks, 4 .. 3+a the delivery tags the worker acks (h = 3+a);
+--       3 the job header's name ('' reads no job state), 4 and 5 what goes before and
+--       after a job's id in its record's key (the state lives in this Redis),
+--       6 a, the count of acks, 7 .. 6+a the delivery tags the worker acks (h = 6+a);
 --       a held slot only: h+1 the bells' count, h+2 the bound (real ms), h+3 the worker's
 --       pending-queued member prefix ('<worker>\x1f'), h+4 the planned ms that count as
 --       none (planner.priority.PLANNED_EPS_MS), h+5 the highest level
@@ -16,7 +18,9 @@
 -- The acks come first: kombu's own ack of each tag (its unacked entry and index score)
 -- and its compass lease, as its worker's previous task ended; the look that follows
 -- then costs the worker no round trip of its own (broker.fetch defers the ack to it).
--- Returns {list, raw message}; nil when every list is empty, and then the bells are
+-- Returns {list, raw message} (and, for a job node when ARGV 3 names the header, its
+-- job's state, '' once its record is gone: the worker's receipt check asks Redis nothing);
+-- nil when every list is empty, and then the bells are
 -- cleared: their tokens were rung for messages already taken, and the worker blocks on
 -- them next. An entry that is not a kombu message is returned unrecorded: the
 -- consumer's guard dead-letters it.
@@ -27,8 +31,8 @@
 -- for messages it holds; a push rings anew: the successor arriving wakes the worker, as
 -- does its BRPOP timeout at the bound). The shared queue's bell is left to its other
 -- consumers, which may take what this worker holds.
-local h = 3 + tonumber(ARGV[3])
-for i = 4, h do
+local h = 6 + tonumber(ARGV[6])
+for i = 7, h do
   redis.call('ZREM', KEYS[2], ARGV[i])
   redis.call('HDEL', KEYS[1], ARGV[i])
   redis.call('ZREM', KEYS[3], ARGV[i])
@@ -71,6 +75,11 @@ for k = 4, last do
     local tag = type(props) == 'table' and props.delivery_tag
     if type(tag) == 'string' then
       in_flight(KEYS[1], KEYS[2], KEYS[3], raw, props, tonumber(ARGV[1]), now)
+    end
+    local headers = ok and type(msg) == 'table' and msg.headers
+    local job = ARGV[3] ~= '' and type(headers) == 'table' and headers[ARGV[3]]
+    if type(job) == 'table' and type(job.id) == 'string' then
+      return {KEYS[k], raw, redis.call('HGET', ARGV[4] .. job.id .. ARGV[5], 'state') or ''}
     end
     return {KEYS[k], raw}
   end
