@@ -25,10 +25,10 @@ time, no counts).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Any
+from typing import Any, overload
 
 from ..cache.decisions import CacheDecider, Evict
 from ..cache.errors import CacheFullError
@@ -177,13 +177,21 @@ class SimWorker:
         The memory fields come from :meth:`_memory_view`, re-read only when the cache's
         state changed (most changes are backlog charges)."""
         if self._view is None:
+            backlog, pending, memory, running = self.record_parts()
             self._view = evolve(
-                self._memory_view(),
-                backlog_ms=max(self.backlog_ms, 0.0), pending_ms=max(self.pending_ms, 0.0),
+                memory, backlog_ms=backlog, pending_ms=pending,
                 pending_queued_ms={q: ms for q, ms in self.pending_levels.items() if ms > 0},
                 queued_inputs=dict(self.keyed) if self.keyed and self.aware else {},
-                queued_ms=self.queue.queued_ms(), running=self._running_span())
+                queued_ms=self.queue.queued_ms(), running=running)
         return self._view
+
+    def record_parts(self) -> tuple[float, float, WorkerView,
+                                    tuple[tuple[float, float, float], ...]]:
+        """The fields of :meth:`view` the planner's columns read (``LiveColumns.update_row``):
+        backlog, planned work, the memory fields' record and what runs. A snapshot's
+        columns need only these; the whole record is built when a row is read."""
+        return (max(self.backlog_ms, 0.0), max(self.pending_ms, 0.0), self._memory_view(),
+                self._running_span())
 
     def _memory_view(self) -> WorkerView:
         """The fixed fields' record with what the cache holds written (free memory, the
@@ -610,6 +618,49 @@ class SimWorker:
         self.try_start()
 
 
+class Records(Sequence[WorkerView]):
+    """A fresh snapshot's workers (``ClusterView.workers``), each record built when it is
+    read: a snapshot's columns are written from the changed workers' fields alone
+    (``LiveColumns.update_row``), and most records are never read (a simulated plan reads
+    the columns), so building every changed worker's record for each snapshot was half
+    its cost. A record is built from the worker as it is now, which is the record of
+    the snapshot only while the worker has not changed since: a read after that (the
+    worker changed, or a newer snapshot was built) raises instead of answering wrong."""
+
+    __slots__ = ("_views", "_workers", "_dirty", "_live")
+
+    def __init__(self, views: list[WorkerView | None], workers: list[SimWorker],
+                 dirty: set[int]) -> None:
+        self._views, self._workers, self._dirty = views, workers, dirty
+        self._live = True
+
+    def expire(self) -> None:
+        """A newer snapshot was built: the records not built yet can no longer be."""
+        self._live = False
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    @overload
+    def __getitem__(self, i: int) -> WorkerView: ...
+    @overload
+    def __getitem__(self, i: slice) -> tuple[WorkerView, ...]: ...
+    def __getitem__(self, i: int | slice) -> WorkerView | tuple[WorkerView, ...]:
+        if isinstance(i, slice):
+            return tuple(self[k] for k in range(len(self))[i])
+        view = self._views[i]
+        if view is None:
+            k = i % len(self._views) if i < 0 else i
+            if not self._live or k in self._dirty:
+                raise RuntimeError("a simulated snapshot's record read after its worker "
+                                   "changed: read the snapshot before the next event")
+            view = self._views[k] = self._workers[k].view()
+        return view
+
+    def __iter__(self) -> Iterator[WorkerView]:
+        return (self[i] for i in range(len(self._views)))
+
+
 @dataclass(eq=False)
 class Leveled:
     """The cluster as a task of one priority level sees it (``planner.priority``'s
@@ -671,10 +722,11 @@ class SimCluster:
         self.idle: deque[SimWorker] = deque(self.workers) if shared else deque()
         for w in self.idle:
             w.listed_idle = True
-        self._views = [w.view() for w in self.workers]
+        self._views: list[WorkerView | None] = [w.view() for w in self.workers]
         self.columns = LiveColumns(self._views, self.sizes)
         self.dirty.clear()
         self._snapshot: ClusterView | None = None
+        self._records: Records | None = None  # the last snapshot's records, built on read
         self._levels: dict[int, Leveled] = {}  # priority level -> the cluster as it sees it
 
     def preload(self, models_by_worker: Mapping[str, Iterable[str]]) -> None:
@@ -701,14 +753,28 @@ class SimCluster:
         if self._snapshot is None or (self.dirty and stale):
             self._built_at = self.engine.now
             views, workers, columns = self._views, self.workers, self.columns
-            for i in self.dirty:
-                view = views[i] = workers[i].view()
-                columns.update(i, view)
+            if self.refresh_ms > 0:  # a stale view is read later on purpose: every record
+                for i in self.dirty:
+                    view = views[i] = workers[i].view()
+                    columns.update(i, view)
+                records: Sequence[WorkerView] = tuple(views)
+            else:  # a fresh view: each changed record is built when it is read (Records)
+                for i in self.dirty:
+                    w = workers[i]
+                    view = views[i] = w._view
+                    if view is None:
+                        columns.update_row(i, *w.record_parts())
+                    else:
+                        columns.update(i, view)
+                if self._records is not None:
+                    self._records.expire()
+                records = self._records = Records(views.copy(), workers, self.dirty)
             for seen in self._levels.values():
                 seen.stale |= self.dirty
             self.dirty.clear()
             rates = {} if self.demand is None else self.demand.rates(self.engine.now / MS_PER_S)
-            self._snapshot = ClusterView(tuple(views), self.sizes, self.engine.now, rates)
+            self._snapshot = ClusterView(records, self.sizes, self.engine.now,  # type: ignore[arg-type]
+                                         rates)
             remember_arrays(self._snapshot, columns.arrays())
         elif self._snapshot.now != self.engine.now:  # the same records, read later: what
             arrays = worker_arrays(self._snapshot)  # runs has run on (``backlog_left_ms``)
@@ -815,6 +881,8 @@ class SimCluster:
         self.dirty.clear()
         self._levels.clear()
         self._snapshot = None
+        if self._records is not None:
+            self._records.expire()
 
     def on_idle(self, worker: SimWorker) -> None:
         """An idle worker takes the next shared-queue task (celery-default), or waits; a

@@ -83,8 +83,17 @@ class LiveColumns:
 
     def update(self, i: int, view: WorkerView) -> None:
         """Row ``i`` from the worker's current view (the same view the snapshot holds)."""
-        self.backlog_ms[i] = view.backlog_ms
-        self.pending_ms[i] = view.pending_ms
+        self.update_row(i, view.backlog_ms, view.pending_ms, view, view.running)
+
+    def update_row(self, i: int, backlog_ms: float, pending_ms: float, memory: WorkerView,
+                   running: tuple[tuple[float, float, float], ...]) -> None:
+        """Row ``i`` from the fields of a worker's record these columns read, without the
+        record (``SimWorker.record_parts``: building each changed worker's whole record
+        for every snapshot cost half the snapshot); ``memory`` is a record whose memory
+        fields (free memory, resident and host sets, loads under way) are the worker's."""
+        view = memory
+        self.backlog_ms[i] = backlog_ms
+        self.pending_ms[i] = pending_ms
         self.gpu_free_mb[i] = view.gpu_free_mb
         sets = self._sets[i]
         # successive views of a worker share its sets until they change (``SimWorker.view``)
@@ -101,8 +110,8 @@ class LiveColumns:
                 self._handed = None
         elif self.loading.pop(i, None) is not None:
             self._handed = None
-        assert len(view.running) <= 1, "a simulated worker runs one task at a time"
-        span = view.running[0] if view.running else (0.0, 0.0, 0.0)
+        assert len(running) <= 1, "a simulated worker runs one task at a time"
+        span = running[0] if running else (0.0, 0.0, 0.0)
         if span[2] <= 0:
             span = (0.0, 0.0, 0.0)
         if span != self._spans[i]:  # most updates change the backlog, not what runs

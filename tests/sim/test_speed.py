@@ -164,3 +164,34 @@ def test_fewer_collections_restores_the_threshold():
         assert gc.get_threshold()[0] == max(was[0], GC_YOUNG_THRESHOLD)
         raise RuntimeError
     assert gc.get_threshold() == was
+
+
+def test_a_fresh_snapshots_records_are_built_when_read_and_never_read_stale():
+    """A snapshot's workers are built on read (``sim.cluster.Records``): each reads as its
+    worker's record at the snapshot, and a record not built before its worker changed
+    (or before a newer snapshot) raises rather than give the later state."""
+    w = load_workload(ROOT / "dags" / "edge-vision.json")
+    sim = Simulation(w, "compass", job_stream(w, rate=40.0, jobs=150))
+    sim.run(400.0)
+    snap = sim.cluster.snapshot()
+    assert snap.workers[0] is sim.cluster.workers[0].view()  # the worker's own record
+    assert list(snap.workers) == [x.view() for x in sim.cluster.workers]
+    assert tuple(snap.workers[1:3]) == tuple(snap.workers)[1:3]
+    sim.run(1200.0)
+    stale = sim.cluster.workers[0]
+    stale.touch()
+    fresh = sim.cluster.snapshot()  # row 0 re-read: its record is built when read
+    assert fresh is not snap
+    assert list(snap.workers)  # built before: still readable
+    stale.touch()  # changed after the snapshot, its record not read yet
+    with pytest.raises(RuntimeError):
+        _ = fresh.workers[0]
+    newer = sim.cluster.snapshot()
+    assert newer.workers[0] is stale.view()
+    assert list(newer.workers) == [x.view() for x in sim.cluster.workers]
+    sim.cluster.workers[1].touch()
+    newest = sim.cluster.snapshot()
+    sim.cluster.workers[2].touch()
+    sim.cluster.snapshot()
+    with pytest.raises(RuntimeError):  # a newer snapshot was built: an unread row expired
+        _ = newest.workers[1]
