@@ -20,7 +20,7 @@ from .hops import MeasuredHops
 MOVE_FACTOR = float(OPTIONS["move_factor"].default)
 #: The runtime's ``compass_priority_age_s`` default: a waiting task climbs a level per period.
 PRIORITY_AGE_S = float(OPTIONS["priority_age_s"].default)
-#: The runtime's ``compass_hold_max_ms`` default: the held slot's bound (0 would be off).
+#: The runtime's ``compass_hold_max_ms`` default: the held slot's bound (0: off).
 HOLD_MAX_MS = float(OPTIONS["hold_max_ms"].default)
 #: ``batching=``: placement counts forming batches; workers batch unseen; no batching.
 BATCHING = ("on", "blind", "off")

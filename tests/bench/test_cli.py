@@ -171,7 +171,7 @@ def test_simulate_takes_the_static_replica_reference_but_bench_does_not(tmp_path
 
 def test_the_held_slot_is_the_settings_default_unless_the_flag_sets_it():
     """Without --hold-max-ms the bench sets nothing: its emulated workers and its producer
-    both take the setting's default (on); with it, both take the flag's value."""
+    both take the setting's default (off); with it, both take the flag's value."""
     from compass_celery.bench.runner import _bench_app
     from compass_celery.cli.cluster import ClusterArgs, bench_options, cluster
     from compass_celery.settings import OPTIONS
@@ -181,12 +181,11 @@ def test_the_held_slot_is_the_settings_default_unless_the_flag_sets_it():
     w = load_workload(path)
     url = "redis://127.0.0.1:1/0"  # never reached: the app is only configured
     seen = {}
-    for flag in ([], ["--hold-max-ms", "0"]):
+    for flag in ([], ["--hold-max-ms", "1000"]):
         ctx = cluster.make_context("cluster", ["--workload", path, *flag])
         opts = bench_options(ClusterArgs(**ctx.params))
         app = _bench_app(w, "compass", "pfx", url, url, opts, ["w0"])
         seen[tuple(flag)] = (opts.extra_env.get("COMPASS_HOLD_MAX_MS"),
                              app.compass.settings.hold_max_ms)
-    assert OPTIONS["hold_max_ms"].default > 0
     assert seen[()] == (None, OPTIONS["hold_max_ms"].default)
-    assert seen[("--hold-max-ms", "0")] == ("0.0", 0.0)
+    assert seen[("--hold-max-ms", "1000")] == ("1000.0", 1000.0)

@@ -16,7 +16,6 @@ import redis
 from compass_celery import Dag
 from compass_celery.emulated import make_app as emulated_app
 from compass_celery.local import wait_until
-from compass_celery.settings import OPTIONS
 from compass_celery.state import keys
 from compass_celery.testing import worker_logs
 from tests.support.cluster import wait_live
@@ -28,15 +27,13 @@ FIRST_MS, SECOND_MS = 600.0, 100.0  # the interactive Dag: a on one, b on two
 BATCH_MS = 1500.0  # a batch task: two would start one in the gap without the hold
 DEADLINE_MS = 1500.0  # met with b run on arrival; missed behind a batch run
 HOLD_MAX_MS = 2500.0
-DEFAULT_BOUND_S = OPTIONS["hold_max_ms"].default / 1000.0
 
 
-def _cluster(url: str, compass_workers, hold_max_ms: float | None):
-    """hold@one holds the first step's model, hold@two the second's and batch's; their
-    held slot's bound is ``hold_max_ms`` (None: the setting's default, nothing set)."""
+def _cluster(url: str, compass_workers, hold_max_ms: float):
+    """hold@one holds the first step's model, hold@two the second's and batch's."""
     env = {"COMPASS_BROKER_URL": url, "COMPASS_REDIS_URL": url,
            "COMPASS_HEARTBEAT_TIMEOUT_S": "3.0", "COMPASS_MODELS": json.dumps(MODELS),
-           **({} if hold_max_ms is None else {"COMPASS_HOLD_MAX_MS": str(hold_max_ms)})}
+           "COMPASS_HOLD_MAX_MS": str(hold_max_ms)}
     common = ["--compass-emulate-gpu-mb", "3200"]
     ws = [compass_workers("compass_celery.emulated_app", "hold@one", *common,
                           "--compass-preload", FIRST, env=env),
@@ -96,18 +93,16 @@ def test_batch_waits_for_the_planned_second_step_which_meets_its_deadline(held):
 
 
 @pytest.fixture
-def default_bound(compass_redis_url, compass_workers):
-    app = _cluster(compass_redis_url, compass_workers, None)
+def short_bound(compass_redis_url, compass_workers):
+    app = _cluster(compass_redis_url, compass_workers, 1000.0)
     yield app
     app.compass.close()
 
 
-def test_a_planned_count_left_set_holds_batch_only_for_the_default_bound(default_bound):
-    """Workers with nothing set hold their slot by default: two's level-9 planned count
-    is left set (a successor that never comes: its job failed); its batch task still
-    starts, about the default bound (1 s) after it arrived."""
-    assert DEFAULT_BOUND_S == 1.0  # the bounds below are for this default
-    app = default_bound
+def test_a_planned_count_left_set_holds_batch_only_for_the_bound(short_bound):
+    """Two's level-9 planned count is left set (a successor that never comes: its job
+    failed); its batch task still starts, about the bound (1 s) after it arrived."""
+    app = short_bound
     log = redis.Redis.from_url(app.conf.broker_url)
     prefix = app.compass.settings.key_prefix
     member = keys.queued_member("hold@two", 9)
@@ -117,7 +112,6 @@ def test_a_planned_count_left_set_holds_batch_only_for_the_default_bound(default
         r = _batch(app, 0)
         assert r.get(timeout=20)["worker"].endswith("two")
         started = _done_at(r) - BATCH_MS / 1000 - sent
-        assert 0.8 * DEFAULT_BOUND_S < started < DEFAULT_BOUND_S + 1.2, (
-            started, worker_logs(app.workers))
+        assert 0.8 < started < 1.0 + 1.2, (started, worker_logs(app.workers))
     finally:
         log.hdel(keys.key(keys.PENDING_QUEUED, prefix), member)

@@ -58,13 +58,17 @@ def test_a_leaked_planned_count_holds_batch_only_until_the_bound() -> None:
     assert [t.start_at for t in tasks] == [300.0, 1100.0, 1900.0]  # each held <= 300 ms
 
 
-def test_the_simulator_holds_by_the_settings_default() -> None:
-    """One default for the workers, the producer and the simulator: the setting's, on."""
-    assert SimOptions().hold_max_ms == OPTIONS["hold_max_ms"].default == 1000.0
+def test_the_simulator_takes_the_settings_default_off() -> None:
+    """One default for the workers, the producer and the simulator: the setting's, off
+    (it would also hold a lower class that has a deadline of its own)."""
+    assert SimOptions().hold_max_ms == OPTIONS["hold_max_ms"].default == 0.0
     w = load_workload("dags/navigator-mixed.json")
     sim = Simulation(w, "compass", job_stream(w), rate=8.0, jobs=60)
     sim.run()
-    assert sim.cluster.slot_holds > 0
+    assert sim.cluster.slot_holds == 0
+    held = Simulation(w, "compass", job_stream(w), rate=8.0, jobs=60, hold_max_ms=1000.0)
+    held.run()
+    assert held.cluster.slot_holds > 0
 
 
 def test_never_holds_without_a_bound() -> None:
