@@ -627,12 +627,15 @@ class Records(Sequence[WorkerView]):
     the snapshot only while the worker has not changed since: a read after that (the
     worker changed, or a newer snapshot was built) raises instead of answering wrong."""
 
-    __slots__ = ("_views", "_workers", "_dirty", "_live")
+    __slots__ = ("_views", "_workers", "_dirty", "_live", "read")
 
     def __init__(self, views: list[WorkerView | None], workers: list[SimWorker],
                  dirty: set[int]) -> None:
         self._views, self._workers, self._dirty = views, workers, dirty
         self._live = True
+        #: Whether a record was read: the next snapshot is then built whole (a plan that
+        #: reads records, as a batching plan reads every forming batch, reads them again).
+        self.read = False
 
     def expire(self) -> None:
         """A newer snapshot was built: the records not built yet can no longer be."""
@@ -648,6 +651,7 @@ class Records(Sequence[WorkerView]):
     def __getitem__(self, i: int | slice) -> WorkerView | tuple[WorkerView, ...]:
         if isinstance(i, slice):
             return tuple(self[k] for k in range(len(self))[i])
+        self.read = True
         view = self._views[i]
         if view is None:
             k = i % len(self._views) if i < 0 else i
@@ -658,7 +662,16 @@ class Records(Sequence[WorkerView]):
         return view
 
     def __iter__(self) -> Iterator[WorkerView]:
-        return (self[i] for i in range(len(self._views)))
+        """Every record: the missing ones built in one pass, then the list's own iterator
+        (a batching plan reads every worker's forming batch; a read per item through
+        ``__getitem__`` made its plan 10% slower than the eager tuple)."""
+        views = self._views
+        self.read = True
+        if None in views:
+            for k, view in enumerate(views):
+                if view is None:
+                    self[k]  # noqa: B018 (builds it, or raises where it cannot)
+        return iter(views)  # type: ignore[arg-type]
 
 
 @dataclass(eq=False)
@@ -758,14 +771,20 @@ class SimCluster:
                     view = views[i] = workers[i].view()
                     columns.update(i, view)
                 records: Sequence[WorkerView] = tuple(views)
-            else:  # a fresh view: each changed record is built when it is read (Records)
+            else:  # a fresh view: each changed record is built when it is read (Records),
+                # or now where the last snapshot's were read (its plans read records)
+                whole = self._records is not None and self._records.read
                 for i in self.dirty:
                     w = workers[i]
-                    view = views[i] = w._view
+                    view = views[i] = w.view() if whole else w._view
                     if view is None:
                         columns.update_row(i, *w.record_parts())
                     else:
                         columns.update(i, view)
+                if whole and None in views:  # unchanged since: its record is as it was
+                    for k, view in enumerate(views):
+                        if view is None:
+                            views[k] = workers[k].view()
                 if self._records is not None:
                     self._records.expire()
                 records = self._records = Records(views.copy(), workers, self.dirty)

@@ -190,8 +190,11 @@ def test_a_fresh_snapshots_records_are_built_when_read_and_never_read_stale():
     assert newer.workers[0] is stale.view()
     assert list(newer.workers) == [x.view() for x in sim.cluster.workers]
     sim.cluster.workers[1].touch()
-    newest = sim.cluster.snapshot()
+    whole = sim.cluster.snapshot()  # newer's records were read: this one is built whole
+    sim.cluster.workers[1].touch()
+    lazy = sim.cluster.snapshot()  # whole's were not read: row 1 is built when read
     sim.cluster.workers[2].touch()
     sim.cluster.snapshot()
+    assert whole.workers[1] is not None  # built with its snapshot: still readable
     with pytest.raises(RuntimeError):  # a newer snapshot was built: an unread row expired
-        _ = newest.workers[1]
+        _ = lazy.workers[1]
