@@ -436,7 +436,8 @@ def hold_slot(queue: str, planned_key: str, member_prefix: str, hold_key: str,
               bound_ms: float) -> None:
     """Make this process's atomic fetch of ``queue`` hold its slot (``worker.core``'s
     ``slot_held_until``, in fetch.lua): it takes no message of a level below the highest
-    level planned on this worker (``planned_key``'s members ``member_prefix`` + level,
+    level planned on this worker, unless its ``compass`` header carries a due time (only
+    work without a deadline is held) (``planned_key``'s members ``member_prefix`` + level,
     the state's pending-queued counts, which must live in the broker's Redis), for at
     most ``bound_ms`` (real ms) per hold; ``bound_ms`` <= 0 turns it off."""
     if bound_ms > 0:

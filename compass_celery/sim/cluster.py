@@ -480,7 +480,8 @@ class SimWorker:
         now = self.engine.now
         since = self.slot_held_from if self.slot_held_from >= 0 else None
         until = slot_held_until(task.level, self.pending_levels, now, since, self.hold_max_ms,
-                                sent_ms=task.sent_at, age_s=self.queue.age_s)
+                                sent_ms=task.sent_at, age_s=self.queue.age_s,
+                                has_deadline=getattr(task.job, "due", None) is not None)
         if until is None:
             self.slot_held_from = -1.0
             return False

@@ -26,9 +26,12 @@ rules the real worker and the simulator both follow.
   a whole run; while a higher level's successor is planned on the worker (its
   ``pending_queued_ms``), the worker does not start a lower-level task, for at most
   ``compass_hold_max_ms`` from when it began holding (so batch work is delayed, never
-  starved, even if a planned count leaks). The simulator asks here; the real worker's
-  fetch (``broker/lua/fetch.lua``) skips the lists below the planned level by the same
-  rule (:func:`held_below`).
+  starved, even if a planned count leaks). Only work without a deadline is held: a
+  lower-level task whose job has a deadline of its own starts as ever (admission prices
+  no hold, so holding it would spend its deadline unplanned). The simulator asks here;
+  the real worker's fetch (``broker/lua/fetch.lua``) skips the lists below the planned
+  level by the same rule (:func:`held_below`), taking a list's next message still when
+  its ``compass`` header carries a due time.
 - **Whether to hold a forming batch open** (:func:`batch_close_at`, through
   ``planner.batch.hold_until_ms``, the one rule) and until when.
 
@@ -104,16 +107,18 @@ def held_below(planned: Mapping[int, float]) -> int | None:
 
 def slot_held_until(level: int, planned: Mapping[int, float], now_ms: float,
                     since_ms: float | None, hold_max_ms: float, *, sent_ms: float | None = None,
-                    age_s: float = 0.0) -> float | None:
+                    age_s: float = 0.0, has_deadline: bool = False) -> float | None:
     """Until when (workload ms) a worker holds its slot rather than start its next waiting
     task, of ``level`` (aged from ``sent_ms`` by ``age_s``, as :func:`next_index` ages it:
     the real worker's lists hold messages at their aged level already), while a higher
     level has work planned on it (``planned``,
     its ``pending_queued_ms``) and the hold, begun at ``since_ms`` (None: not holding
     yet, it begins now), is younger than ``hold_max_ms``. None: start the task now (no
-    higher level planned, the bound passed, or ``hold_max_ms`` <= 0: off). The worker
-    looks again when a task arrives, planned work is released, or at the time returned."""
-    if hold_max_ms <= 0:
+    higher level planned, the bound passed, ``hold_max_ms`` <= 0: off, or the task
+    ``has_deadline`` of its own: admission planned it to start without a hold, so only
+    work without a deadline is held). The worker looks again when a task arrives,
+    planned work is released, or at the time returned."""
+    if hold_max_ms <= 0 or has_deadline:
         return None
     top = held_below(planned)
     if sent_ms is not None:

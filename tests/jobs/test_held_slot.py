@@ -115,3 +115,38 @@ def test_a_planned_count_left_set_holds_batch_only_for_the_bound(short_bound):
         assert 0.8 < started < 1.0 + 1.2, (started, worker_logs(app.workers))
     finally:
         log.hdel(keys.key(keys.PENDING_QUEUED, prefix), member)
+
+
+@pytest.fixture
+def long_bound(compass_redis_url, compass_workers):
+    app = _cluster(compass_redis_url, compass_workers, 2000.0)
+    yield app
+    app.compass.close()
+
+
+def test_a_held_slot_takes_lower_work_with_a_deadline_and_holds_work_without(long_bound):
+    """Two's level-9 planned count is left set: a level-0 job with a deadline of its own
+    (its message's compass header carries its due time) starts at once; a batch task
+    without a deadline, queued behind it, is still held for the bound (2 s)."""
+    app = long_bound
+    log = redis.Redis.from_url(app.conf.broker_url)
+    prefix = app.compass.settings.key_prefix
+    member = keys.queued_member("hold@two", 9)
+    log.hset(keys.key(keys.PENDING_QUEUED, prefix), member, 500.0)
+    try:
+        infer = app.tasks["emulated.infer"]
+        dag = Dag(app, "document")
+        dag.node("d", infer.s(BATCH, 300.0, "d"), model=BATCH, exec_ms=300.0)
+        sent = time.time()
+        job = dag.apply_async(deadline_ms=5000.0, priority=0)
+        r = _batch(app, 0)
+        job.get(timeout=20)
+        where = job.placement()["d"]
+        assert where["worker"].endswith("two"), where
+        assert where["started"] - sent < 1.0, (where["started"] - sent,
+                                               worker_logs(app.workers))
+        assert r.get(timeout=20)["worker"].endswith("two")
+        batch_started = _done_at(r) - BATCH_MS / 1000 - sent
+        assert batch_started > 1.8, (batch_started, worker_logs(app.workers))
+    finally:
+        log.hdel(keys.key(keys.PENDING_QUEUED, prefix), member)

@@ -3,6 +3,8 @@ not start a batch task while an interactive successor is planned on it, within t
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from compass_celery.settings import OPTIONS
 from compass_celery.sim import Simulation
 from compass_celery.sim.cluster import SimCluster, SimTask
@@ -42,6 +44,24 @@ def test_a_batch_task_waits_for_the_planned_successor_then_runs() -> None:
     assert [t.node for t in done] == ["s", "b"]
     assert later.start_at == 200.0 and batch.start_at == 300.0
     assert cluster.slot_holds == 1
+
+
+def test_a_lower_task_with_a_deadline_is_not_held_one_without_is() -> None:
+    """Only work without a deadline is held: a level-0 task of a job with a deadline
+    starts at once though an interactive successor is planned; one without waits."""
+    engine, cluster, done = one_worker(1000.0)
+    (w,) = cluster.workers
+    w.add_pending(100.0, level=9)
+    standard = SimTask(SimpleNamespace(due=3000.0), "d", "m", 500.0, level=0)
+    batch = batch_task("b")
+    w.enqueue(standard)
+    w.enqueue(batch)
+    engine.run(until_ms=700.0)
+    assert standard.start_at == 0.0  # its deadline: never held
+    assert batch.start_at < 0 and w.running is None  # no deadline: held after it
+    assert cluster.slot_holds == 1
+    engine.run()
+    assert batch.start_at == 1500.0  # the hold began at 500, bound 1000
 
 
 def test_a_leaked_planned_count_holds_batch_only_until_the_bound() -> None:

@@ -174,6 +174,15 @@ def test_a_held_slot_ages_the_waiting_task_as_the_queue_does() -> None:
     assert aged(0, 30.0, AGE_S) == 3
 
 
+def test_a_held_slot_holds_only_work_without_a_deadline() -> None:
+    """A lower-level task whose job has a deadline of its own starts as ever (admission
+    priced no hold); one without is held as before, for the same planned level."""
+    planned = {9: 560.0}
+    assert core.slot_held_until(0, planned, 100.0, None, 1000.0, has_deadline=True) is None
+    assert core.slot_held_until(0, planned, 900.0, 100.0, 1000.0, has_deadline=True) is None
+    assert core.slot_held_until(0, planned, 100.0, None, 1000.0, has_deadline=False) == 1100.0
+
+
 def test_slot_not_held_when_off_or_nothing_planned_above() -> None:
     assert core.slot_held_until(0, {9: 560.0}, 0.0, None, 0.0) is None  # off
     assert core.slot_held_until(0, {}, 0.0, None, 1000.0) is None

@@ -30,7 +30,16 @@
 -- key); returns {'\0held', ms left} and clears its own queue's bell (its tokens were rung
 -- for messages it holds; a push rings anew: the successor arriving wakes the worker, as
 -- does its BRPOP timeout at the bound). The shared queue's bell is left to its other
--- consumers, which may take what this worker holds.
+-- consumers, which may take what this worker holds. Only work without a deadline is
+-- held: a held list's next message whose compass header carries a due time (its job
+-- has a deadline: Decision.due > 0) is taken as ever, the hold ending with it.
+local function has_due(raw)
+  local ok, msg = pcall(cjson.decode, raw)
+  local headers = ok and type(msg) == 'table' and msg.headers
+  local compass = type(headers) == 'table' and headers.compass
+  local due = type(compass) == 'table' and tonumber(compass.due)
+  return type(due) == 'number' and due > 0
+end
 local h = 6 + tonumber(ARGV[6])
 for i = 7, h do
   redis.call('ZREM', KEYS[2], ARGV[i])
@@ -61,8 +70,9 @@ if bound > 0 then
   end
 end
 for k = 4, last do
-  if top >= 0 and left > 0 and tonumber(ARGV[h + 2 + k]) < top
-      and redis.call('LLEN', KEYS[k]) > 0 then
+  local head = top >= 0 and left > 0 and tonumber(ARGV[h + 2 + k]) < top
+    and redis.call('LINDEX', KEYS[k], -1)
+  if head and not has_due(head) then
     redis.call('SET', hold_key, string.format('%.6f', since), 'PX', math.ceil(left) + 1000)
     redis.call('DEL', KEYS[bells + 3])
     return {'\0held', tostring(left)}
