@@ -146,8 +146,9 @@ OPTIONS: dict[str, Option] = {
                                         "read at its submission, one state read a job)",
                                         "ms", 0.0),
     "hold_max_ms": Option(0.0, (int, float), "held slot: a worker does not start a task "
-                          "of a lower priority level while a higher level's later step is "
-                          "planned on it (a job's successor not yet sent), for at most "
+                          "without a deadline of a lower priority level while a higher "
+                          "level's later step is planned on it (a job's successor not yet "
+                          "sent), for at most "
                           "this long per hold, so a batch task started just before it does "
                           "not delay it a whole run (0: off; Redis broker; workload ms)",
                           "ms", 0.0),
