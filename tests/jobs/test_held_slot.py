@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 import pytest
@@ -93,47 +95,47 @@ def test_batch_waits_for_the_planned_second_step_which_meets_its_deadline(held):
 
 
 @pytest.fixture
-def short_bound(compass_redis_url, compass_workers):
-    app = _cluster(compass_redis_url, compass_workers, 1000.0)
+def bounded(request, compass_redis_url, compass_workers):
+    """The two workers, holding their slot for at most ``request.param`` ms."""
+    app = _cluster(compass_redis_url, compass_workers, request.param)
     yield app
     app.compass.close()
 
 
-def test_a_planned_count_left_set_holds_batch_only_for_the_bound(short_bound):
-    """Two's level-9 planned count is left set (a successor that never comes: its job
-    failed); its batch task still starts, about the bound (1 s) after it arrived."""
-    app = short_bound
+@contextmanager
+def _planned_count_left_set(app) -> Iterator[None]:
+    """Two's level-9 planned count left set (a successor that never comes: its job
+    failed), so two holds its slot for the bound at every look."""
     log = redis.Redis.from_url(app.conf.broker_url)
-    prefix = app.compass.settings.key_prefix
+    planned = keys.key(keys.PENDING_QUEUED, app.compass.settings.key_prefix)
     member = keys.queued_member("hold@two", 9)
-    log.hset(keys.key(keys.PENDING_QUEUED, prefix), member, 500.0)
+    log.hset(planned, member, 500.0)
     try:
+        yield
+    finally:
+        log.hdel(planned, member)
+
+
+@pytest.mark.parametrize("bounded", [1000.0], indirect=True)
+def test_a_planned_count_left_set_holds_batch_only_for_the_bound(bounded):
+    """Two's level-9 planned count is left set; its batch task still starts, about the
+    bound (1 s) after it arrived."""
+    app = bounded
+    with _planned_count_left_set(app):
         sent = time.time()
         r = _batch(app, 0)
         assert r.get(timeout=20)["worker"].endswith("two")
         started = _done_at(r) - BATCH_MS / 1000 - sent
         assert 0.8 < started < 1.0 + 1.2, (started, worker_logs(app.workers))
-    finally:
-        log.hdel(keys.key(keys.PENDING_QUEUED, prefix), member)
 
 
-@pytest.fixture
-def long_bound(compass_redis_url, compass_workers):
-    app = _cluster(compass_redis_url, compass_workers, 2000.0)
-    yield app
-    app.compass.close()
-
-
-def test_a_held_slot_takes_lower_work_with_a_deadline_and_holds_work_without(long_bound):
+@pytest.mark.parametrize("bounded", [2000.0], indirect=True)
+def test_a_held_slot_takes_lower_work_with_a_deadline_and_holds_work_without(bounded):
     """Two's level-9 planned count is left set: a level-0 job with a deadline of its own
     (its message's compass header carries its due time) starts at once; a batch task
     without a deadline, queued behind it, is still held for the bound (2 s)."""
-    app = long_bound
-    log = redis.Redis.from_url(app.conf.broker_url)
-    prefix = app.compass.settings.key_prefix
-    member = keys.queued_member("hold@two", 9)
-    log.hset(keys.key(keys.PENDING_QUEUED, prefix), member, 500.0)
-    try:
+    app = bounded
+    with _planned_count_left_set(app):
         infer = app.tasks["emulated.infer"]
         dag = Dag(app, "document")
         dag.node("d", infer.s(BATCH, 300.0, "d"), model=BATCH, exec_ms=300.0)
@@ -148,5 +150,3 @@ def test_a_held_slot_takes_lower_work_with_a_deadline_and_holds_work_without(lon
         assert r.get(timeout=20)["worker"].endswith("two")
         batch_started = _done_at(r) - BATCH_MS / 1000 - sent
         assert batch_started > 1.8, (batch_started, worker_logs(app.workers))
-    finally:
-        log.hdel(keys.key(keys.PENDING_QUEUED, prefix), member)
