@@ -378,6 +378,10 @@ class WorkerRuntime:
                 if self.cfg.hold_max_ms > 0 and self._state_on_broker():
                     self.compass.queues.hold_slot(
                         self.queue, self.name, self.cfg.hold_max_ms * self.cfg.time_scale)
+                elif self.cfg.hold_max_ms > 0:
+                    logger.warning("compass: compass_hold_max_ms is set but the state Redis "
+                                   "is not the broker's; worker %s does not hold its slot",
+                                   self.name)
         for signal, handler in self._hooks():
             signal.connect(handler, weak=False)
 
@@ -388,21 +392,15 @@ class WorkerRuntime:
         from ..broker.fetch import read_job_states
         from ..state import keys
 
-        url = self.cfg.redis_url
-        on_broker = self.jobs is not None and (
-            url is None or url == (self.compass.app.conf.broker_url or ""))
+        on_broker = self.jobs is not None and self._state_on_broker()
         read_job_states(self.queue, keys.JOB_HEADER if on_broker else "",
                         keys.key(keys.JOB, self.cfg.key_prefix, id="\0"))
 
     def _state_on_broker(self) -> bool:
-        """Whether the state (its pending-queued counts) lives in the broker's Redis, where
-        the fetch reads them for the held slot; warns when it does not (no hold)."""
+        """Whether the state (job records, pending-queued counts) lives in the broker's
+        Redis, where the atomic fetch can read it (the held slot, the job-state check)."""
         url = self.cfg.redis_url
-        same = url is None or url == (self.compass.app.conf.broker_url or "")
-        if not same:
-            logger.warning("compass: compass_hold_max_ms is set but the state Redis is not "
-                           "the broker's; worker %s does not hold its slot", self.name)
-        return same
+        return url is None or url == (self.compass.app.conf.broker_url or "")
 
     def _disconnect_signals(self) -> None:
         for signal, handler in self._hooks():
