@@ -26,7 +26,9 @@ DEFAULT_AUTOSCALERS = ("compass-plan", "keda-queue", "keda-queue:2", "keda-queue
                "seconds). "
                "Under the table, each compass-plan row's saving against the cheapest "
                "keda-queue and fixed-peak rows that keep 99% of their admitted jobs in time "
-               "and meet compass-plan's share of all jobs less 1 point.")
+               "and meet compass-plan's share of all jobs less 1 point, and each trace's "
+               "floor: the GPU-hours of a fleet that knew the rate, started workers "
+               "instantly and kept each fully busy, which bounds any saving.")
 @click.option("--workload", "workload_path", default="autoscale-mix", show_default=True)
 @click.option("--traces", "trace_names", default="diurnal,bursty,step", show_default=True)
 @click.option("--autoscalers", default=",".join(DEFAULT_AUTOSCALERS), show_default=True)
@@ -69,7 +71,8 @@ def autoscale(workload_path: str, trace_names: str, autoscalers: str, duration_s
     head = (f"{workload.name}: a day compressed to {duration_s:g} s (x{made[0].compression:g}), "
             f"peak {peak:g} jobs/s, cold start {cold_start_s:g} s real; GPU-hours at the "
             f"trace's scale; attainment over every job (adm: over the admitted)")
-    text = head + "\n" + scaling.table(results) + "\n\n" + scaling.summary(results)
+    floors = {t.name: scaling.floor_gpu_hours(workload, t) for t in made}
+    text = head + "\n" + scaling.table(results) + "\n\n" + scaling.summary(results, floors)
     click.echo(text)
     if text_out:
         args = [f"--workload {shlex.quote(workload_path)}", f"--traces {trace_names}",

@@ -234,6 +234,28 @@ def steady_workers(workload: Workload, rate: float) -> int:
                           workload.models).now
 
 
+def busy_s_per_job(workload: Workload) -> float:
+    """GPU seconds one job of the mix plans, on average (its models' run times at the
+    workers' speed): what any fleet serving it must hold busy per arrival."""
+    rates = class_rates(workload, 1.0)
+    speed = workload.cluster.workers[0].speed
+    return sum(rates[cls][0] * sum(work.values())
+               for cls, (work, _, _, _) in class_loads(workload).items()) / speed / MS_PER_S
+
+
+def floor_gpu_hours(workload: Workload, trace: Trace, util: float = 1.0,
+                    steps: int = 72_000) -> float:
+    """The GPU-hours (trace scale) of an oracle fleet: it knows the rate curve, starts a
+    worker the instant it is needed, loads nothing and keeps each worker ``util`` busy,
+    holding ``ceil(rate x busy / util)`` whole workers (at least one) at every instant.
+    No autoscaler that serves every job on whole workers can cost less, so no saving
+    against a baseline row can exceed ``1 - floor / row``: the summary says so."""
+    busy, dt = busy_s_per_job(workload), trace.duration_s / steps
+    held = sum(max(1, math.ceil(trace.rate((i + 0.5) * dt) * busy / util - 1e-9))
+               for i in range(steps))
+    return held * dt * trace.compression / 3600.0
+
+
 Tick = Callable[[Fleet, float], None]
 
 
@@ -550,9 +572,12 @@ def saving(rows: Mapping[str, Mapping[str, Any]], kind: str, plan: str = "compas
     return out
 
 
-def summary(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
+def summary(results: Mapping[str, Mapping[str, Mapping[str, Any]]],
+            floors: Mapping[str, float] | None = None) -> str:
     """Per trace and compass-plan row, its saving against each baseline's
-    :func:`comparator` row, the rule stated once at the top."""
+    :func:`comparator` row, the rule stated once at the top; given ``floors`` (trace ->
+    :func:`floor_gpu_hours`), a line per trace with the most any autoscaler could save
+    against each of those rows."""
     lines = [f"saves: 1 - compass-plan / the cheapest row of each baseline that keeps "
              f">= {MIN_ADMITTED:.0%} of its admitted jobs in time and meets at least "
              f"compass-plan's share of all jobs less {ALL_SLACK * 100:g} point (refused "
@@ -576,7 +601,31 @@ def summary(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> str:
                 parts.append(f"{s['against']} ({rows[s['against']]['gpu_hours']:.1f} GPU-h, "
                              f"adm {a_adm:.2%}, all {a_all:.2%}) {saves}")
             lines.append("; ".join(parts))
+        if floors and trace in floors:
+            lines.append(_floor_line(trace, rows, floors[trace]))
     return "\n".join(lines)
+
+
+def _floor_line(trace: str, rows: Mapping[str, Mapping[str, Any]], floor: float) -> str:
+    """The summary's words for one trace's :func:`floor_gpu_hours`: the floor, how far
+    compass-plan sits above it, and the largest saving the floor leaves against each
+    baseline row compass-plan is measured by."""
+    parts = [f"{trace} floor: {floor:.1f} GPU-h (an oracle fleet: the rate known, workers "
+             f"started instantly, every worker fully busy)"]
+    plan = rows.get("compass-plan")
+    if plan is not None and floor > 0:
+        parts.append(f"compass-plan {plan['gpu_hours'] / floor - 1:+.1%} above it")
+    most = []
+    for kind in BASELINES:
+        if plan is None or not any(parse(n)[0] == kind for n in rows):
+            continue
+        s = saving(rows, kind)
+        row = s["against"] or s.get("closest")
+        if row and rows[row]["gpu_hours"] > 0:
+            most.append(f"{1 - floor / rows[row]['gpu_hours']:.1%} against {row}")
+    if most:
+        parts.append("the most any autoscaler could save: " + ", ".join(most))
+    return "; ".join(parts)
 
 
 def _unmatched(rows: Mapping[str, Mapping[str, Any]], kind: str, s: Mapping[str, Any]

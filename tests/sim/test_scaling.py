@@ -208,8 +208,10 @@ def test_the_command_prints_and_writes_the_table(tmp_path: Path) -> None:
     table, _, summary = text.partition("\n\n" + "saves: ")
     rows = [line.split() for line in table.splitlines() if line.startswith("step ")]
     assert [r[1] for r in rows] == ["compass-plan", "fixed-peak"]
-    assert summary.splitlines()[-1].startswith("step compass-plan: ")  # the comparison
-    assert "fixed-peak (" in summary.splitlines()[-1]
+    assert summary.splitlines()[-2].startswith("step compass-plan: ")  # the comparison
+    assert "fixed-peak (" in summary.splitlines()[-2]
+    floor = summary.splitlines()[-1]  # and what any autoscaler must hold on that trace
+    assert floor.startswith("step floor: ") and "against fixed-peak" in floor
     bad = CliRunner().invoke(compass_command, ["autoscale", "--autoscalers", "hpa"])
     assert bad.exit_code != 0 and "got 'hpa'" in bad.output
 
@@ -270,3 +272,20 @@ def test_the_rate_window_knobs_reach_the_rate_window(monkeypatch: pytest.MonkeyP
                                                                           False)
     assert knobbed.window_s == 8.0 and knobbed.short_s == 0.25
     assert knobbed.recent_on_trend == 2 and knobbed.pooled
+
+
+def test_the_floor_is_the_whole_workers_a_perfect_fleet_holds() -> None:
+    workload = WORKLOAD
+    busy = scaling.busy_s_per_job(workload)
+    assert 0 < busy < 1
+    # a flat day at a rate that keeps 2.5 workers busy: any fleet holds 3 all day
+    flat = traces.step(100.0, 2.5 / busy, low=1.0, compression=36.0)
+    assert scaling.floor_gpu_hours(workload, flat, steps=1000) == pytest.approx(3 * 100 * 36 / 3600)
+    # at 80% busy it takes ceil(2.5 / 0.8) = 4; an idle day still holds one worker
+    assert scaling.floor_gpu_hours(workload, flat, util=0.8, steps=1000) == pytest.approx(4.0)
+    idle = traces.step(100.0, 1e-6, low=1.0, compression=36.0)
+    assert scaling.floor_gpu_hours(workload, idle, steps=1000) == pytest.approx(1.0)
+    rows = {"compass-plan": _row(80.0, 0.995, 0.965), "keda-queue:2": _row(100.0, 0.998, 0.96)}
+    text = scaling.summary({"day": rows}, {"day": 75.0})
+    assert "day floor: 75.0 GPU-h" in text and "compass-plan +6.7% above it" in text
+    assert "the most any autoscaler could save: 25.0% against keda-queue:2" in text
