@@ -123,9 +123,9 @@ def reassign(
         # part of the score the eviction price is added to, so pricing only where the
         # choice can fall still holds (both terms are never negative)
         keep = () if p is None else (p,)
-        base = finish + pricer.busy_price(load, hidden, avail, finish, mask, keep)
-        score = base + pricer.choice_price(task.model, size, arr.gpu_free_mb, load, base,
-                                           mask, keep)
+        busy, price = pricer.prices(task.model, size, arr.gpu_free_mb, load, hidden, avail,
+                                    finish, mask, keep)
+        score = finish + busy + price
     best = choose(score, avail, mask)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")

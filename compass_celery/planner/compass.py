@@ -69,11 +69,10 @@ class CompassPolicy:
             if pricer is not None and model is not None:
                 if tails is None:  # priced where the choice or a collocation can fall
                     near = self._near(walk, name)
-                    busy = pricer.busy_price(est.load, est.hidden, walk.avail, est.finish,
-                                             est.restrict, near)
-                    evict = busy + pricer.choice_price(model, walk.sizes[name], walk.free,
-                                                       est.load, est.finish + busy,
-                                                       est.restrict, near)
+                    busy, price = pricer.prices(model, walk.sizes[name], walk.free,
+                                                est.load, est.hidden, walk.avail,
+                                                est.finish, est.restrict, near)
+                    evict = busy + price
                 else:  # a copy is chosen by score among the cold workers: price them all
                     busy = busy_load_price(est.load, est.hidden, walk.avail)
                     evict = busy + pricer.price(model, walk.sizes[name], walk.free, est.load)

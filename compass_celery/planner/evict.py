@@ -219,6 +219,86 @@ class EvictionPricer:
             near[i] = True
         return busy_load_price(load, hidden, avail_ms, loads & near)
 
+    def prices(self, model: str, size_mb: float, free_mb: np.ndarray, load: np.ndarray,
+               hidden: Any, avail_ms: np.ndarray, finish: np.ndarray,
+               mask: np.ndarray | None, keep: Iterable[int] = ()
+               ) -> tuple[np.ndarray, np.ndarray]:
+        """(:meth:`busy_price`, :meth:`choice_price` with ``finish`` plus that busy
+        price), the same arrays, element for element, worked out together.
+
+        Where nothing loads both prices are 0, so the least ``finish`` there, ``bound``,
+        is a score the choice can have, and only workers that finish at or below it (and
+        ``keep``) can be priced by either: ``choice_price``'s own bound is at most
+        ``bound`` (it takes the least of a set that holds ``bound``'s worker, unpriced),
+        and a score at or below it has a finish at or below ``bound`` (both prices are
+        never negative). So both are worked out on those few rows' gathered values, not
+        on every worker's column (some thirty passes over 1,000 workers per task past
+        capacity, where most workers are busy and cold); with no such bound, or terms
+        that are not sound, the two methods' own passes."""
+        keep = tuple(keep)
+        if not self._sound or not _finite(finish) or not (
+                hidden is None or (hidden.sound() if isinstance(hidden, Hidden)
+                                   else _finite(hidden))):
+            return self._two_prices(model, size_mb, free_mb, load, hidden, avail_ms, finish,
+                                    mask, keep)
+        # finish finite: so is load, and load <= 0 is ~(load > 0)
+        free = load <= 0.0 if mask is None else mask & (load <= 0.0)
+        bound = np.minimum.reduce(finish[free], initial=math.inf)
+        if not bound < math.inf:
+            return self._two_prices(model, size_mb, free_mb, load, hidden, avail_ms, finish,
+                                    mask, keep)
+        near = finish <= bound
+        for i in keep:
+            near[i] = True
+        rows = near.nonzero()[0]  # every row either price can be above 0 at: few
+        busy = np.zeros(len(self.arr))
+        load_r = load[rows]
+        loads_r = load_r > 0.0
+        busy_rows = rows[loads_r & (avail_ms[rows] > 0.0)]
+        if len(busy_rows):  # busy_load_price's rule at its rows, float for float
+            if hidden is None:
+                paid = load[busy_rows]
+            elif isinstance(hidden, np.ndarray):
+                paid = load[busy_rows] - hidden[busy_rows]
+            elif len(busy_rows) <= 32:
+                paid = load[busy_rows] - np.asarray(
+                    [hidden[i] for i in busy_rows.tolist()], dtype=float)
+            else:
+                paid = load[busy_rows] - hidden.array()[busy_rows]
+            busy[busy_rows] = paid * np.minimum(avail_ms[busy_rows] / BUSY_HORIZON_MS,
+                                                1.0) * BUSY_WEIGHT
+        if not self.active:
+            return busy, np.zeros(len(self.arr))
+        # choice_price at those rows: its evicting rows, its bound, its pruning
+        need_r = size_mb - free_mb[rows]
+        evicts_r = loads_r & (need_r > 0)
+        self._not_loading(model, rows, evicts_r)
+        base_r = finish[rows] + busy[rows]
+        settle_r = ~evicts_r if mask is None else mask[rows] & ~evicts_r
+        least = min(bound, np.minimum.reduce(base_r[settle_r], initial=math.inf))
+        near_r = base_r <= least
+        if keep:
+            near_r[rows.searchsorted(keep)] = True
+        at = (evicts_r & near_r).nonzero()[0]
+        return busy, self._price_at(model, rows[at], need_r[at])
+
+    def _two_prices(self, model: str, size_mb: float, free_mb: np.ndarray, load: np.ndarray,
+                    hidden: Any, avail_ms: np.ndarray, finish: np.ndarray,
+                    mask: np.ndarray | None, keep: tuple[int, ...]
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`prices` by the two methods, each over every worker."""
+        busy = self.busy_price(load, hidden, avail_ms, finish, mask, keep)
+        return busy, self.choice_price(model, size_mb, free_mb, load, finish + busy, mask,
+                                       keep)
+
+    def _not_loading(self, model: str, rows: np.ndarray, evicts: np.ndarray) -> None:
+        """``evicts`` (at ``rows``) false where a load of ``model`` is under way."""
+        if not self.arr.loading:
+            return
+        at = [i for i, on in self.arr.loading.items() if model in on]
+        if at:
+            evicts &= ~np.isin(rows, at)
+
     def _evicts(self, model: str, need: np.ndarray, load: np.ndarray) -> np.ndarray:
         """Per worker: a load of ``model`` there evicts something (it needs memory that
         is not free, and no load of it is under way there already)."""
@@ -230,9 +310,12 @@ class EvictionPricer:
 
     def _price_rows(self, model: str, need: np.ndarray, evicts: np.ndarray) -> np.ndarray:
         """:meth:`price` at the rows ``evicts`` marks, 0 elsewhere."""
-        n = len(self.arr)
         rows = evicts.nonzero()[0]  # np.flatnonzero of a 1-D mask, without its wrappers
-        out = np.zeros(n)
+        return self._price_at(model, rows, need[rows])
+
+    def _price_at(self, model: str, rows: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """:meth:`price` at ``rows`` (``need``: their MB to free), 0 elsewhere."""
+        out = np.zeros(len(self.arr))
         if not len(rows):
             return out
         order, sizes, worth = self._order(self.arr.models[model])
@@ -242,7 +325,7 @@ class EvictionPricer:
         before = np.add.accumulate(mb, axis=1)  # np.cumsum, without its wrapper
         before -= mb
         # a victim: held and needed; where not held, mb is 0 and adds nothing
-        cost_mb = np.add.reduce((before < need[rows, None]) * mb * worth, axis=1)
+        cost_mb = np.add.reduce((before < need[:, None]) * mb * worth, axis=1)
         out[rows] = cost_mb * self.arr.ms_per_mb[rows]
         return out
 
@@ -348,6 +431,9 @@ _TERMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _STATIC: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _COPIES: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
 _VICTIMS: dict[tuple[int, ...], tuple[tuple[object, ...], Any]] = {}
+#: The terms by their demand numbers (targets, chances, urgent flags); an entry is used
+#: only with the very sizes and copies it holds (``_build_terms``).
+_BY_VALUE: dict[tuple[tuple[Any, ...], ...], Terms] = {}
 #: The last per-MB load time column checked by :func:`_rates_sound`, and the answer.
 _RATES: list[tuple[np.ndarray, bool]] = []
 _TERMS_KEPT = 8
@@ -433,6 +519,14 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     else:
         copies = np.zeros(m, dtype=int)
         copies.flags.writeable = False
+    # The same numbers give the same terms object: the rates decay at every clock, but
+    # the targets (whole numbers), the chances (1.0 for a model asked for a few times a
+    # second) and the urgent flags mostly stay put, and the victim orders and the cache's
+    # rank, memoised by the terms' identity, are then not worked out again
+    key = (tuple(target_l), tuple(chance_l), tuple(urgent_l))
+    hit = _BY_VALUE.get(key)
+    if hit is not None and hit[0] is sizes and hit[3] is copies:
+        return hit
     target = np.array(target_l, dtype=int)
     chance = np.array(chance_l, dtype=float)
     urgent = np.array(urgent_l, dtype=bool)
@@ -441,7 +535,12 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     # -expm1(-x) is in [0, 1] for a rate x >= 0 (NaN for a NaN one): worths (a chance
     # times positive weights) are then finite and not negative
     sound = sound and all(0.0 <= c <= 1.0 for c in chance_l)
-    return sizes, target, chance, copies, urgent, sound
+    terms = sizes, target, chance, copies, urgent, sound
+    with _TERMS_LOCK:
+        if len(_BY_VALUE) >= _TERMS_KEPT:
+            _BY_VALUE.pop(next(iter(_BY_VALUE)), None)
+        _BY_VALUE[key] = terms
+    return terms
 
 
 def eviction_rank(cluster: ClusterView) -> dict[str, tuple[float, float, float]]:
