@@ -296,8 +296,10 @@ class EvictionPricer:
         if not self.arr.loading:
             return
         at = [i for i, on in self.arr.loading.items() if model in on]
-        if at:
-            evicts &= ~np.isin(rows, at)
+        if at:  # rows is sorted (nonzero's): each loading row's place, if it is there
+            for k, i in zip(rows.searchsorted(at).tolist(), at, strict=True):
+                if k < len(rows) and rows[k] == i:
+                    evicts[k] = False
 
     def _evicts(self, model: str, need: np.ndarray, load: np.ndarray) -> np.ndarray:
         """Per worker: a load of ``model`` there evicts something (it needs memory that

@@ -252,3 +252,86 @@ def test_loader_rewrite_is_the_full_pass(seed: int) -> None:
         behind = loader - start
         expect = np.where((asked > 0.0) & (behind > 0.0), asked + behind, asked)
     assert np.array_equal(load, expect, equal_nan=True)
+
+
+def _loading_cluster(rng: random.Random, n: int) -> ClusterView:
+    """:func:`_cluster`, with some workers loading a model not resident there."""
+    base = _cluster(rng, n)
+    workers = []
+    for w in base.workers:
+        cold = sorted(set(MODELS) - w.resident)
+        if cold and rng.random() < 0.3:
+            m = rng.choice(cold)
+            w = WorkerView(w.name, w.queue, w.gpu_total_mb, w.gpu_free_mb, w.resident,
+                           backlog_ms=w.backlog_ms, load_mb_per_s=w.load_mb_per_s,
+                           loading={m: (-100.0, rng.uniform(0.0, 900.0))})
+        workers.append(w)
+    return ClusterView(tuple(workers), MODELS, 0.0, base.demand)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_prices_are_the_two_prices_element_for_element(seed: int) -> None:
+    """``EvictionPricer.prices`` gives ``busy_price`` and ``choice_price`` (on the finish
+    plus that busy price) as the two calls do, every element equal: whatever hidden part
+    (a ``Hidden``, an array, None), mask, kept rows, loads under way, marks, and finishes
+    (ties, NaN, infinities, no worker free of loads: the two methods' own passes)."""
+    rng = random.Random(seed)
+    cluster = _loading_cluster(rng, rng.choice((3, 40, 300)))
+    arr = worker_arrays(cluster)
+    n = len(arr)
+    nprng = np.random.default_rng(seed)
+    pricer = EvictionPricer(arr, cluster.demand, MODELS, batch=seed % 2 == 0)
+    for k in range(12):
+        model = rng.choice(sorted(MODELS))
+        size = MODELS[model]
+        avail = np.where(nprng.random(n) < 0.2, 0.0, nprng.uniform(0, 3000, n))
+        ready = nprng.uniform(0, 50, n)
+        start = np.maximum(avail, ready)
+        loader = np.where(nprng.random(n) < 0.1, nprng.uniform(0, 4000, n), 0.0)
+        load, hidden = load_terms(arr.load_columns(model, size), size, arr.gpu_free_mb,
+                                  ready, start, loader)
+        if k % 4 == 1:
+            load = np.where(nprng.random(n) < 0.05, 0.0, load + 1.0)  # few free of loads
+        hid = (hidden, hidden.array(), None)[k % 3]
+        finish = np.round(start + load + rng.uniform(10, 500), -1 if seed % 2 else 0)
+        if k == 5:
+            finish[rng.randrange(n)] = rng.choice((math.nan, math.inf))
+        if k == 7:
+            load = load + 1.0  # every worker loads: no bound
+        mask = arr.fits(size) if k % 3 else None
+        keep = tuple(rng.sample(range(n), min(rng.randint(0, 3), n)))
+        busy = pricer.busy_price(load, hid, avail, finish, mask, keep)
+        price = pricer.choice_price(model, size, arr.gpu_free_mb, load, finish + busy,
+                                    mask, keep)
+        got_busy, got_price = pricer.prices(model, size, arr.gpu_free_mb, load, hid, avail,
+                                            finish, mask, keep)
+        assert np.array_equal(got_busy, busy, equal_nan=True)
+        assert np.array_equal(got_price, price, equal_nan=True)
+        pricer.mark(choose(finish + busy + price, avail, mask), model)
+
+
+def test_terms_are_kept_by_their_numbers() -> None:
+    """Two demands that give the same targets, chances and urgent flags (the rates decay
+    at every clock; a model asked for often has chance 1.0) give the very same terms, so
+    what is memoised by them (victim orders, the cache rank) is kept; a target that
+    changes gives new terms, as a fresh build would."""
+    from compass_celery.planner import evict
+    from compass_celery.planner.evict import _build_terms, _snapshot_terms
+
+    rng = random.Random(3)
+    cluster = _cluster(rng, 40)
+    arr = worker_arrays(cluster)
+    first = {m: ModelDemand(900.0, 50.0, 0.0) for m in MODELS}
+    later = {m: ModelDemand(850.0, 49.0, 0.0) for m in MODELS}  # decayed a little
+    a = _snapshot_terms(arr, first, MODELS)
+    b = _snapshot_terms(arr, later, MODELS)
+    assert a is b
+    assert EvictionPricer(arr, later, MODELS)._victims is \
+        EvictionPricer(arr, first, MODELS)._victims
+    more = {m: ModelDemand(1700.0, 50.0, 0.0) for m in MODELS}  # targets 3, not 2
+    c = _snapshot_terms(arr, more, MODELS)
+    assert c is not a and c[1].tolist() == [3] * len(MODELS) and a[1].tolist() == [2] * 10
+    evict._BY_VALUE.clear()  # built afresh: the same numbers
+    fresh = _build_terms(arr, first, MODELS)
+    assert fresh is not a
+    assert all(np.array_equal(x, y) for x, y in zip(fresh, a, strict=True))
