@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import Hidden, WorkerArrays, worker_arrays
+from .cost import Hidden, WorkerArrays, _np_min, worker_arrays
 from .demand import replica_targets
 from .types import ClusterView, ModelDemand
 
@@ -251,6 +251,9 @@ class EvictionPricer:
         for i in keep:
             near[i] = True
         rows = near.nonzero()[0]  # every row either price can be above 0 at: few
+        if len(rows) <= _FEW_ROWS:
+            return self._few_prices(model, size_mb, free_mb, load, hidden, avail_ms, finish,
+                                    mask, keep, rows.tolist(), bound)
         busy = np.zeros(len(self.arr))
         load_r = load[rows]
         loads_r = load_r > 0.0
@@ -281,6 +284,46 @@ class EvictionPricer:
             near_r[rows.searchsorted(keep)] = True
         at = (evicts_r & near_r).nonzero()[0]
         return busy, self._price_at(model, rows[at], need_r[at])
+
+    def _few_prices(self, model: str, size_mb: float, free_mb: np.ndarray, load: np.ndarray,
+                    hidden: Any, avail_ms: np.ndarray, finish: np.ndarray,
+                    mask: np.ndarray | None, keep: tuple[int, ...], rows: list[int],
+                    bound: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`prices`' rows worked out in Python floats, the same IEEE operations in
+        the same order (``np.minimum`` as :func:`cost._np_min`): past capacity most
+        tasks have one or two such rows, where each numpy call on them cost more than
+        its arithmetic."""
+        n = len(self.arr)
+        busy = np.zeros(n)
+        least = bound
+        scored: list[tuple[int, float, float, bool]] = []  # row, base, need, evicts
+        loading: set[int] | None = None
+        for i in rows:
+            li, fi = float(load[i]), float(finish[i])
+            b = 0.0
+            if li > 0.0:
+                a = float(avail_ms[i])
+                if a > 0.0:  # busy_load_price's rule
+                    paid = li if hidden is None else li - float(hidden[i])
+                    b = busy[i] = paid * _np_min(a / BUSY_HORIZON_MS, 1.0) * BUSY_WEIGHT
+            need = size_mb - float(free_mb[i])
+            evicts = li > 0.0 and need > 0
+            if evicts and self.arr.loading:
+                if loading is None:
+                    loading = {k for k, on in self.arr.loading.items() if model in on}
+                evicts = i not in loading
+            base = fi + b
+            if not evicts and (mask is None or mask[i]) and base < least:
+                least = base  # choice_price's bound: the least unpriced score
+            scored.append((i, base, need, evicts))
+        if not self.active:
+            return busy, np.zeros(n)
+        at = [(i, need) for i, base, need, evicts in scored
+              if evicts and (base <= least or i in keep)]
+        if not at:
+            return busy, np.zeros(n)
+        return busy, self._price_at(model, np.array([i for i, _ in at], dtype=np.intp),
+                                    np.array([need for _, need in at], dtype=float))
 
     def _two_prices(self, model: str, size_mb: float, free_mb: np.ndarray, load: np.ndarray,
                     hidden: Any, avail_ms: np.ndarray, finish: np.ndarray,
@@ -439,6 +482,9 @@ _BY_VALUE: dict[tuple[tuple[Any, ...], ...], Terms] = {}
 #: The last per-MB load time column checked by :func:`_rates_sound`, and the answer.
 _RATES: list[tuple[np.ndarray, bool]] = []
 _TERMS_KEPT = 8
+#: At most this many rows to price: :meth:`EvictionPricer.prices` works them out in
+#: Python floats (numpy's per-call cost is the larger below it).
+_FEW_ROWS = 24
 _TERMS_LOCK = threading.Lock()
 
 

@@ -270,11 +270,17 @@ def _loading_cluster(rng: random.Random, n: int) -> ClusterView:
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_prices_are_the_two_prices_element_for_element(seed: int) -> None:
+@pytest.mark.parametrize("few", [0, 24, 10**6])
+def test_prices_are_the_two_prices_element_for_element(seed: int, few: int,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``EvictionPricer.prices`` gives ``busy_price`` and ``choice_price`` (on the finish
     plus that busy price) as the two calls do, every element equal: whatever hidden part
     (a ``Hidden``, an array, None), mask, kept rows, loads under way, marks, and finishes
-    (ties, NaN, infinities, no worker free of loads: the two methods' own passes)."""
+    (ties, NaN, infinities, no worker free of loads: the two methods' own passes); its
+    rows in numpy (``few`` 0), in Python floats (every row) or either (the default)."""
+    from compass_celery.planner import evict
+
+    monkeypatch.setattr(evict, "_FEW_ROWS", few)
     rng = random.Random(seed)
     cluster = _loading_cluster(rng, rng.choice((3, 40, 300)))
     arr = worker_arrays(cluster)
