@@ -117,6 +117,9 @@ def reassign(
     finish = finish_ms(start, load, run)
     score = finish
     p = arr.index.get(planned_worker)
+    # None where every worker can hold it: the same choice, prices and scores, without
+    # a pass over the mask in each (as a plan's ``Estimate.restrict``)
+    restrict = None if np.count_nonzero(mask) == len(mask) else mask
     if cluster.demand and task.model is not None:
         pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
         # a load on a busy worker costs the work queued behind it too (busy_load_price):
@@ -124,9 +127,9 @@ def reassign(
         # choice can fall still holds (both terms are never negative)
         keep = () if p is None else (p,)
         busy, price = pricer.prices(task.model, size, arr.gpu_free_mb, load, hidden, avail,
-                                    finish, mask, keep)
+                                    finish, restrict, keep)
         score = finish + busy + price
-    best = choose(score, avail, mask)
+    best = choose(score, avail, restrict)
     if p is None or not mask[p]:
         why = f"planned worker {planned_worker!r} " + ("is gone" if p is None else "cannot hold it")
     else:
