@@ -146,13 +146,19 @@ def replica_targets(
     """Model -> workers that should keep it resident; ``holders`` caps it (workers it fits)."""
     out: dict[str, int] = {}
     for model, d in demand.items():
-        if d.per_s < MIN_RATE_PER_S:
-            continue
-        want = max(1, math.ceil(d.ms_per_s / (1000.0 * busy) - 1e-9))
-        if holders is not None:
-            want = min(want, holders.get(model, want))
-        out[model] = want
+        want = replica_target(d, None if holders is None else holders.get(model), busy)
+        if want is not None:
+            out[model] = want
     return out
+
+
+def replica_target(d: ModelDemand, cap: int | None = None, busy: float = REPLICA_BUSY
+                   ) -> int | None:
+    """One model's :func:`replica_targets` entry (None: it has none), at most ``cap``."""
+    if d.per_s < MIN_RATE_PER_S:
+        return None
+    want = max(1, math.ceil(d.ms_per_s / (1000.0 * busy) - 1e-9))
+    return want if cap is None else min(want, cap)
 
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from .cost import Hidden, WorkerArrays, _np_min, worker_arrays
-from .demand import replica_targets
+from .demand import replica_target
 from .types import ClusterView, ModelDemand
 
 #: Horizon for "will this model be asked for again soon", seconds.
@@ -555,12 +555,12 @@ def _build_terms(arrays: WorkerArrays, demand: Mapping[str, ModelDemand],
     # more than the rest of this, which runs at every new clock of a simulated cluster
     target_l, chance_l, urgent_l = [0] * m, [0.0] * m, [False] * m
     if demand:
-        targets = replica_targets(demand, fits)
+        models = arrays.models
         for name, d in demand.items():
-            j = arrays.models.get(name)
+            j = models.get(name)
             if j is None:
                 continue
-            target_l[j] = targets.get(name, 0)
+            target_l[j] = replica_target(d, fits.get(name)) or 0  # replica_targets' entry
             chance_l[j] = -math.expm1(-d.per_s * HORIZON_S)
             urgent_l[j] = d.urgent_per_s >= URGENT_MIN_PER_S
         copies = _memo(_COPIES, (arrays.resident,), lambda: _copies(arrays.resident))
