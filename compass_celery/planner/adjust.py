@@ -117,9 +117,7 @@ def reassign(
     finish = finish_ms(start, load, run)
     score = finish
     p = arr.index.get(planned_worker)
-    # None where every worker can hold it: the same choice, prices and scores, without
-    # a pass over the mask in each (as a plan's ``Estimate.restrict``)
-    restrict = None if np.count_nonzero(mask) == len(mask) else mask
+    restrict = None if np.count_nonzero(mask) == len(mask) else mask  # None: all fit
     if cluster.demand and task.model is not None:
         pricer = EvictionPricer(arr, cluster.demand, cluster.model_sizes_mb)
         # a load on a busy worker costs the work queued behind it too (busy_load_price):
