@@ -54,9 +54,7 @@ OPTIONS: dict[str, Option] = {
                      "random, hash, celery-default)"),
     "seed": Option(0, int, "seed for randomised policies"),
     "state_refresh_s": Option(0.25, (int, float), "worker record publish interval", "s", 0.01),
-    "snapshot_ttl_s": Option(0.05, (int, float), "how long a reader reuses a snapshot (a "
-                             "worker starts a task charged less than this without saying "
-                             "so before its end)", "s", 0.0),
+    "snapshot_ttl_s": Option(0.05, (int, float), "how long a reader reuses a snapshot", "s", 0.0),
     "snapshot_refresh_ahead_s": Option(0.05, (int, float), "how much older than the TTL a "
                                        "busy process's snapshot may get while a fresh one is "
                                        "read in the background (0: a decision past the TTL "
