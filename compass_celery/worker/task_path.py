@@ -75,7 +75,6 @@ class TaskPath:
         # charge): what the record publishes as running (``WorkerView.running``)
         self._spans: dict[str, tuple[float, float, float]] = {}
         self._batch: dict[str, int] = {}  # task id -> the size of the batch it ran in
-        self._quiet: set[str] = set()  # running, their start's release left to their end
         self._curves: dict[str, CurveLearner] = {}  # batched task's profile -> its curve
         self.cpu = cpu  # what these handlers cost a task (a counter)
         # tasks whose charges this worker is changing in Redis (taken and not yet released
@@ -184,14 +183,10 @@ class TaskPath:
         job = getattr(request, JOB_HEADER, None)
         trace.started(request.id, self.name, decision.priority if decision else None, job,
                       picked, getattr(task, "name", ""))
-        charge = decision.charge_ms if decision is not None and \
-            decision.worker == self.name else 0.0
-        quiet = self._quiet_start(decision, charge, model)
         # taken: it waits no longer, and the worker is busy from now on, its model's load
         # included (a load hid it: a plan saw the worker idle and put an urgent task behind
-        # it, docs/results/mixed/real-sheds.txt); said in its inputs' round trip, or by
-        # its end when it ends sooner than a plan could use the news (_quiet_start)
-        pipe = None if quiet else self._started_pipe(decision)
+        # it, docs/results/mixed/real-sheds.txt); said in its inputs' round trip
+        pipe = self._started_pipe(decision)
         if isinstance(job, dict) and self.jobs is not None:
             try:
                 self.jobs.resolve_inputs(job, args, pipe)
@@ -200,13 +195,12 @@ class TaskPath:
         self._run_started(pipe)  # unless the inputs' read ran it
         if model is not None:  # the worker's served rates are judged from its first start
             self.served.serving()
-        self._span(request.id, picked, charge, announce=not quiet)
+        charge = decision.charge_ms if decision is not None and \
+            decision.worker == self.name else 0.0
+        self._span(request.id, picked, charge)
         with self._lock:  # running (its charge counted) from here, its load included
             self._running[request.id] = (decision, model, False, time.monotonic())
-            if quiet:  # its start's release waits for its end: changing until then
-                self._quiet.add(request.id)
-        if not quiet:
-            self.settled(request.id)
+        self.settled(request.id)
         # a model declared by size only is the task's own code's to load: not acquired here,
         # but its run is learned and served under its name all the same
         held = model is not None and self.cache.loadable(model)
@@ -220,42 +214,20 @@ class TaskPath:
                     self.cache.acquire(model, queued)
                 self.cache.prefetch(queued)
         loaded = time.monotonic()
-        self._span(request.id, time.time(), charge,  # its run begins once its model is in
-                   announce=not quiet)
+        self._span(request.id, time.time(), charge)  # its run begins once its model is in
         with self._lock:
             self._running[request.id] = (decision, model, held, loaded)
             self._timing[request.id] = {"started": picked,
                                         "load_ms": self._ms(loaded - started)}
 
-    def _span(self, task_id: str, began: float, charge: float, announce: bool = True
-              ) -> None:
+    def _span(self, task_id: str, began: float, charge: float) -> None:
         """Publish a task as running here from ``began`` (wall s) for its ``charge`` (ms):
-        a plan counts only what is left of it. Nothing for a task charged elsewhere. Not
-        ``announce``: kept for the record's next publish, which is not asked for now."""
+        a plan counts only what is left of it. Nothing for a task charged elsewhere."""
         if not charge:
             return
         with self._lock:
             self._spans[task_id] = (began, began + wall_s(charge, self.cfg.time_scale), charge)
-        if announce:
-            self._wake.set()
-
-    def _quiet_start(self, decision: Decision | None, charge: float, model: str | None
-                     ) -> bool:
-        """Whether a task starts without saying so at once: no round trip to release its
-        level's queued work and no record published for its span before its body runs;
-        its end releases both (in the end's own round trip). So for a task whose charge
-        (its run and this worker's hop) ends within a snapshot's TTL, with no model to
-        load first: a plan would mostly read the news after the task's end, while
-        saying it costs each such task a round trip and a record publish on its way to
-        its body (a no-op job node paid about a third of a ms; docs/results/dagvar).
-        A batch's input count is released at once (a forming batch is joined by it)."""
-        ttl_s = float(self.cfg.snapshot_ttl_s or 0.0)
-        if decision is None or not charge or decision.batch or ttl_s <= 0 \
-                or wall_s(charge, self.cfg.time_scale) >= ttl_s:
-            return False
-        loads = model is not None and self.cache.loadable(model) \
-            and model not in self.cache.resident()
-        return not loads and bool(ledger.waiting(decision))
+        self._wake.set()
 
     def batch_member_started(self, request: Any, decision: Decision | None,
                              started: float) -> None:
@@ -322,8 +294,6 @@ class TaskPath:
             timing = self._timing.pop(request.id, {})
             self._spans.pop(request.id, None)
             size = self._batch.pop(request.id, 1)
-            quiet = request.id in self._quiet
-            self._quiet.discard(request.id)
         self.leases.release(request.id)
         if held:
             self.cache.release(model)
@@ -335,8 +305,6 @@ class TaskPath:
         store = self.compass.store
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         unsettled = 0.0
-        if quiet and decision is not None:  # its start said nothing: it waits no longer
-            ledger.started(store, decision, pipe)
         if decision is not None and decision.worker == self.name and decision.charge_ms:
             ledger.ended(store, decision, pipe)
             unsettled = decision.charge_ms if pipe is not None else 0.0
@@ -385,9 +353,7 @@ class TaskPath:
                     ledger.ended(self.compass.store, decision)
                 with self._lock:
                     started = request.id in self._running
-                    quiet = request.id in self._quiet
-                    self._quiet.discard(request.id)
-                if not started or quiet:  # it no longer waits either
+                if not started:  # it never ran: it no longer waits either
                     self._started_queued(decision)
         finally:
             self.settled(request.id)
