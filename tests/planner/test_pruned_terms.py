@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,12 +180,7 @@ def test_busy_price_chooses_as_the_full_busy_price(seed: int) -> None:
         model = rng.choice(sorted(MODELS))
         size = MODELS[model]
         pricer = EvictionPricer(arr, cluster.demand, MODELS)
-        avail = np.where(nprng.random(n) < 0.2, 0.0, nprng.uniform(0, 3000, n))
-        ready = nprng.uniform(0, 50, n)
-        start = np.maximum(avail, ready)
-        loader = np.where(nprng.random(n) < 0.1, nprng.uniform(0, 4000, n), 0.0)
-        load, hidden = load_terms(arr.load_columns(model, size), size, arr.gpu_free_mb,
-                                  ready, start, loader)
+        avail, start, load, hidden = _drawn_terms(arr, nprng, model, size)
         finish = np.round(start + load + rng.uniform(10, 500), -1 if seed % 2 else 0)
         mask = arr.fits(size) if seed % 3 else None
         keep = tuple(rng.sample(range(n), min(2, n)))
@@ -269,6 +265,20 @@ def _loading_cluster(rng: random.Random, n: int) -> ClusterView:
     return ClusterView(tuple(workers), MODELS, 0.0, base.demand)
 
 
+def _drawn_terms(arr: Any, nprng: np.random.Generator, model: str, size: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, Any]:
+    """Random workers' free times, starts and a model's load terms on them (a tenth of
+    them loading something already), for the price tests."""
+    n = len(arr)
+    avail = np.where(nprng.random(n) < 0.2, 0.0, nprng.uniform(0, 3000, n))
+    ready = nprng.uniform(0, 50, n)
+    start = np.maximum(avail, ready)
+    loader = np.where(nprng.random(n) < 0.1, nprng.uniform(0, 4000, n), 0.0)
+    load, hidden = load_terms(arr.load_columns(model, size), size, arr.gpu_free_mb,
+                              ready, start, loader)
+    return avail, start, load, hidden
+
+
 @pytest.mark.parametrize("seed", range(60))
 @pytest.mark.parametrize("few", [0, 24, 10**6])
 def test_prices_are_the_two_prices_element_for_element(seed: int, few: int,
@@ -290,12 +300,7 @@ def test_prices_are_the_two_prices_element_for_element(seed: int, few: int,
     for k in range(12):
         model = rng.choice(sorted(MODELS))
         size = MODELS[model]
-        avail = np.where(nprng.random(n) < 0.2, 0.0, nprng.uniform(0, 3000, n))
-        ready = nprng.uniform(0, 50, n)
-        start = np.maximum(avail, ready)
-        loader = np.where(nprng.random(n) < 0.1, nprng.uniform(0, 4000, n), 0.0)
-        load, hidden = load_terms(arr.load_columns(model, size), size, arr.gpu_free_mb,
-                                  ready, start, loader)
+        avail, start, load, hidden = _drawn_terms(arr, nprng, model, size)
         if k % 4 == 1:
             load = np.where(nprng.random(n) < 0.05, 0.0, load + 1.0)  # few free of loads
         hid = (hidden, hidden.array(), None)[k % 3]
