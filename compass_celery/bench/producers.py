@@ -139,6 +139,7 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
     reader.get()  # the first (full) read is not measured
     time.sleep(max(0.0, start_at - time.time()))
     del reads[:]
+    fetched0, flushes0 = store.records_fetched, charges.flushes
     fresh_decision, decision, age = array("d"), array("d"), array("d")
     end = start_at + seconds
     clock = time.perf_counter
@@ -159,7 +160,8 @@ def _producer(url: str, seed: int, start_at: float, seconds: float, ahead: float
             time.sleep(max(0.0, interval_s - (clock() - t0)))
     out.put({"decisions": len(decision), "fresh": reads.tobytes(),
              "fresh_decision": fresh_decision.tobytes(), "decision": decision.tobytes(),
-             "age": age.tobytes(),
+             "age": age.tobytes(), "records_fetched": store.records_fetched - fetched0,
+             "charge_flushes": charges.flushes - flushes0,
              "workers_seen": len(reader.get().workers)})
 
 
@@ -248,6 +250,10 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
         "producer_egress_bytes_per_decision": round(readers / max(1, total), 1),
         "producer_egress_bytes_per_fresh_read": round(readers / max(1, arrays["fresh"].size),
                                                       1),
+        # what a read fetched, apart from the charges' replies that share the egress
+        "records_per_fresh_read": round(sum(r["records_fetched"] for r in results)
+                                        / max(1, arrays["fresh"].size), 2),
+        "charge_flushes_per_s": round(sum(r["charge_flushes"] for r in results) / seconds, 1),
         "redis_cpu_per_s": round((cpu1 - cpu0) / elapsed, 3),
         "publisher_redis_cpu_per_s": round(background_cpu, 3),
     }
@@ -278,7 +284,9 @@ def report(r: dict[str, Any]) -> str:
         f"alone {r['publisher_egress_bytes_per_s']:.0f})",
         f"  producers' egress B/s    {r['producer_egress_bytes_per_s']:12.0f}",
         f"  producers' B/decision    {r['producer_egress_bytes_per_decision']:12.1f}",
-        f"  producers' B/read        {r['producer_egress_bytes_per_fresh_read']:12.1f}",
+        f"  producers' B/read        {r['producer_egress_bytes_per_fresh_read']:12.1f}  "
+        f"(records a read fetched {r['records_per_fresh_read']:.1f}; the charges' "
+        f"{r['charge_flushes_per_s']:.0f} flushes/s share the egress)",
         f"  Redis CPU s/s            {r['redis_cpu_per_s']:12.3f}  (publisher alone "
         f"{r['publisher_redis_cpu_per_s']:.3f})",
     ])

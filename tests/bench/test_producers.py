@@ -16,10 +16,12 @@ def test_producers_bench_routes_reads_and_reports_egress() -> None:
     assert r["decisions_per_s"] > 0 and r["fresh_reads_per_s"] > 0
     assert r["waited_decisions_per_s"] > 0  # no read-ahead: decisions wait for their reads
     assert r["fresh_decision_ms"]["p50"] >= r["fresh_read_ms"]["p50"] * 0.5
-    # the producers read the records: each fresh read moved some of them, and no more
-    # than the whole table (its records, plus a beat and a little framing each)
-    table = r["records"] * (r["record_bytes"] + 64)
-    assert 0 < r["producer_egress_bytes_per_fresh_read"] <= table, (r, table)
+    # each fresh read fetched the records that changed and never more than the whole table;
+    # the egress a read is not bounded by the table: the charges' replies share it, and
+    # they grow with the decisions a read serves (thousands on a fast machine)
+    assert 0 < r["records_per_fresh_read"] <= r["records"] / 2, r  # changes, not the table
+    assert r["charge_flushes_per_s"] > 0
+    assert r["producer_egress_bytes_per_fresh_read"] > 0
     assert r["producer_egress_bytes_per_decision"] > 0 and r["drift"] == 0.0
     assert "decisions/s" in producers.report(r)
 
