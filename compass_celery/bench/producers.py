@@ -172,6 +172,15 @@ def _info(client: Any) -> tuple[int, float]:
             float(cpu["used_cpu_sys"]) + float(cpu["used_cpu_user"]))
 
 
+def _publisher_alone(client: Any, seconds: float = 2.0) -> tuple[float, float]:
+    """What the publisher alone makes Redis send and spend (its replies) per second, to
+    subtract from the measured window: (bytes/s, CPU s/s)."""
+    bytes0, cpu0, t0 = *_info(client), time.time()
+    time.sleep(seconds)
+    bytes1, cpu1, t1 = *_info(client), time.time()
+    return (bytes1 - bytes0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0)
+
+
 def _pct(samples: np.ndarray, q: float) -> float:
     return float(np.percentile(samples, q) * 1e3) if samples.size else float("nan")
 
@@ -193,12 +202,7 @@ def run(records: int, producers: int, seconds: float, changing: float = 0.1,
             raise RuntimeError("publisher did not start")
         raw = client.hgetall(keys.key(keys.WORKERS, PREFIX))
         record_bytes = sum(len(v) for v in raw.values()) / max(1, len(raw))
-        # what the publisher alone makes Redis send and spend (its replies), to subtract
-        base0, base_cpu0, base_t0 = *_info(client), time.time()
-        time.sleep(2.0)
-        base1, base_cpu1, base_t1 = *_info(client), time.time()
-        background = (base1 - base0) / (base_t1 - base_t0)
-        background_cpu = (base_cpu1 - base_cpu0) / (base_t1 - base_t0)
+        background, background_cpu = _publisher_alone(client)
         out = ctx.Queue()
         start_at = time.time() + warmup_s + 0.05 * producers
         if ahead is None:
