@@ -38,3 +38,21 @@ def test_refused_for_counts_and_cell() -> None:
     c = slo_result(jobs, 0.0)["slo"]["click"]
     assert c["rejected"] == 4 and c["refused_for"] == {"cold": 2, "deadline": 1}
     assert refused_for(c["refused_for"]) == "cold 2, deadline 1" and refused_for({}) == "-"
+
+
+def test_the_slo_table_counts_what_admitted_jobs_missed_apart_from_taken_late() -> None:
+    """'taken late' is a verdict at admission; 'missed' is what admitted jobs did not meet,
+    shed or answered after the deadline, so a reader need not add columns that count
+    different things."""
+    jobs = [JobOutcome(0, "d", 0.0, 50.0, slo="click", deadline_ms=100.0),  # met
+            JobOutcome(1, "d", 0.0, 150.0, slo="click", deadline_ms=100.0),  # answered late
+            JobOutcome(2, "d", 0.0, 60.0, slo="click", deadline_ms=100.0, shed=True),
+            JobOutcome(3, "d", 0.0, 120.0, slo="click", deadline_ms=100.0, late=True),
+            JobOutcome(4, "d", 0.0, 1.0, slo="click", deadline_ms=100.0, rejected=True)]
+    c = slo_result(jobs, 0.0)["slo"]["click"]
+    assert (c["admitted"], c["met"], c["shed"], c["late"]) == (4, 1, 1, 1)
+    lines = slo_table({"policies": {"compass": {"slo": {"click": c}}}}).splitlines()
+    header, row = lines[0].split(), lines[-1].split()
+    assert "taken" in header and "missed" in header
+    # policy slo jobs admitted rejected refused-for shed taken-late missed attain ...
+    assert row[:9] == ["compass", "click", "5", "4", "1", "-", "1", "1", "3"]
