@@ -85,9 +85,10 @@ def note_plan(c: CompassContext, worker: str, ms: float, level: int | None,
 
 
 def post(store: StateStore, entries: Entries, sign: int = 1, pipe: Any = None) -> None:
-    """Write ``entries`` (``-1``: take them back) to the store, on ``pipe`` if given."""
-    for table, member, amount in entries:
-        store.charge(member, sign * amount, pipe=pipe, table=table)
+    """Write ``entries`` (``-1``: take them back) to the store, on ``pipe`` if given: one
+    write for them all."""
+    store.count([(table, member, sign * amount, "add") for table, member, amount in entries],
+                pipe)
 
 
 def note(c: CompassContext, decision: Decision, sign: int = 1) -> None:

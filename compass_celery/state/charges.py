@@ -92,11 +92,8 @@ class ChargeBatcher:
         batch = {w: ms for w, ms in batch.items() if ms}
         if not batch:
             return 0
-        pipe = self.store.client.pipeline(transaction=False)  # batched for Redis stores only
-        try:
-            for (table, member), ms in batch.items():
-                self.store.charge(member, ms, pipe=pipe, table=table)
-            self.store.execute(pipe)  # type: ignore[attr-defined]
+        try:  # one write for the whole batch
+            self.store.count((table, member, ms, "add") for (table, member), ms in batch.items())
         except StateUnavailable as exc:
             self.dropped += len(batch)
             logger.warning("compass: %d backlog charge(s) not written (%s); the workers' "

@@ -31,26 +31,26 @@ WORKER_STATS = "{{{p}}}:worker-stats"
 # zset: worker name -> Redis TIME of its last publish (liveness); publish.lua / remove.lua,
 # run by state/store.py
 BEATS = "{{{p}}}:beats"
-# hash: worker name -> its total backlog, ms queued and running; counter.lua, run by
+# hash: worker name -> its total backlog, ms queued and running; counters.lua, run by
 # state/store.py (charge, set_backlog), and once.lua, run by jobs/submit.py (a job's
 # sources). Its members are worker names and nothing else
 BACKLOG = "{{{p}}}:backlog"
 # hash: queued_member(worker, level) -> ms queued on that worker at that priority level
 # and not started yet: charged with the backlog, taken off when the task starts, set by
-# the worker's reconcile; counter.lua (state/store.py) and once.lua (jobs/submit.py)
+# the worker's reconcile; counters.lua (state/store.py) and once.lua (jobs/submit.py)
 QUEUED = "{{{p}}}:queued"
 # hash: forming_member(worker, batch key) -> how many inputs of a batched task wait there
 # (added by whoever sends one, taken off when it starts, set by the worker's reconcile):
-# the planner reads the batch forming there from them; counter.lua and once.lua, as above
+# the planner reads the batch forming there from them; counters.lua and once.lua, as above
 FORMING = "{{{p}}}:forming"
 #: Separates the worker's name from the level or batch key in a QUEUED or FORMING member.
 MEMBER_SEP = "\x1f"
-# hash: worker name -> ms planned but not yet sent; counter.lua, run by state/store.py
+# hash: worker name -> ms planned but not yet sent; counters.lua, run by state/store.py
 # (add_pending), and once.lua, run by jobs/submit.py (a job's planned nodes)
 PENDING = "{{{p}}}:pending"
 # hash: queued_member(worker, level) -> the part of PENDING planned at that priority level:
 # added and taken off with it, so a task of priority p counts only the planned work at p
-# or above (planner.priority.for_priority); once.lua, counter.lua, as above
+# or above (planner.priority.for_priority); once.lua, counters.lua, as above
 PENDING_QUEUED = "{{{p}}}:pending-queued"
 
 #: The per-worker counter hashes by the name stores and the ledger call them: each one's

@@ -106,7 +106,7 @@ class StateMirror:
         self.refused: dict[str, str] = {}
         self.no_beat: set[str] = set()
         self.full_reads = self.records_fetched = self.own_skipped = 0
-        # Counter changes this process made itself, as counter.lua returned them:
+        # Counter changes this process made itself, as counters.lua returned them:
         # member -> (epoch, version, value). A read asks Redis to leave out a member whose
         # latest change is still that one, and takes the value from here instead.
         self.own: dict[str, tuple[str, int, Any]] = {}
@@ -114,8 +114,9 @@ class StateMirror:
         self._cursor = ""  # where the pass over the beats is ('': none under way)
 
     def note_own(self, member: str, reply: Any) -> None:
-        """Remember a counter change this process made (``counter.lua``'s reply): the next
-        read need not fetch it back. Called from any thread (one dict store)."""
+        """Remember a counter change this process made (``counters.lua``'s reply for it:
+        value, version, epoch): the next read need not fetch it back. Called from any
+        thread (one dict store)."""
         if isinstance(reply, (list, tuple)) and len(reply) == 3 and reply[1]:
             self.own[member] = (text(reply[2]), int(reply[1]), reply[0])
 

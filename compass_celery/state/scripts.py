@@ -26,7 +26,7 @@ from .cluster import is_cluster_client
 
 #: The subpackage of ``compass_celery`` each script lives in, beside the code that runs it.
 HOMES: dict[str, str] = {
-    **dict.fromkeys(("changelog", "counter", "learn", "publish", "remove", "snapshot"),
+    **dict.fromkeys(("changelog", "counters", "learn", "publish", "remove", "snapshot"),
                     "state"),
     **dict.fromkeys(("complete", "fail", "once"), "jobs"),
     **dict.fromkeys(("stage", "move", "lease", "promote", "claim", "fetch", "inflight",
@@ -49,8 +49,8 @@ _registered: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Any]] = \
 
 
 def register_script(client: Any, *names: str) -> Any:
-    """The scripts ``names`` joined into one (``"changelog", "counter"``: changelog.lua's
-    helpers in front of counter.lua), registered on ``client``: on a Redis Cluster a
+    """The scripts ``names`` joined into one (``"changelog", "counters"``: changelog.lua's
+    helpers in front of counters.lua), registered on ``client``: on a Redis Cluster a
     :class:`~compass_celery.state.scripts.ClusterScript` (cluster pipelines can run it),
     otherwise a :class:`~compass_celery.state.scripts.PipelinedScript` (pipelines run it
     without a SCRIPT EXISTS round trip; called directly it is redis-py's script). The

@@ -15,7 +15,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -43,11 +43,15 @@ __all__ = ["MemoryStateStore", "RedisStateStore", "Snapshot", "StateStore"]
 logger = logging.getLogger("compass_celery.state")
 
 #: Per pipeline, the counter changes a store queued on it, as (reply index, change-log
-#: member): :meth:`RedisStateStore.execute` hands their replies to the mirror. This
+#: members): :meth:`RedisStateStore.execute` hands their replies to the mirror. This
 #: module's table, not the pipeline's attributes, and gone with the pipeline; the lock
 #: guards it (stores are used from several threads).
-_own_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, str]]] = \
+_own_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, list[str]]]] = \
     weakref.WeakKeyDictionary()
+
+#: One counter change: (table of :data:`keys.COUNTERS`, member, ms, mode), mode "add" (add
+#: ``ms``) or "set" (overwrite, never below zero).
+CounterChange = tuple[str, str, float, str]
 #: Per pipeline, the learned-value updates queued on it, as (reply index, update):
 #: :meth:`RedisStateStore.execute` settles them (``_carry``). Guarded by the same lock.
 _own_learned: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = \
@@ -83,6 +87,10 @@ class StateStore(Protocol):
 
     def remove(self, name: str) -> None:
         """Forget a worker: its record, beat, backlog and pending counters."""
+
+    def count(self, changes: Iterable[CounterChange], pipe: Any = None) -> None:
+        """Apply counter changes together (a producer's flush of charges, a worker's
+        reconcile): one write for them all; queued on ``pipe`` when given."""
 
     def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
         """Add ``ms`` (negative to release) to a counter: by default a worker's backlog;
@@ -163,17 +171,22 @@ class MemoryStateStore:
                 for member in [m for m in table if keys.split_member(m)[0] == name]:
                     del table[member]
 
+    def count(self, changes: Iterable[CounterChange], pipe: Any = None) -> None:
+        """Apply counter changes, each never below zero (``pipe`` is ignored)."""
+        with self._lock:
+            for table, member, ms, mode in changes:
+                counts = self.counters[table]
+                base = counts.get(member, 0.0) if mode == "add" else 0.0
+                counts[member] = max(0.0, base + ms)
+
     def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
         """Add ``ms`` to a counter, never below zero (``pipe`` is ignored)."""
-        with self._lock:
-            counts = self.counters[table]
-            counts[member] = max(0.0, counts.get(member, 0.0) + ms)
+        self.count([(table, member, ms, "add")])
 
     def set_backlog(self, member: str, ms: float, pipe: Any = None,
                     table: str = "backlog") -> None:
         """Overwrite a counter with a reconciled value (``pipe`` is ignored)."""
-        with self._lock:
-            self.counters[table][member] = max(0.0, ms)
+        self.count([(table, member, ms, "set")])
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work, never below zero."""
@@ -294,7 +307,7 @@ class RedisStateStore:
             self._client = self._factory(self.url)
             self._pid = os.getpid()
             client = self._client
-            self._counter = register_script(client, "changelog", "counter")
+            self._counters = register_script(client, "changelog", "counters")
             self._learn = register_script(client, "changelog", "learn")
             self._publish = register_script(client, "changelog", "publish")
             self._remove = register_script(client, "changelog", "remove")
@@ -328,32 +341,51 @@ class RedisStateStore:
                                                    "pending_queued")],
             args=[name, epoch(), CHANGE_LOG_SIZE, keys.MEMBER_SEP]))
 
-    def _count(self, table: str, field: str, ms: float, mode: str, pipe: Any) -> None:
+    def count(self, changes: Iterable[CounterChange], pipe: Any = None) -> None:
+        """Apply counter changes in one counters.lua call (each logged for readers if it
+        changed the value); queued on ``pipe`` when given. This process's reads then skip
+        the changes it logged (their values came back here)."""
+        changes = list(changes)
+        if not changes:
+            return
         self._call(lambda: self.client)  # a cluster client connects when made
-        member = f"{keys.COUNTERS[table][1]}:{field}"
-        reply = self._call(lambda: self._counter(
-            keys=[self._keys[table], *self._log],
-            args=[field, ms, mode, member, epoch(), CHANGE_LOG_SIZE], client=pipe))
+        tables = list(dict.fromkeys(table for table, _, _, _ in changes))
+        at = {table: i + 3 for i, table in enumerate(tables)}  # KEYS index, from 1
+        args: list[Any] = [epoch(), CHANGE_LOG_SIZE,
+                           "".join(keys.COUNTERS[t][1] for t in tables)]
+        for table, member, ms, mode in changes:
+            args += (at[table], member, ms, mode)
+        members = [f"{keys.COUNTERS[t][1]}:{m}" for t, m, _, _ in changes]
+        reply = self._call(lambda: self._counters(
+            keys=[*self._log, *(self._keys[t] for t in tables)], args=args, client=pipe))
         if pipe is None:
-            self._mirror.note_own(member, reply)
+            self._note_own(members, reply)
         else:  # its reply comes from execute(pipe): remember where it will be
             with _own_lock:
-                _own_queued.setdefault(pipe, []).append((len(pipe) - 1, member))
+                _own_queued.setdefault(pipe, []).append((len(pipe) - 1, members))
+
+    def _note_own(self, members: list[str], reply: Any) -> None:
+        """Hand counters.lua's reply (epoch, then value and version a change) to the
+        mirror, change by change."""
+        if not isinstance(reply, (list, tuple)) or len(reply) != 1 + 2 * len(members):
+            return  # not counters.lua's (a stand-in client): nothing to skip
+        for k, member in enumerate(members):
+            self._mirror.note_own(member, (reply[2 * k + 1], reply[2 * k + 2], reply[0]))
 
     def charge(self, member: str, ms: float, pipe: Any = None, table: str = "backlog") -> None:
         """Add ``ms`` to a counter (by default a worker's backlog); queued on ``pipe``
         when given."""
-        self._count(table, member, ms, "add", pipe)
+        self.count([(table, member, ms, "add")], pipe)
 
     def set_backlog(self, member: str, ms: float, pipe: Any = None,
                     table: str = "backlog") -> None:
         """Overwrite a counter (by default a worker's backlog) with a reconciled value
         (never below zero); queued on ``pipe`` when given."""
-        self._count(table, member, max(0.0, ms), "set", pipe)
+        self.count([(table, member, max(0.0, ms), "set")], pipe)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""
-        self._count("pending", worker, ms, "add", pipe)
+        self.count([("pending", worker, ms, "add")], pipe)
 
     def record_run(self, key: str, ms: float, alpha: float, pipe: Any = None) -> None:
         """Fold a measured run time into the learned one (records.next_profile) and log it
@@ -431,8 +463,8 @@ class RedisStateStore:
         with _own_lock:
             own = _own_queued.pop(pipe, ())
             learned = _own_learned.pop(pipe, ())
-        for at, member in own:
-            self._mirror.note_own(member, replies[at])
+        for at, members in own:
+            self._note_own(members, replies[at])
         for at, call in learned:
             self._carry(call, replies[at])
         return replies

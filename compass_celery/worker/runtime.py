@@ -303,12 +303,12 @@ class WorkerRuntime:
             if d.batch:
                 inputs[d.batch] = inputs.get(d.batch, 0) + 1
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
-        store.set_backlog(self.name, self.tasks.running_charge_ms()
-                          + sum(d.charge_ms for d in waiting), pipe=pipe)
-        for level, ms in by_level.items():
-            store.set_backlog(queued_member(self.name, level), ms, pipe=pipe, table="queued")
-        for batch, n in inputs.items():
-            store.set_backlog(forming_member(self.name, batch), n, pipe=pipe, table="forming")
+        backlog = self.tasks.running_charge_ms() + sum(d.charge_ms for d in waiting)
+        store.count([("backlog", self.name, max(0.0, backlog), "set"),
+                     *(("queued", queued_member(self.name, level), max(0.0, ms), "set")
+                       for level, ms in by_level.items()),
+                     *(("forming", forming_member(self.name, batch), max(0, n), "set")
+                       for batch, n in inputs.items())], pipe=pipe)
         self._batch_keys |= inputs.keys()  # once seen, always set: a stale count is reset
         if pipe is None:
             return True

@@ -73,7 +73,7 @@ def test_every_state_script_call_is_single_slot(prefix):
     store.record_run("task|model", 5.0, 0.3)
     store.record_plan_error("interactive", 5.0, 0.9, 10.0)
     store.snapshot(time.time(), 30.0)
-    assert {name for name, _ in client.calls} == {"publish", "remove", "counter", "learn",
+    assert {name for name, _ in client.calls} == {"publish", "remove", "counters", "learn",
                                                   "snapshot"}
     state_slot = slots([keys.key(keys.WORKERS, prefix)])
     for name, used in client.calls:
@@ -102,7 +102,7 @@ def test_job_keys_carry_the_job_id_as_their_tag():
 
 
 def test_every_script_is_checked_or_runs_on_the_broker():
-    checked = {"changelog", "publish", "remove", "counter", "learn", "snapshot", "complete",
+    checked = {"changelog", "publish", "remove", "counters", "learn", "snapshot", "complete",
                "fail", "once"}
     shipped = {p.stem for p in PACKAGE.glob("*/lua/*.lua")}
     assert shipped == set(HOMES), "every script file is named in scripts.HOMES, and only those"

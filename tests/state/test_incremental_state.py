@@ -252,8 +252,8 @@ def test_a_script_is_registered_once_per_client_and_still_runs_after_a_flush(sto
     writer.publish(_view("a"))
     _snap(reader)
     client.script_flush()
-    counter = register_script(writer.client, "changelog", "counter")
-    assert counter is writer._counter  # the store's own, registered when it connected
+    counters = register_script(writer.client, "changelog", "counters")
+    assert counters is writer._counters  # the store's own, registered when it connected
     writer.charge("a", 30.0)  # run directly: NOSCRIPT, loaded, run once
     assert [w.backlog_ms for w in _snap(reader).workers] == [30.0]
 
@@ -357,3 +357,30 @@ def test_counts_of_waiting_batch_inputs_are_read_and_go_with_their_worker(stores
     snap = _snap(reader)
     assert [(w.name, w.queued_inputs) for w in snap.workers] == [("b", {"t|m": 1})]
     assert "a" not in reader._mirror.inputs and reader.full_reads == 1
+
+
+def test_many_counter_changes_are_one_write_and_each_is_logged_once(stores):
+    """``count`` applies a whole batch (a producer's flush, a worker's reconcile) in one
+    script call: every change lands as one alone would (an addition adds, a reset never
+    goes below zero, one that changes nothing logs nothing), other readers fetch them,
+    and the writer's own reader skips each change it logged."""
+    writer, reader, client = stores
+    for name in ("a", "b"):
+        writer.publish(_view(name))
+    _snap(reader)
+    _snap(writer)
+    calls = client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0)
+    writer.count([("backlog", "a", 30.0, "add"), ("backlog", "b", 12.0, "add"),
+                  ("queued", keys.queued_member("a", 9), 30.0, "add"),
+                  ("backlog", "b", -20.0, "set")])
+    assert client.info("commandstats")["cmdstat_evalsha"]["calls"] == calls + 1
+    snap = _snap(reader)
+    assert (_backlog(snap, "a"), _backlog(snap, "b")) == (30.0, 0.0)
+    assert next(w for w in snap.workers if w.name == "a").queued_ms == {9: 30.0}
+    assert set(writer._mirror.own) == {"b:a", "b:b", f"q:{keys.queued_member('a', 9)}"}
+    before = client.hget(keys.key(keys.STATE_LOG, "compass"), "version")
+    writer.count([("backlog", "a", 30.0, "set")])  # the same value: nothing logged
+    assert client.hget(keys.key(keys.STATE_LOG, "compass"), "version") == before
+    mine = _snap(writer)  # the writer's own changes are not fetched back
+    assert (_backlog(mine, "a"), _backlog(mine, "b")) == (30.0, 0.0)
+    assert writer._mirror.own_skipped >= 3

@@ -6,7 +6,7 @@
 --       3 heartbeat timeout (s), 4 a ZSCAN cursor over the beats ('' for none: the
 --       reader refreshes the beats it reports a slice at a time, now and then),
 --       5 the reader's own writes: 'member<TAB>version' lines of counter changes this
---       reader made itself and already knows the value of (counter.lua returned it); a
+--       reader made itself and already knows the value of (counters.lua returned it); a
 --       member whose latest change is still that version is left out of a delta
 -- Returns {epoch or false, version, Redis TIME, kind, number of records, stale beats,
 --          beats, body}; beats is {next cursor, flat name/score list} or false:
