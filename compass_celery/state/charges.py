@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 
 class ChargeBatcher:
-    """Gathers backlog charges per worker and writes them in one pipeline per flush."""
+    """Gathers backlog charges per worker and writes them in one script call per flush."""
 
     def __init__(self, store: StateStore, linger_s: float = 0.001) -> None:
         self.store, self.linger_s = store, linger_s

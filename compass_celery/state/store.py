@@ -49,14 +49,14 @@ logger = logging.getLogger("compass_celery.state")
 _own_queued: weakref.WeakKeyDictionary[Any, list[tuple[int, list[str]]]] = \
     weakref.WeakKeyDictionary()
 
-#: One counter change: (table of :data:`keys.COUNTERS`, member, ms, mode), mode "add" (add
-#: ``ms``) or "set" (overwrite, never below zero).
-CounterChange = tuple[str, str, float, str]
 #: Per pipeline, the learned-value updates queued on it, as (reply index, update):
 #: :meth:`RedisStateStore.execute` settles them (``_carry``). Guarded by the same lock.
 _own_learned: weakref.WeakKeyDictionary[Any, list[tuple[int, Any]]] = \
     weakref.WeakKeyDictionary()
 _own_lock = threading.Lock()
+#: One counter change: (table of :data:`keys.COUNTERS`, member, ms, mode), mode "add" (add
+#: ``ms``) or "set" (overwrite, never below zero).
+CounterChange = tuple[str, str, float, str]
 #: How many times one learned-value update is tried against other writers.
 LEARN_TRIES = 5
 
