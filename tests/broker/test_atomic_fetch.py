@@ -157,18 +157,18 @@ def test_a_look_put_back_is_taken_next_and_rings(compass_redis_url):
 
 
 def test_a_publish_onto_a_compass_queue_is_one_script_that_survives_a_script_flush(
-        compass_redis_url):
+        private_redis_url):
     """push.lua (by EVALSHA) keeps kombu's push exactly: the priority list, the global key
     prefix, a queue's x-expires on each of its lists; the bell rings in the same step.
     A Redis that lost its scripts (SCRIPT FLUSH, a restart) still gets every message."""
     from kombu import Connection
 
     ring_compass_queues("compass.w.", SHARED)
-    client = redis.Redis.from_url(compass_redis_url)
+    client = redis.Redis.from_url(private_redis_url)
     layout = RedisLayout(keyprefix="pfx:")
     queue = "compass.w.push"
     client.delete(layout.bell(queue), *layout.lists(queue))
-    with Connection(compass_redis_url, transport_options={"global_keyprefix": "pfx:"}) as conn, \
+    with Connection(private_redis_url, transport_options={"global_keyprefix": "pfx:"}) as conn, \
             conn.SimpleQueue(queue, queue_opts={"expires": 60.0}) as q:
         q.put({"n": 0}, priority=9)  # declares the queue; its script loaded
         client.delete(layout.bell(queue), *layout.lists(queue))
@@ -190,7 +190,7 @@ def test_a_publish_onto_a_compass_queue_is_one_script_that_survives_a_script_flu
 
 
 def test_held_pushes_go_in_one_round_trip_when_sent_and_survive_a_script_flush(
-        compass_redis_url):
+        private_redis_url):
     """Pushes held by held_pushes() reach Redis only when sent, all in one pipeline (each
     still push.lua: its list and its bell); a Redis that lost the script still gets
     every message; a push outside the block is not held."""
@@ -199,12 +199,12 @@ def test_held_pushes_go_in_one_round_trip_when_sent_and_survive_a_script_flush(
     from compass_celery.broker.fetch import held_pushes
 
     ring_compass_queues("compass.w.", SHARED)
-    client = redis.Redis.from_url(compass_redis_url)
+    client = redis.Redis.from_url(private_redis_url)
     layout = RedisLayout()
     queues = ("compass.w.held1", "compass.w.held2")
     client.delete(*(layout.bell(q) for q in queues), *(k for q in queues
                                                        for k in layout.lists(q)))
-    with Connection(compass_redis_url) as conn, conn.SimpleQueue(queues[0]) as q1, \
+    with Connection(private_redis_url) as conn, conn.SimpleQueue(queues[0]) as q1, \
             conn.SimpleQueue(queues[1]) as q2:
         q1.put({"n": 0}, priority=9)  # declares it, loads the script
         client.delete(layout.list_for(queues[0], 9), layout.bell(queues[0]))
