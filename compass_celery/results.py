@@ -97,10 +97,9 @@ def job_records(jobs: Sequence[JobOutcome]) -> list[dict[str, object]]:
 
 def slo_result(jobs: Sequence[JobOutcome], warmup_frac: float) -> dict[str, object]:
     """Deadline outcomes, in all and per SLO class: admitted, rejected, shed, late (taken
-    although predicted to miss), met,
-    attainment (met / all jobs), goodput (met per second of the run), the latency of
-    what completed and how fast a refusal reached its sender. Empty when no job had an
-    SLO class. Counts cover every job after warm-up."""
+    although predicted to miss), met, attainment (met / all jobs), goodput (met per second
+    of the run), the latency of what completed and how fast a refusal reached its sender.
+    Empty when no job had an SLO class. Counts cover every job after warm-up."""
     skip = int(len(jobs) * warmup_frac)
     scored = [j for j in jobs if j.index >= skip]
     if not any(j.slo for j in jobs) or not scored:

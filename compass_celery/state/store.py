@@ -381,7 +381,7 @@ class RedisStateStore:
                     table: str = "backlog") -> None:
         """Overwrite a counter (by default a worker's backlog) with a reconciled value
         (never below zero); queued on ``pipe`` when given."""
-        self.count([(table, member, max(0.0, ms), "set")], pipe)
+        self.count([(table, member, ms, "set")], pipe)
 
     def add_pending(self, worker: str, ms: float, pipe: Any = None) -> None:
         """Add ``ms`` of planned-but-unsent work; queued on ``pipe`` when given."""

@@ -304,10 +304,10 @@ class WorkerRuntime:
                 inputs[d.batch] = inputs.get(d.batch, 0) + 1
         pipe = store.client.pipeline(transaction=False) if store.client is not None else None
         backlog = self.tasks.running_charge_ms() + sum(d.charge_ms for d in waiting)
-        store.count([("backlog", self.name, max(0.0, backlog), "set"),
-                     *(("queued", queued_member(self.name, level), max(0.0, ms), "set")
+        store.count([("backlog", self.name, backlog, "set"),  # a "set" never goes below 0
+                     *(("queued", queued_member(self.name, level), ms, "set")
                        for level, ms in by_level.items()),
-                     *(("forming", forming_member(self.name, batch), max(0, n), "set")
+                     *(("forming", forming_member(self.name, batch), n, "set")
                        for batch, n in inputs.items())], pipe=pipe)
         self._batch_keys |= inputs.keys()  # once seen, always set: a stale count is reset
         if pipe is None:
