@@ -10,6 +10,11 @@ A timing is *slower* when today's median exceeds the base's by more than the spr
 the rounds themselves show (the larger of the two sides' max - min) and by more than
 ``--tolerance`` of the base. A simulated result that differs is *changed*: not a
 slowdown, but a difference in what the simulator computes, which a commit should name.
+
+The probe also times the host itself (``host ...``: a bare Python loop, a Redis ping, a
+plain Celery enqueue), which no commit changes: the session hosts differ by over 2x, so
+an absolute figure says little without them. They are never a slowdown; the report
+prints them, and the routing decision as a multiple of a plain Celery enqueue.
 The gate lives outside pytest on purpose: timings are flaky on a shared test machine.
 """
 
@@ -58,6 +63,24 @@ with RedisServer() as server:
     router("emulated.caption", (), {}, {}, task)
     us = overhead._time(lambda: router("emulated.caption", (), {}, {}, task), 2000, 1e6)
     out["route 64 workers us"] = statistics.median(us)
+    # the host's own speed, which no commit changes: what the timings above are read against
+    from celery import Celery
+    def noop(x):
+        return x
+    plain = Celery("host", broker=server.url).task(name="host.noop")(noop)
+    client = app.compass.store.client
+    out["host redis ping us"] = statistics.median(overhead._time(client.ping, 500, 1e6))
+    for _ in range(50):  # a Celery app without compass: its enqueue, as users know it
+        plain.apply_async((1,))
+    out["host celery enqueue us"] = statistics.median(
+        overhead._time(lambda: plain.apply_async((1,)), 500, 1e6))
+    out["route 64 workers / celery enqueue x"] = (out["route 64 workers us"]
+                                                  / out["host celery enqueue us"])
+    t = time.perf_counter()
+    total = 0
+    for k in range(2_000_000):
+        total += k
+    out["host python loop s"] = time.perf_counter() - t
     if chains:
         from celery import chain
         from compass_celery.jobs.dag import Dag
@@ -97,6 +120,10 @@ print("REGRESS " + json.dumps(out))
 AT_SCALE = ("dags/edge-vision.json", 10_000, 1000, 1500.0)
 
 
+#: The prefix of the metrics that time the host, not the code (never a slowdown).
+HOST = "host "
+
+
 @dataclass(frozen=True)
 class Verdict:
     """One metric, base against today: medians, the rounds' spread, and what it means."""
@@ -105,7 +132,7 @@ class Verdict:
     base: float
     today: float
     spread: float
-    word: str  # "slower", "faster", "same", "changed" (a result) or "missing"
+    word: str  # "slower", "faster", "same", "changed" (a result), "host" or "missing"
 
 
 def judge(base: Mapping[str, Sequence[float]], today: Mapping[str, Sequence[float]],
@@ -123,6 +150,8 @@ def judge(base: Mapping[str, Sequence[float]], today: Mapping[str, Sequence[floa
         spread = max(max(b) - min(b), max(t) - min(t))
         if metric.startswith("result "):
             word = "same" if set(b) == set(t) and len(set(b)) == 1 else "changed"
+        elif metric.startswith(HOST):
+            word = "host"  # the machine's speed, not the code's
         else:
             margin = max(spread, tolerance * abs(mb))
             word = "slower" if mt - mb > margin else "faster" if mb - mt > margin else "same"
@@ -184,6 +213,10 @@ def report(verdicts: Sequence[Verdict], echo: Callable[[str], Any] = print) -> b
     echo(f"{'metric':44s} {'base':>12s} {'today':>12s} {'spread':>10s}  verdict")
     for v in verdicts:
         echo(f"{v.metric:44s} {v.base:12.4g} {v.today:12.4g} {v.spread:10.3g}  {v.word}")
+    host = {v.metric: v for v in verdicts if v.word == "host"}
+    if host:
+        echo("host (base / today medians): " + ", ".join(
+            f"{m.removeprefix(HOST)} {v.base:.4g} / {v.today:.4g}" for m, v in host.items()))
     slower = [v.metric for v in verdicts if v.word == "slower"]
     changed = [v.metric for v in verdicts if v.word == "changed"]
     echo(f"verdict: {'SLOWER: ' + ', '.join(slower) if slower else 'no slowdown'}"

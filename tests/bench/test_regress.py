@@ -28,6 +28,17 @@ def test_a_result_that_differs_is_changed_not_slower():
     assert "results changed: result w mean ms" in lines[-1]
 
 
+def test_the_hosts_own_timings_are_never_a_slowdown_and_are_printed():
+    verdicts = judge({"host python loop s": [0.10, 0.10], "route us": [100.0, 100.0]},
+                     {"host python loop s": [0.25, 0.25], "route us": [100.0, 100.0]})
+    words = {v.metric: v.word for v in verdicts}
+    assert words == {"host python loop s": "host", "route us": "same"}
+    lines: list[str] = []
+    assert report(verdicts, lines.append)  # the host 2.5x slower: not the code's slowdown
+    assert "host (base / today medians): python loop s 0.1 / 0.25" in lines
+    assert lines[-1] == "verdict: no slowdown"
+
+
 def test_report_fails_on_a_slowdown():
     lines: list[str] = []
     assert not report(judge({"t s": [1.0, 1.0]}, {"t s": [2.0, 2.0]}), lines.append)
