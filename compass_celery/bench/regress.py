@@ -12,9 +12,10 @@ the rounds themselves show (the larger of the two sides' max - min) and by more 
 slowdown, but a difference in what the simulator computes, which a commit should name.
 
 The probe also times the host itself (``host ...``: a bare Python loop, a Redis ping, a
-plain Celery enqueue), which no commit changes: the session hosts differ by over 2x, so
-an absolute figure says little without them. They are never a slowdown; the report
-prints them, and the routing decision as a multiple of a plain Celery enqueue.
+Celery enqueue by an app without compass), which no commit changes: the session hosts
+differ by over 2x, so an absolute figure says little without them. They are never a
+slowdown; the report prints them, and the routing decision as a multiple of that enqueue.
+
 The gate lives outside pytest on purpose: timings are flaky on a shared test machine.
 """
 
