@@ -29,7 +29,7 @@ from .state.connection import connect
 from .state.keys import JOB_HEADER
 from .state.reader import SnapshotReader
 from .state.store import FULL_READ_S, MemoryStateStore, RedisStateStore, StateStore
-from .state.views import cluster_view
+from .state.views import cluster_view, with_planned_loads
 from .task_class import install_task_class, refuse_bound_tasks
 
 logger = logging.getLogger("compass_celery")
@@ -201,6 +201,8 @@ class Compass:
             self.store, self.settings.snapshot_ttl_s, self.settings.heartbeat_timeout_s,
             refresh_ahead_s=self.settings.snapshot_refresh_ahead_s if ahead else 0.0,
             keep_fresh_s=self.settings.snapshot_keep_fresh_s if ahead else 0.0)
+        # every producer's planned loads, in what each read plans on (workers' too)
+        reader.fold = lambda snap: with_planned_loads(snap, self.model_sizes())
         if ahead:  # a producer's decisions plan on the view; a worker's rarely need one
             reader.prepare = lambda snap: cluster_view(snap, self.model_sizes())
         return reader

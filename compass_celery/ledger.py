@@ -13,6 +13,7 @@ what is charged is what is released.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from .planner.cost import MS_PER_S
 from .planner.evict import eviction_rank
 from .planner.fold import load_span
 from .planner.types import SHARED
+from .state.connection import StateUnavailable
 from .state.keys import forming_member, queued_member
 from .state.views import cluster_view
 
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from .context import CompassContext
     from .placement import Decision
     from .state.store import Snapshot, StateStore
+
+logger = logging.getLogger("compass_celery.router")
 
 #: What a send charges, as (counter hash, member, amount): the hash by its name in
 #: :data:`compass_celery.state.keys.COUNTERS` ("backlog", "queued", "forming"; a plan's
@@ -109,14 +113,34 @@ def note_load(c: CompassContext, worker: str, model: str | None, finish_ms: floa
     a second time elsewhere nor counts the evicted models as there. Nothing when the
     model is resident or loading there already. ``snapshot``: the one the placement was
     planned on (its view ranks the victims, asked only when something must go);
-    ``sizes``, the model sizes it was planned with (default: the context's now)."""
+    ``sizes``, the model sizes it was planned with (default: the context's now). A load
+    this process's snapshot did not show yet is published for the other producers too
+    (:func:`publish_load`)."""
     if model is None or worker == SHARED:
         return
     if sizes is None:
         sizes = c.model_sizes()
     span = load_span(time.time(), finish_ms, run_ms, MS_PER_S)
-    c.reader.note_load(worker, model, span, sizes,
-                       lambda: eviction_rank(cluster_view(snapshot, sizes)))
+    if c.reader.note_load(worker, model, span, sizes,
+                          lambda: eviction_rank(cluster_view(snapshot, sizes))):
+        publish_load(c, worker, model, span[1])
+
+
+def publish_load(c: CompassContext, worker: str, model: str, ends: float) -> None:
+    """Publish a load of ``model`` this process planned on ``worker``, to end at ``ends``
+    (unix s), so every producer's next read folds it in as this one did: with the
+    router's charges when it has a batcher (no round trip of its own), else at once.
+    Best effort: a store that is away loses it, and the worker's record shows the load
+    once it starts."""
+    charges = getattr(c.router, "charges", None)
+    if charges is not None:
+        charges.plan_load(worker, model, ends)
+        return
+    try:
+        c.store.plan_loads([(worker, model, ends)])
+    except StateUnavailable as exc:
+        logger.debug("compass: planned load of %s on %s not published (%s)", model, worker,
+                     exc)
 
 
 def charge(c: CompassContext, decision: Decision, sign: int = 1, pipe: Any = None) -> None:

@@ -64,6 +64,35 @@ def planned_load(worker: WorkerView, model: str, sizes: Mapping[str, float], now
                   loading={**worker.loading, model: (now, max(ends, now))})
 
 
+def fold_planned(workers: tuple[WorkerView, ...], planned: Mapping[str, Mapping[str, float]],
+                 sizes: Mapping[str, float], now: float,
+                 rank: Rank | Callable[[], Rank] | None = None) -> tuple[WorkerView, ...]:
+    """``workers`` with every producer's planned loads (``planned``: worker -> model ->
+    when the model is to be in, on the clock of ``now``) folded in by
+    :func:`planned_load`, those not over at ``now``, each worker's in the order they end:
+    what one producer folds of its own loads, the others read from the store. A load
+    is taken to run its whole time there (size over the worker's load rate) up to its
+    end, so what is left of it is never more than the time to its end. ``workers``
+    itself when nothing changes (the load is in the worker's record, or none is
+    planned)."""
+    if not planned:
+        return workers
+    out = list(workers)
+    changed = False
+    for i, w in enumerate(workers):
+        loads = planned.get(w.name)
+        if not loads:
+            continue
+        for model, ends in sorted(loads.items(), key=lambda kv: (kv[1], kv[0])):
+            size = sizes.get(model)
+            if ends < now or size is None:
+                continue
+            rate = w.host_load_mb_per_s if model in w.host_resident else w.load_mb_per_s
+            began = min(now, ends - size / rate) if rate > 0 else now
+            out[i] = planned_load(out[i], model, sizes, began, ends, rank)
+        changed = changed or out[i] is not w
+    return tuple(out) if changed else workers
+
 
 def charged(w: WorkerView, ms: float, pending: bool = False,
             level: int | None = None, total: bool = True) -> WorkerView:

@@ -53,6 +53,15 @@ PENDING = "{{{p}}}:pending"
 # or above (planner.priority.for_priority); once.lua, counters.lua, as above
 PENDING_QUEUED = "{{{p}}}:pending-queued"
 
+# zset: loads_member(worker, model) -> when a load of that model there, planned by a
+# producer and not yet under way, is to end (unix s, the producer's clock): every
+# producer's planned loads, so the others plan around them until the worker's record
+# shows the load (ZADD by state/store.py, plan_loads, from the router's and a job
+# submission's flushes; read by snapshot.lua, entries past their end left out)
+PLANNED_LOADS = "{{{p}}}:planned-loads"
+#: What a producer's unwritten charges call a planned load not published yet
+#: (``ChargeBatcher.read_through``: its member :func:`loads_member`, its amount the end).
+LOADS = "loads"
 #: The per-worker counter hashes by the name stores and the ledger call them: each one's
 #: template and the letter its changes carry in the change log (CHANGES).
 COUNTERS: dict[str, tuple[str, str]] = {
@@ -162,13 +171,18 @@ def forming_member(worker: str, batch: str) -> str:
     return f"{worker}{MEMBER_SEP}{batch}"
 
 
+def loads_member(worker: str, model: str) -> str:
+    """The PLANNED_LOADS member of a planned load of ``model`` on ``worker``."""
+    return f"{worker}{MEMBER_SEP}{model}"
+
+
 def refusal_member(slo: str, cause: str) -> str:
     """The REFUSALS member counting SLO class ``slo``'s refusals for ``cause``."""
     return f"{slo}{MEMBER_SEP}{cause}"
 
 
 def split_member(member: str) -> tuple[str, str]:
-    """A QUEUED or FORMING member as (worker, level or batch key)."""
+    """A QUEUED, FORMING or PLANNED_LOADS member as (worker, level, batch key or model)."""
     worker, _, part = member.partition(MEMBER_SEP)
     return worker, part
 

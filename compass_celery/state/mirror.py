@@ -76,6 +76,21 @@ def inputs_by_worker(flat: dict[str, Any]) -> dict[str, dict[str, int]]:
     return table
 
 
+def planned_by_worker(flat: Sequence[Any]) -> dict[str, dict[str, float]]:
+    """PLANNED_LOADS' member/end pairs as worker -> model -> when the load ends (unix s);
+    a pair that is not a worker, a model and a number is skipped."""
+    table: dict[str, dict[str, float]] = {}
+    for i in range(0, len(flat) - 1, 2):
+        worker, model = split_member(text(flat[i]))
+        try:
+            ends = float(flat[i + 1])
+        except (TypeError, ValueError):
+            continue
+        if worker and model and ends == ends:  # (not NaN)
+            table.setdefault(worker, {})[model] = ends
+    return table
+
+
 class StateMirror:
     """One process's copy of the cluster state, kept current from the change log.
 
@@ -104,6 +119,9 @@ class StateMirror:
         self.position: dict[str, int] = {}  # name -> index in order (and workers)
         self.workers: tuple[WorkerView, ...] = ()
         self.refused: dict[str, str] = {}
+        # worker -> model -> when its planned load ends (unix s): the loads producers
+        # planned that were not over at the last read (PLANNED_LOADS, read whole)
+        self.planned: dict[str, dict[str, float]] = {}
         self.no_beat: set[str] = set()
         self.full_reads = self.records_fetched = self.own_skipped = 0
         # Counter changes this process made itself, as counters.lua returned them:
@@ -144,9 +162,10 @@ class StateMirror:
         own, own_arg = self._take_own()
         for _attempt in range(2):
             mine = self.version
-            epoch, version, redis_now, kind, count, stale, beats, body = call(
+            epoch, version, redis_now, kind, count, stale, beats, body, planned = call(
                 [text(self.epoch or ""), mine, timeout_s, self._cursor,
                  own_arg if mine >= 0 else ""])
+            self.planned = planned_by_worker(planned)
             kind, redis_now = text(kind), float(redis_now)
             if kind == "full":
                 dirty |= self.load(*(pairs(part) for part in body))

@@ -36,7 +36,7 @@ from ..planner.fold import Rank, planned_load
 from ..planner.fold import charged as _charge
 from ..planner.types import WorkerView
 from .connection import StateUnavailable
-from .keys import split_member
+from .keys import LOADS, split_member
 from .store import Snapshot, StateStore
 
 logger = logging.getLogger("compass_celery.state")
@@ -64,6 +64,10 @@ class SnapshotReader:
         self.refresh_ahead_s = refresh_ahead_s
         self.keep_fresh_s = keep_fresh_s
         self.prepare: Callable[[Snapshot], object] | None = None
+        #: What a read is folded through before it is kept: every producer's planned
+        #: loads into the workers' views (``state.views.with_planned_loads``); None: kept
+        #: as read.
+        self.fold: Callable[[Snapshot], Snapshot] | None = None
         self._used_at = float("-inf")  # clock time of the last get
         self._dormant = True  # the thread waits for a get (not keeping fresh)
         self.charges: ChargeSource | None = None
@@ -129,7 +133,9 @@ class SnapshotReader:
             else:
                 snap, unflushed = self.charges.read_through(
                     lambda: self.store.snapshot(now, self.timeout_s))
-                snap = _charged(snap, unflushed)
+                snap = _planning(_charged(snap, unflushed), unflushed)
+            if self.fold is not None and snap.planned_loads:
+                snap = self.fold(snap)
         except StateUnavailable as exc:
             with self._lock:
                 self._down_until, self._down_why = now + self.retry_after_s, str(exc)
@@ -224,30 +230,34 @@ class SnapshotReader:
 
     def note_load(self, worker: str, model: str, span: tuple[float, float],
                   sizes: Mapping[str, float], rank: Rank | Callable[[], Rank] | None = None
-                  ) -> None:
+                  ) -> bool:
         """Fold a load of ``model`` this process planned on ``worker`` into its snapshot
         (``planner.fold.planned_load``: loading over ``span`` on the reader's clock, what
-        the cache would evict for it gone), until the next read replaces the row."""
-        self._fold(worker, lambda w: planned_load(w, model, sizes, *span, rank))
+        the cache would evict for it gone), until the next read replaces the row; whether
+        it changed the row (False: the model is resident or loading there already, or no
+        snapshot holds the worker)."""
+        return self._fold(worker, lambda w: planned_load(w, model, sizes, *span, rank))
 
-    def _fold(self, worker: str, change: Callable[[WorkerView], WorkerView]) -> None:
-        """Replace ``worker``'s view in this process's snapshot with ``change`` of it."""
+    def _fold(self, worker: str, change: Callable[[WorkerView], WorkerView]) -> bool:
+        """Replace ``worker``'s view in this process's snapshot with ``change`` of it;
+        whether that changed it."""
         with self._lock:
             snap = self._snap
             if snap is None:
-                return
+                return False
             workers = snap.workers
             if self._indexed is not workers:  # positions by name, kept while they hold
                 self._index = {w.name: i for i, w in enumerate(workers)}
             i = self._index.get(worker)
             if i is None:
-                return
+                return False
             w = change(workers[i])
             if w is workers[i]:
-                return
+                return False
             workers = (*workers[:i], w, *workers[i + 1:])
             self._indexed = workers
             self._snap = evolve(snap, workers=workers)
+            return True
 
     def read_before_deciding(self) -> None:
         """From now on read at each decision past the TTL: no reading ahead, no keeping
@@ -273,7 +283,8 @@ class ChargeSource(Protocol):
     def read_through(self, read: Callable[[], Snapshot]
                      ) -> tuple[Snapshot, dict[tuple[str, str], float]]:
         """``read()`` while no charge is written; returns what was read and every charge
-        not written yet, by (counter hash, member)."""
+        not written yet, by (counter hash, member), and every planned load not published
+        yet, by (``LOADS``, its member): when it ends."""
 
 
 def _count_input(w: WorkerView, batch: str, n: float) -> WorkerView:
@@ -287,10 +298,26 @@ def _count_input(w: WorkerView, batch: str, n: float) -> WorkerView:
     return evolve(w, queued_inputs=inputs)
 
 
+def _planning(snap: Snapshot, unflushed: dict[tuple[str, str], float]) -> Snapshot:
+    """``snap`` with this process's planned loads not published yet (``unflushed``'s
+    LOADS entries) added to its planned loads."""
+    mine = [(split_member(member), ends) for (table, member), ends in unflushed.items()
+            if table == LOADS]
+    if not mine:
+        return snap
+    planned = {worker: dict(loads) for worker, loads in snap.planned_loads.items()}
+    for (worker, model), ends in mine:
+        at = planned.setdefault(worker, {})
+        at[model] = max(at.get(model, ends), ends)
+    return replace(snap, planned_loads=planned)
+
+
 def _charged(snap: Snapshot, charges: dict[tuple[str, str], float]) -> Snapshot:
     """``snap`` with ``charges`` ((counter hash, member) -> amount: a worker's total
     backlog, its queued work at one level, or a count of its queued inputs of a batch
-    key, as the ledger names them) added to the views."""
+    key, as the ledger names them; a planned load's entry is not a charge) added to the
+    views."""
+    charges = {k: ms for k, ms in charges.items() if k[0] != LOADS}
     if not charges:
         return snap
     by_worker: dict[str, list[tuple[int | None, str | None, float]]] = {}

@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,10 @@ _own_lock = threading.Lock()
 #: One counter change: (table of :data:`keys.COUNTERS`, member, ms, mode), mode "add" (add
 #: ``ms``) or "set" (overwrite, never below zero).
 CounterChange = tuple[str, str, float, str]
+#: A load a producer planned: (worker, model, when it is to end: unix s).
+PlannedLoad = tuple[str, str, float]
+#: How long an entry of PLANNED_LOADS is kept past its end before a write trims it (s).
+PLANNED_KEEP_S = 60.0
 #: How many times one learned-value update is tried against other writers.
 LEARN_TRIES = 5
 
@@ -73,6 +78,10 @@ class Snapshot:
     dead: tuple[tuple[str, str], ...] = ()
     #: SLO class -> the learned plan error admission adds (ms).
     plan_errors: Mapping[str, float] = field(default_factory=dict)
+    #: worker -> model -> when a load of it there, planned by a producer and not under way
+    #: yet, is to end (unix s): every producer's, not over when read
+    #: (``planner.fold.fold_planned`` folds them into the views a plan reads).
+    planned_loads: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 class StateStore(Protocol):
@@ -111,6 +120,10 @@ class StateStore(Protocol):
                           pipe: Any = None) -> None:
         """Move SLO class ``slo``'s learned plan-error quantile ``tau`` one step towards
         ``error_ms``."""
+
+    def plan_loads(self, loads: Iterable[PlannedLoad], pipe: Any = None) -> None:
+        """Publish model loads a producer planned, (worker, model, when the load is to end:
+        unix s), for every producer's next read; queued on ``pipe`` when given."""
 
     def count_refusal(self, slo: str, cause: str) -> None:
         """Count one refusal by admission of SLO class ``slo`` for ``cause``."""
@@ -151,6 +164,7 @@ class MemoryStateStore:
         self.plan_errors: dict[str, str] = {}
         self.stats: dict[str, dict[str, Any]] = {}
         self.refused: dict[str, int] = {}  # refusal_member -> count (REFUSALS)
+        self.planned: dict[tuple[str, str], float] = {}  # (worker, model) -> load's end
 
     def publish(self, view: WorkerView, pipe: Any = None, **extra: Any) -> None:
         """Write a worker's record, and ``extra`` (informational counters) beside it
@@ -205,6 +219,12 @@ class MemoryStateStore:
             self.plan_errors[slo] = next_plan_error(self.plan_errors.get(slo), error_ms,
                                                     tau, step)
 
+    def plan_loads(self, loads: Iterable[PlannedLoad], pipe: Any = None) -> None:
+        """Publish planned loads (``pipe`` is ignored)."""
+        with self._lock:
+            for worker, model, ends in loads:
+                self.planned[(worker, model)] = ends
+
     def count_refusal(self, slo: str, cause: str) -> None:
         """Count one refusal of SLO class ``slo`` for ``cause``."""
         with self._lock:
@@ -224,7 +244,7 @@ class MemoryStateStore:
         dead: list[tuple[str, str]] = []
         with self._lock:
             queued = queued_by_worker(self.counters["queued"])
-            planned = queued_by_worker(self.counters["pending_queued"])
+            levels = queued_by_worker(self.counters["pending_queued"])
             inputs = inputs_by_worker(self.counters["forming"])
             for name, raw in self.records.items():
                 view = judge_record(name, raw, None)
@@ -236,15 +256,20 @@ class MemoryStateStore:
                 else:
                     workers.append(replace(view, backlog_ms=decode_ms(self.backlog.get(name)),
                                            pending_ms=decode_ms(self.pending.get(name)),
-                                           pending_queued_ms=planned.get(name, {}),
+                                           pending_queued_ms=levels.get(name, {}),
                                            queued_ms=queued.get(name, {}),
                                            queued_inputs=inputs.get(name, {})))
             profiles = {k: ms for k, ms in ((k, parse_profile(v))
                                             for k, v in self.profiles.items()) if ms is not None}
             errors = {k: ms for k, ms in ((k, parse_plan_error(v))
                                           for k, v in self.plan_errors.items()) if ms is not None}
+            planned: dict[str, dict[str, float]] = {}
+            for (worker, model), ends in self.planned.items():
+                if ends >= now:
+                    planned.setdefault(worker, {})[model] = ends
         workers.sort(key=lambda w: w.name)
-        return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead), errors)
+        return Snapshot(tuple(workers), profiles, tuple(skipped), now, tuple(dead), errors,
+                        planned)
 
 
 #: How often a store reads everything again, whatever its change log says (a safety net).
@@ -279,11 +304,12 @@ class RedisStateStore:
             ("workers", keys.WORKERS), ("profiles", keys.PROFILES), ("beats", keys.BEATS),
             ("plan_errors", keys.PLAN_ERRORS), ("refusals", keys.REFUSALS),
             ("log", keys.STATE_LOG), ("changes", keys.CHANGES), ("stats", keys.WORKER_STATS),
+            ("planned_loads", keys.PLANNED_LOADS),
             *((name, template) for name, (template, _) in keys.COUNTERS.items()))}
         self._log = [self._keys["log"], self._keys["changes"]]
         self._read_keys = [self._keys[k] for k in (
             "log", "changes", "workers", "beats", "backlog", "pending", "profiles", "queued",
-            "forming", "plan_errors", "pending_queued")]
+            "forming", "plan_errors", "pending_queued", "planned_loads")]
         # (hash, field) -> the raw learned value this process last wrote or was told of:
         # what its next update starts from (learn.lua checks it is still current)
         self._learned: dict[tuple[str, str], str] = {}
@@ -398,6 +424,28 @@ class RedisStateStore:
         for readers; queued on ``pipe`` when given."""
         self._update("plan_errors", "e", slo,
                      lambda raw: next_plan_error(raw, error_ms, tau, step), pipe)
+
+    def plan_loads(self, loads: Iterable[PlannedLoad], pipe: Any = None) -> None:
+        """Publish planned loads (one ZADD; entries over for a minute are trimmed in the
+        same step, so the set holds about the loads under way); queued on ``pipe`` when
+        given."""
+        scores = {keys.loads_member(worker, model): ends for worker, model, ends in loads}
+        if not scores:
+            return
+        key = self._keys["planned_loads"]
+
+        def queue(p: Any) -> None:
+            p.zadd(key, scores)
+            p.zremrangebyscore(key, "-inf", time.time() - PLANNED_KEEP_S)
+        if pipe is not None:
+            queue(pipe)
+            return
+
+        def send() -> Any:
+            with self.client.pipeline(transaction=False) as p:
+                queue(p)
+                return p.execute()
+        self._call(send)
 
     def count_refusal(self, slo: str, cause: str) -> None:
         """Count one refusal of SLO class ``slo`` for ``cause`` (one HINCRBY)."""
@@ -517,7 +565,8 @@ class RedisStateStore:
             parts = self._call(lambda: self._mirror.read(
                 lambda args: self._read(keys=self._read_keys, args=args),
                 heartbeat_timeout_s, now, self.beat_sync_s, self.full_read_s))
-        return Snapshot(parts[0], parts[1], parts[2], now, parts[3], parts[4])
+            planned = self._mirror.planned
+        return Snapshot(parts[0], parts[1], parts[2], now, parts[3], parts[4], planned)
 
     @property
     def full_reads(self) -> int:

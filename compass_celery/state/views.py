@@ -17,6 +17,8 @@ from operator import is_not
 from ..needs import learned_loads
 from ..planner.cost import evolve, remember_arrays, with_rows, worker_arrays
 from ..planner.demand import DemandSum, merge_demand
+from ..planner.evict import eviction_rank
+from ..planner.fold import fold_planned
 from ..planner.priority import LOWEST, for_priority, seen_at, typical_run_ms, waits_below
 from ..planner.types import ClusterView, ModelDemand, WorkerView
 from .store import Snapshot
@@ -125,6 +127,20 @@ def cluster_view(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> Clu
     workers' ``served``), carried over from the last one this process built."""
     return _VIEWS.get(snapshot.workers, model_sizes_mb, snapshot.taken_at,
                       snapshot_loads(snapshot.profiles))
+
+
+def with_planned_loads(snapshot: Snapshot, model_sizes_mb: Mapping[str, float]) -> Snapshot:
+    """``snapshot`` with every producer's planned loads folded into its workers' views
+    (``planner.fold.fold_planned``, the rule a producer folds its own by), the victims
+    ranked as the workers' caches rank them: a load planned by another producer is seen
+    before its worker starts it, so a plan neither loads the model a second time
+    elsewhere nor counts the memory it will take as free."""
+    if not snapshot.planned_loads:
+        return snapshot
+    workers = fold_planned(snapshot.workers, snapshot.planned_loads, model_sizes_mb,
+                           snapshot.taken_at,
+                           lambda: eviction_rank(cluster_view(snapshot, model_sizes_mb)))
+    return snapshot if workers is snapshot.workers else replace(snapshot, workers=workers)
 
 
 def level_view(view: ClusterView, base: tuple[WorkerView, ...],

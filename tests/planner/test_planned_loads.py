@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from compass_celery.planner import ClusterView, CompassPolicy, DagSpec, TaskSpec, WorkerView
 from compass_celery.planner.compass import plan_job
 from compass_celery.planner.cost import evolve, remember_arrays, with_rows, worker_arrays
@@ -87,3 +89,26 @@ def test_the_simulator_folds_only_on_a_stale_view_and_it_saves_loads_and_time() 
     # its own charges and loads folded, a 400 ms-old view plans nearly as well as a fresh
     # one (1.08x here; 1.90x with neither folded)
     assert stale["latency_ms"]["mean"] <= 1.2 * fresh["latency_ms"]["mean"]
+
+
+def test_every_producers_planned_loads_fold_as_ones_own_up_to_their_end() -> None:
+    from compass_celery.planner.cost import left_share
+    from compass_celery.planner.fold import fold_planned
+
+    ws = (worker("w1", {"a"}), worker("w2", set()))
+    now = 100.0
+    planned = {"w1": {"a": now + 9.0, "b": now + 0.1, "gone": now + 1.0},
+               "w2": {"b": now - 0.5}, "nobody": {"b": now + 3.0}}
+    after = fold_planned(ws, planned, SIZES, now)
+    # w1: "a" is resident already, "gone" has no size known: only "b" folds, as the
+    # producer that planned it folded it (memory taken), and what is left of it is the
+    # time to its end (0.1 s of its 0.4 s at 1,000 MB/s)
+    assert after[0].resident == frozenset({"a"}) and set(after[0].loading) == {"b"}
+    assert after[0].gpu_free_mb == 200.0
+    began, ends = after[0].loading["b"]
+    assert ends == now + 0.1 and left_share(began, ends, now) == pytest.approx(0.25)
+    assert after[1] is ws[1]  # its planned load is over
+    assert fold_planned(ws, {"w2": {"b": now - 1.0}}, SIZES, now) is ws
+    # a load planned far ahead (the task waits first) counts whole, as one's own does
+    far = fold_planned(ws, {"w2": {"b": now + 60.0}}, SIZES, now)[1]
+    assert far.loading["b"] == (now, now + 60.0)

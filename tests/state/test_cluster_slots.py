@@ -43,7 +43,7 @@ class Recorder:
         def call(keys: Any = None, args: Any = None, client: Any = None) -> Any:
             self.calls.append((name, list(keys or [])))
             if name == "snapshot":
-                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[]] * 8]
+                return [b"e", 0, "1.0", "full", 0, [], ["0", []], [[]] * 8, []]
             if name == "learn":
                 return [1]
             return b"0"

@@ -48,7 +48,7 @@ class FakeStateRedis:
             stale = [x for n, beat in self.beats.items() if beat < NOW - timeout_s
                      for x in (n, beat)]
             return [b"epoch", 1, str(NOW).encode(), b"full", len(self.records), stale,
-                    [b"0", beats], [flat, [], [], [], [], [], [], []]]
+                    [b"0", beats], [flat, [], [], [], [], [], [], []], []]
         return read
 
 

@@ -1,7 +1,7 @@
 -- What changed in the cluster state since a reader's last read, in one round trip.
 -- KEYS: 1 state log hash, 2 changes zset, 3 workers hash, 4 beats zset, 5 backlog hash,
 --       6 pending hash, 7 profiles hash, 8 queued hash, 9 forming hash, 10 plan-errors
---       hash, 11 pending-queued hash
+--       hash, 11 pending-queued hash, 12 planned-loads zset
 -- ARGV: 1 the reader's epoch ('' for none), 2 its version (-1: read everything),
 --       3 heartbeat timeout (s), 4 a ZSCAN cursor over the beats ('' for none: the
 --       reader refreshes the beats it reports a slice at a time, now and then),
@@ -9,7 +9,10 @@
 --       reader made itself and already knows the value of (counters.lua returned it); a
 --       member whose latest change is still that version is left out of a delta
 -- Returns {epoch or false, version, Redis TIME, kind, number of records, stale beats,
---          beats, body}; beats is {next cursor, flat name/score list} or false:
+--          beats, body, planned loads}; beats is {next cursor, flat name/score list} or
+--          false; planned loads are the flat member/end pairs of the loads producers
+--          planned that are not over on Redis's clock (not in the change log: read whole,
+--          they are few):
 --   kind 'full'  (new reader, other epoch, version went back or fell off the log):
 --                body = {records, backlog, pending, profiles, queued, forming,
 --                plan errors, pending-queued}, each a
@@ -65,4 +68,7 @@ elseif ARGV[4] ~= '' then
 end
 local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf',
                          '(' .. string.format('%.6f', now - tonumber(ARGV[3])), 'WITHSCORES')
-return {log[2], version, tostring(now), kind, redis.call('HLEN', KEYS[3]), stale, beats, body}
+local planned = redis.call('ZRANGEBYSCORE', KEYS[12], string.format('%.6f', now), '+inf',
+                          'WITHSCORES')
+return {log[2], version, tostring(now), kind, redis.call('HLEN', KEYS[3]), stale, beats, body,
+        planned}
