@@ -62,6 +62,7 @@ PLANNED_LOADS = "{{{p}}}:planned-loads"
 #: What a producer's unwritten charges call a planned load not published yet
 #: (``ChargeBatcher.read_through``: its member :func:`loads_member`, its amount the end).
 LOADS = "loads"
+
 #: The per-worker counter hashes by the name stores and the ledger call them: each one's
 #: template and the letter its changes carry in the change log (CHANGES).
 COUNTERS: dict[str, tuple[str, str]] = {

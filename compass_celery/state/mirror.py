@@ -12,6 +12,7 @@ beats older than the timeout on Redis's clock, so no read needs every worker's b
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -78,7 +79,7 @@ def inputs_by_worker(flat: dict[str, Any]) -> dict[str, dict[str, int]]:
 
 def planned_by_worker(flat: Sequence[Any]) -> dict[str, dict[str, float]]:
     """PLANNED_LOADS' member/end pairs as worker -> model -> when the load ends (unix s);
-    a pair that is not a worker, a model and a number is skipped."""
+    a pair that is not a worker, a model and a finite number is skipped."""
     table: dict[str, dict[str, float]] = {}
     for i in range(0, len(flat) - 1, 2):
         worker, model = split_member(text(flat[i]))
@@ -86,7 +87,7 @@ def planned_by_worker(flat: Sequence[Any]) -> dict[str, dict[str, float]]:
             ends = float(flat[i + 1])
         except (TypeError, ValueError):
             continue
-        if worker and model and ends == ends:  # (not NaN)
+        if worker and model and math.isfinite(ends):
             table.setdefault(worker, {})[model] = ends
     return table
 

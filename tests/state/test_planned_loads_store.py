@@ -103,3 +103,11 @@ def test_a_read_folds_this_processs_unpublished_loads_and_the_published_ones():
     reader.fold = lambda snap: (seen.append(dict(snap.planned_loads)), snap)[1]
     reader.get()
     assert seen == [{"w1": {"captioner": now + 5.0}, "w2": {"ocr": now + 10.0}}]
+
+
+def test_a_garbled_planned_load_is_skipped():
+    from compass_celery.state.mirror import planned_by_worker
+
+    flat = [b"w1\x1fcaptioner", b"12.5", b"w1\x1focr", b"inf", b"w2\x1fa", b"nan",
+            b"w3\x1fb", b"soon", b"nosep", b"3.0", b"w4\x1fc"]
+    assert planned_by_worker(flat) == {"w1": {"captioner": 12.5}}
